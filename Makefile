@@ -1,0 +1,36 @@
+# The two commands of the quick start are `make run` and `make test`; the rest are helpers.
+.PHONY: run test fmt lint db-up db-down sqlx-prepare clean-db help
+
+help:
+	@echo "make run           start Postgres (if needed), the API and friends, print a demo key"
+	@echo "make test          everything CI runs: fmt, clippy, offline build, all tests"
+	@echo "make fmt           format the code"
+	@echo "make sqlx-prepare  refresh .sqlx/ after changing a query (needs a migrated DATABASE_URL)"
+	@echo "make db-up|db-down start or stop the private Postgres cluster under target/"
+
+run:
+	@scripts/run.sh
+
+test:
+	@scripts/test.sh
+
+fmt:
+	cargo fmt --all
+
+lint:
+	SQLX_OFFLINE=true cargo clippy --workspace --all-targets -- -D warnings
+
+db-up:
+	@scripts/postgres.sh up
+
+db-down:
+	@scripts/postgres.sh down cluster
+
+# Regenerates the offline query data from a live, migrated database. The sqlx macros write one
+# file per query into SQLX_OFFLINE_DIR; touching the sources makes them run again.
+sqlx-prepare:
+	@test -n "$$DATABASE_URL" || { echo "set DATABASE_URL to a migrated database"; exit 1; }
+	rm -rf .sqlx && mkdir -p .sqlx
+	find crates tests -name '*.rs' -exec touch {} +
+	SQLX_OFFLINE=false SQLX_OFFLINE_DIR=$(CURDIR)/.sqlx cargo check --workspace --all-targets --quiet
+	@echo "wrote $$(ls .sqlx | wc -l) queries to .sqlx/"

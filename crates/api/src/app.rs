@@ -1,0 +1,172 @@
+//! The application: state, router, listener, and graceful shutdown.
+//!
+//! `Application::build` binds the listener (port 0 picks a free port, which the tests use) and
+//! returns before serving, so a caller can read `port()` first; `run_until_stopped` serves until
+//! SIGTERM or Ctrl-C and then lets requests in flight finish, up to the configured grace.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::OriginalUri;
+use axum::http::Method;
+use axum::routing::get;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio::net::TcpListener;
+
+use crate::edge::{self, EdgeConfig};
+use crate::error::{ApiError, ProblemCode};
+use crate::routes;
+use crate::settings::Settings;
+
+/// What every handler can reach.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The Postgres pool.
+    pub pool: PgPool,
+    /// The settings the process started with.
+    pub settings: Arc<Settings>,
+}
+
+/// A bound, not yet serving, API server.
+#[derive(Debug)]
+pub struct Application {
+    listener: TcpListener,
+    router: Router,
+    shutdown_grace: Duration,
+}
+
+impl Application {
+    /// Binds the listener and connects the pool lazily (the server starts even while the database
+    /// is away, and `/readyz` says so).
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let pool = pool(&settings)?;
+        Self::build_with_pool(settings, pool).await
+    }
+
+    /// Like `build`, with a pool the caller made (tests use one per test database).
+    pub async fn build_with_pool(settings: Settings, pool: PgPool) -> anyhow::Result<Self> {
+        let address = format!("{}:{}", settings.http.host, settings.http.port);
+        let listener = TcpListener::bind(&address).await.map_err(|err| {
+            anyhow::anyhow!("cannot listen on {address} (http.host, http.port): {err}")
+        })?;
+        let port = listener.local_addr()?.port();
+        let edge = EdgeConfig {
+            public_base_url: settings.public_base_url(port).into(),
+            body_limit_bytes: settings.http.body_limit_bytes,
+        };
+        let shutdown_grace = Duration::from_millis(settings.http.shutdown_grace_ms);
+        let state = AppState {
+            pool,
+            settings: Arc::new(settings),
+        };
+        let router = edge::wrap(router(state), edge);
+        Ok(Self {
+            listener,
+            router,
+            shutdown_grace,
+        })
+    }
+
+    /// The port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until SIGTERM or Ctrl-C.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Serves until `stop` completes, then drains requests in flight for up to the grace period.
+    pub async fn run_until(
+        self,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let (stopping_tx, mut stopping_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            stop.await;
+            let _ = stopping_tx.send(true);
+        });
+        let mut drained_rx = stopping_rx.clone();
+        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(async move {
+            let _ = drained_rx.wait_for(|stopping| *stopping).await;
+            tracing::info!("shutting down: no new connections, finishing requests in flight");
+        });
+        let grace = self.shutdown_grace;
+        tokio::select! {
+            served = server => served?,
+            () = async {
+                let _ = stopping_rx.wait_for(|stopping| *stopping).await;
+                tokio::time::sleep(grace).await;
+            } => tracing::warn!(grace_ms = grace.as_millis() as u64, "requests still in flight after the shutdown grace; stopping anyway"),
+        }
+        Ok(())
+    }
+}
+
+/// The pool the settings describe, connecting lazily.
+pub fn pool(settings: &Settings) -> anyhow::Result<PgPool> {
+    let options = settings.database.connect_options()?;
+    Ok(PgPoolOptions::new()
+        .max_connections(settings.database.max_connections)
+        .acquire_timeout(settings.database.acquire_timeout())
+        .connect_lazy_with(options))
+}
+
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(routes::health::healthz))
+        .route("/readyz", get(routes::health::readyz))
+        .route("/problems/{code}", get(routes::problems::show))
+        .route("/v1/payments", get(routes::payments::list))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+async fn unknown_route(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {
+    ApiError::resource_missing(format!(
+        "Unrecognized request URL ({method}: {}).",
+        uri.path()
+    ))
+}
+
+async fn method_not_allowed(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {
+    ApiError::new(
+        ProblemCode::MethodNotAllowed,
+        format!("{} does not accept {method}.", uri.path()),
+    )
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}

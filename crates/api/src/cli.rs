@@ -1,0 +1,130 @@
+//! The `payments-api` command line: `serve`, `migrate`, and the operator commands.
+//!
+//! Commands that print a result (a new secret key) print it alone on standard output, so scripts
+//! can capture it; everything else goes to standard error.
+
+use clap::{Parser, Subcommand};
+use payments_domain::{ApiKeyId, accounts};
+
+use crate::app::{self, Application};
+use crate::settings::Settings;
+use crate::{MIGRATOR, telemetry};
+
+/// The payments API server and its operator commands.
+#[derive(Debug, Parser)]
+#[command(name = "payments-api", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the HTTP API until SIGTERM or Ctrl-C.
+    Serve,
+    /// Apply the schema migrations that are not applied yet, then exit.
+    Migrate,
+    /// Manage accounts.
+    #[command(subcommand)]
+    Accounts(AccountsCommand),
+    /// Manage secret API keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum AccountsCommand {
+    /// Create an account and its first secret key; prints the key (shown only this once).
+    Create {
+        /// A name for people.
+        #[arg(long)]
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysCommand {
+    /// Issue another secret key for an account; prints the key (shown only this once).
+    Create {
+        /// The account, `acct_…`.
+        #[arg(long)]
+        account: String,
+    },
+    /// Revoke a key by its id (`key_…`); requests with it are refused from now on.
+    Revoke {
+        /// The key's id, `key_…` (not the secret).
+        key_id: String,
+    },
+}
+
+/// Runs the command the arguments name.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let settings = Settings::load()?;
+    telemetry::init(&settings.log);
+    match cli.command {
+        Command::Serve => {
+            let application = Application::build(settings).await?;
+            tracing::info!(address = %application.local_addr()?, "payments-api listening");
+            application.run_until_stopped().await
+        }
+        Command::Migrate => {
+            create_database_if_missing(&settings).await?;
+            let pool = connect(&settings).await?;
+            MIGRATOR.run(&pool).await?;
+            let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+            eprintln!("migrations applied; schema version {latest}");
+            Ok(())
+        }
+        Command::Accounts(AccountsCommand::Create { name }) => {
+            let pool = connect(&settings).await?;
+            let (account, key, secret) = accounts::create_account(&pool, &name).await?;
+            eprintln!(
+                "created account {} ({}) with key {}",
+                account.id, account.name, key.id
+            );
+            println!("{}", secret.expose());
+            Ok(())
+        }
+        Command::Keys(KeysCommand::Create { account }) => {
+            let pool = connect(&settings).await?;
+            let (key, secret) = accounts::create_key(&pool, &account).await?;
+            eprintln!("created key {} for account {}", key.id, key.account_id);
+            println!("{}", secret.expose());
+            Ok(())
+        }
+        Command::Keys(KeysCommand::Revoke { key_id }) => {
+            let pool = connect(&settings).await?;
+            accounts::revoke_key(&pool, &ApiKeyId::new(key_id.clone())).await?;
+            eprintln!("revoked key {key_id}");
+            Ok(())
+        }
+    }
+}
+
+/// A fresh server has no `payments` database yet; `migrate` makes it, as `make run` expects.
+async fn create_database_if_missing(settings: &Settings) -> anyhow::Result<()> {
+    use sqlx::migrate::MigrateDatabase;
+    let url = &settings.database.url;
+    if !sqlx::Postgres::database_exists(url).await.map_err(|err| {
+        anyhow::anyhow!("cannot connect to the database (database.url / DATABASE_URL): {err}")
+    })? {
+        sqlx::Postgres::create_database(url).await?;
+        let name = settings
+            .database
+            .connect_options()?
+            .get_database()
+            .unwrap_or("")
+            .to_owned();
+        eprintln!("created database {name}");
+    }
+    Ok(())
+}
+
+async fn connect(settings: &Settings) -> anyhow::Result<sqlx::PgPool> {
+    let pool = app::pool(settings)?;
+    // Fail with a clear message instead of on the first query.
+    pool.acquire().await.map_err(|err| {
+        anyhow::anyhow!("cannot connect to the database (database.url / DATABASE_URL): {err}")
+    })?;
+    Ok(pool)
+}

@@ -1,0 +1,22 @@
+//! The payments HTTP API.
+//!
+//! A request flows: `edge` (request id, size check, span, panic recovery, problem rendering) →
+//! the router → an extractor chain (`auth::Authenticated`, `extract::ApiQuery`/`JsonBody`) → a
+//! handler in `routes`, which calls into `payments_domain`. Every error is an `error::ApiError`.
+
+pub mod app;
+pub mod auth;
+pub mod cli;
+pub mod edge;
+pub mod error;
+pub mod extract;
+pub mod routes;
+pub mod settings;
+pub mod telemetry;
+
+pub use app::{AppState, Application};
+pub use error::{ApiError, ProblemCode};
+pub use settings::Settings;
+
+/// The schema migrations, embedded so that `payments-api migrate` needs no files at run time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");

@@ -1,0 +1,5 @@
+//! The routes, one module per resource.
+
+pub mod health;
+pub mod payments;
+pub mod problems;

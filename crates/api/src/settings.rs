@@ -1,0 +1,305 @@
+//! Configuration: the checked-in defaults (`config/default.toml`), then `PAYMENTS__…` environment
+//! variables, then `DATABASE_URL`. Everything is validated once, at start-up, and every error names
+//! the setting and the environment variable that sets it.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use config::{Config, Environment, File, FileFormat};
+use serde::Deserialize;
+use sqlx::postgres::PgConnectOptions;
+
+/// The defaults, compiled in so that a binary runs from any directory.
+const DEFAULTS: &str = include_str!("../../../config/default.toml");
+/// Environment variables that override settings start with this, then `__`.
+const ENV_PREFIX: &str = "PAYMENTS";
+
+/// All settings of the API process.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// The HTTP listener.
+    pub http: HttpSettings,
+    /// The Postgres connection pool.
+    pub database: DatabaseSettings,
+    /// Logging.
+    pub log: LogSettings,
+}
+
+/// `[http]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Address to listen on.
+    pub host: String,
+    /// Port to listen on; 0 picks a free one.
+    pub port: u16,
+    /// The base of links the API hands out; empty means `http://{host}:{port}`.
+    pub public_base_url: String,
+    /// Largest accepted request body.
+    pub body_limit_bytes: usize,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_grace_ms: u64,
+}
+
+/// `[database]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// A `postgres://` URL. Never logged: it may hold a password.
+    pub url: String,
+    /// Size of the connection pool.
+    pub max_connections: u32,
+    /// How long a request waits for a connection.
+    pub acquire_timeout_ms: u64,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// Output format.
+    pub format: LogFormat,
+    /// A tracing filter directive; `RUST_LOG` wins when set.
+    pub filter: String,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable, coloured when on a terminal.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Why the settings could not be loaded. The message always names the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// A value has the wrong type, or a setting is unknown.
+    #[error("invalid configuration: {0}")]
+    Parse(#[from] config::ConfigError),
+    /// A value has the right type but is not acceptable.
+    #[error("invalid setting `{setting}` (environment variable {env}): {reason}")]
+    Invalid {
+        /// The setting's dotted name, e.g. `http.port`.
+        setting: &'static str,
+        /// The environment variable that sets it.
+        env: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl Settings {
+    /// Loads the settings from the process environment.
+    pub fn load() -> Result<Self, SettingsError> {
+        Self::load_from(std::env::vars())
+    }
+
+    /// Loads the settings from the given environment (tests pass their own).
+    pub fn load_from(
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, SettingsError> {
+        let env: HashMap<String, String> = env.into_iter().collect();
+        let settings: Settings = Config::builder()
+            .add_source(File::from_str(DEFAULTS, FileFormat::Toml))
+            .add_source(
+                Environment::with_prefix(ENV_PREFIX)
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true)
+                    .source(Some(env.clone())),
+            )
+            .set_override_option("database.url", env.get("DATABASE_URL").cloned())?
+            .build()?
+            .try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), SettingsError> {
+        if !self.http.public_base_url.is_empty() {
+            check_base_url(&self.http.public_base_url)
+                .map_err(|reason| invalid("http.public_base_url", reason))?;
+        }
+        if self.http.body_limit_bytes == 0 {
+            return Err(invalid(
+                "http.body_limit_bytes",
+                "must be at least 1".into(),
+            ));
+        }
+        let is_postgres_url = ["postgres://", "postgresql://"]
+            .iter()
+            .any(|scheme| self.database.url.starts_with(scheme));
+        if !is_postgres_url || self.database.connect_options().is_err() {
+            // The URL itself is not repeated: it may hold a password.
+            return Err(invalid(
+                "database.url",
+                "not a valid postgres:// URL".into(),
+            ));
+        }
+        if self.database.max_connections == 0 {
+            return Err(invalid(
+                "database.max_connections",
+                "must be at least 1".into(),
+            ));
+        }
+        if self.database.acquire_timeout_ms == 0 {
+            return Err(invalid(
+                "database.acquire_timeout_ms",
+                "must be at least 1".into(),
+            ));
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log.filter)
+            .map_err(|e| invalid("log.filter", e.to_string()))?;
+        Ok(())
+    }
+
+    /// The base of public links, without a trailing slash, once the port is known.
+    pub fn public_base_url(&self, bound_port: u16) -> String {
+        if self.http.public_base_url.is_empty() {
+            format!("http://{}:{bound_port}", self.http.host)
+        } else {
+            self.http.public_base_url.trim_end_matches('/').to_owned()
+        }
+    }
+}
+
+impl DatabaseSettings {
+    /// The parsed connection options.
+    pub fn connect_options(&self) -> Result<PgConnectOptions, sqlx::Error> {
+        PgConnectOptions::from_str(&self.url)
+    }
+
+    /// How long a request waits for a pooled connection.
+    pub fn acquire_timeout(&self) -> Duration {
+        Duration::from_millis(self.acquire_timeout_ms)
+    }
+}
+
+fn invalid(setting: &'static str, reason: String) -> SettingsError {
+    let env = if setting == "database.url" {
+        "DATABASE_URL or PAYMENTS__DATABASE__URL".to_owned()
+    } else {
+        format!(
+            "{ENV_PREFIX}__{}",
+            setting.replace('.', "__").to_uppercase()
+        )
+    };
+    SettingsError::Invalid {
+        setting,
+        env,
+        reason,
+    }
+}
+
+fn check_base_url(url: &str) -> Result<(), String> {
+    let uri = http::Uri::from_str(url).map_err(|e| format!("not a URL ({e})"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err("must start with http:// or https://".into()),
+    }
+    if uri.authority().is_none() {
+        return Err("must name a host".into());
+    }
+    if uri.query().is_some() {
+        return Err("must not have a query string".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        Settings::load_from(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn the_defaults_load_and_validate() {
+        let settings = load(&[]).unwrap();
+        assert_eq!(settings.http.port, 8080);
+        assert_eq!(settings.log.format, LogFormat::Pretty);
+        assert_eq!(settings.public_base_url(8080), "http://127.0.0.1:8080");
+    }
+
+    #[test]
+    fn environment_variables_override_the_defaults() {
+        let settings = load(&[
+            ("PAYMENTS__HTTP__PORT", "9191"),
+            (
+                "PAYMENTS__HTTP__PUBLIC_BASE_URL",
+                "https://pay.example.com/",
+            ),
+            ("PAYMENTS__LOG__FORMAT", "json"),
+            ("DATABASE_URL", "postgres://u@db:5432/x"),
+        ])
+        .unwrap();
+        assert_eq!(settings.http.port, 9191);
+        assert_eq!(settings.public_base_url(9191), "https://pay.example.com");
+        assert_eq!(settings.log.format, LogFormat::Json);
+        assert_eq!(settings.database.url, "postgres://u@db:5432/x");
+    }
+
+    #[test]
+    fn a_port_that_is_not_a_number_names_the_setting() {
+        let err = load(&[("PAYMENTS__HTTP__PORT", "eighty")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("http.port"), "{err}");
+    }
+
+    #[test]
+    fn a_port_out_of_range_names_the_setting() {
+        let err = load(&[("PAYMENTS__HTTP__PORT", "70000")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("http.port"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_public_base_url_names_the_setting_and_its_variable() {
+        let err = load(&[("PAYMENTS__HTTP__PUBLIC_BASE_URL", "ftp://x")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("http.public_base_url"), "{err}");
+        assert!(err.contains("PAYMENTS__HTTP__PUBLIC_BASE_URL"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_database_url_names_the_setting_without_printing_it() {
+        let err = load(&[("DATABASE_URL", "mysql://root:hunter2@db")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("database.url"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_log_format_names_the_setting() {
+        let err = load(&[("PAYMENTS__LOG__FORMAT", "xml")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("log.format"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_setting_is_refused_by_name() {
+        let err = load(&[("PAYMENTS__HTTP__PROT", "1")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("prot"), "{err}");
+    }
+
+    #[test]
+    fn a_zero_body_limit_is_refused() {
+        let err = load(&[("PAYMENTS__HTTP__BODY_LIMIT_BYTES", "0")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("http.body_limit_bytes"), "{err}");
+    }
+}

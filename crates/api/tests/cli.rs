@@ -1,0 +1,134 @@
+//! The `payments-api` binary as an operator and a script use it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+use std::process::Output;
+
+use sqlx::PgPool;
+use tokio::process::Command;
+
+fn database_url(pool: &PgPool) -> String {
+    let options = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default()
+    )
+}
+
+async fn payments_api(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_payments-api"));
+    command.args(args).env_remove("RUST_LOG");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().await.expect("payments-api runs")
+}
+
+#[tokio::test]
+async fn a_bad_setting_stops_start_up_naming_the_setting() {
+    let output = payments_api(&["serve"], &[("PAYMENTS__HTTP__PORT", "eighty")]).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("http.port"), "{stderr}");
+
+    let output = payments_api(&["serve"], &[("PAYMENTS__LOG__FILTER", "info,[")]).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("log.filter") && stderr.contains("PAYMENTS__LOG__FILTER"),
+        "{stderr}"
+    );
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn accounts_create_prints_the_new_key_alone_on_standard_output(pool: PgPool) {
+    let url = database_url(&pool);
+    let output = payments_api(
+        &["accounts", "create", "--name", "Demo shop"],
+        &[("DATABASE_URL", &url)],
+    )
+    .await;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let key = stdout.strip_suffix('\n').unwrap();
+    assert!(
+        key.starts_with("sk_test_") && !key.contains(char::is_whitespace),
+        "{stdout:?}"
+    );
+    let account = payments_domain::accounts::authenticate(&pool, key)
+        .await
+        .unwrap();
+    assert!(account.is_some(), "the printed key authenticates");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("created account acct_"));
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn keys_revoke_refuses_the_key_from_then_on(pool: PgPool) {
+    let url = database_url(&pool);
+    let (account, _, first) = payments_domain::accounts::create_account(&pool, "shop")
+        .await
+        .unwrap();
+    let output = payments_api(
+        &["keys", "create", "--account", account.id.as_str()],
+        &[("DATABASE_URL", &url)],
+    )
+    .await;
+    assert!(output.status.success());
+    let second = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+
+    let first_id: String = sqlx::query_scalar("SELECT id FROM api_keys WHERE last4 = $1")
+        .bind(&first.expose()[first.expose().len() - 4..])
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let output = payments_api(&["keys", "revoke", &first_id], &[("DATABASE_URL", &url)]).await;
+    assert!(output.status.success());
+
+    assert!(
+        payments_domain::accounts::authenticate(&pool, first.expose())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        payments_domain::accounts::authenticate(&pool, &second)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    let output = payments_api(&["keys", "revoke", "key_nope"], &[("DATABASE_URL", &url)]).await;
+    assert!(!output.status.success());
+}
+
+#[sqlx::test(migrations = false)]
+async fn migrate_creates_a_missing_database_and_is_idempotent(pool: PgPool) {
+    let fresh = format!("payments_cli_{}", std::process::id());
+    let url = database_url(&pool);
+    let url = format!("{}/{fresh}", url.rsplit_once('/').unwrap().0);
+    for _ in 0..2 {
+        let output = payments_api(&["migrate"], &[("DATABASE_URL", &url)]).await;
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let tables: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM pg_database WHERE datname = '{fresh}'"
+    ))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(tables, 1);
+    sqlx::query(&format!("DROP DATABASE {fresh} WITH (FORCE)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}

@@ -1,0 +1,252 @@
+//! Accounts (tenants) and their secret API keys.
+//!
+//! A secret key is `sk_test_` followed by 32 random alphanumeric characters (about 190 bits from
+//! the operating system's generator). It is returned once, when it is created; the database keeps
+//! only its SHA-256 digest and its last four characters. Authentication hashes the presented key
+//! and looks the digest up: one indexed read, and nothing in the database can be replayed as a key.
+
+use std::fmt;
+
+use rand::Rng;
+use rand::distributions::Alphanumeric;
+use sha2::{Digest, Sha256};
+use sqlx::PgExecutor;
+
+use crate::DomainError;
+use crate::ids::new_id;
+
+/// The prefix of every secret key this server issues (test mode only, for now).
+pub const SECRET_KEY_PREFIX: &str = "sk_test_";
+/// Random characters after the prefix.
+const SECRET_KEY_RANDOM_CHARS: usize = 32;
+/// The longest account name accepted (the database checks it too).
+pub const ACCOUNT_NAME_MAX_CHARS: usize = 200;
+
+/// An account id, `acct_…`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(transparent)]
+pub struct AccountId(String);
+
+impl AccountId {
+    /// Wraps an id read from a trusted place (the database).
+    pub fn from_trusted(id: String) -> Self {
+        Self(id)
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for AccountId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An API key's id, `key_…`: names a key without revealing it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(transparent)]
+pub struct ApiKeyId(String);
+
+impl ApiKeyId {
+    /// Wraps an id given by an operator or read from the database.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ApiKeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A plaintext secret key. It exists only between its creation and the moment it is shown, and
+/// it never prints through `Debug`, so it cannot end up in a log by accident.
+pub struct SecretKey(String);
+
+impl SecretKey {
+    /// Generates a fresh key from the operating system's random source.
+    pub fn generate() -> Self {
+        let mut key = String::with_capacity(SECRET_KEY_PREFIX.len() + SECRET_KEY_RANDOM_CHARS);
+        key.push_str(SECRET_KEY_PREFIX);
+        key.extend(
+            rand::rngs::OsRng
+                .sample_iter(&Alphanumeric)
+                .take(SECRET_KEY_RANDOM_CHARS)
+                .map(char::from),
+        );
+        Self(key)
+    }
+
+    /// The plaintext, for showing to the operator exactly once.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    fn last4(&self) -> &str {
+        &self.0[self.0.len() - 4..]
+    }
+}
+
+impl fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretKey({SECRET_KEY_PREFIX}…{})", self.last4())
+    }
+}
+
+/// The digest stored for a key and looked up on every request.
+pub fn key_digest(presented: &str) -> [u8; 32] {
+    Sha256::digest(presented.as_bytes()).into()
+}
+
+/// An account as an operator sees it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Account {
+    /// `acct_…`
+    pub id: AccountId,
+    /// A name for people.
+    pub name: String,
+}
+
+/// A key as an operator sees it: never the secret.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ApiKey {
+    /// `key_…`
+    pub id: ApiKeyId,
+    /// The account the key acts for.
+    pub account_id: AccountId,
+    /// The secret's last four characters.
+    pub last4: String,
+}
+
+/// Creates an account and its first secret key in one transaction.
+pub async fn create_account(
+    pool: &sqlx::PgPool,
+    name: &str,
+) -> Result<(Account, ApiKey, SecretKey), DomainError> {
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > ACCOUNT_NAME_MAX_CHARS {
+        return Err(DomainError::Invalid {
+            param: "name",
+            message: format!("an account name is 1 to {ACCOUNT_NAME_MAX_CHARS} characters"),
+        });
+    }
+    let account = Account {
+        id: AccountId(new_id("acct")),
+        name: name.to_owned(),
+    };
+    let mut tx = pool.begin().await?;
+    sqlx::query!(
+        "INSERT INTO accounts (id, name) VALUES ($1, $2)",
+        account.id.as_str(),
+        account.name
+    )
+    .execute(&mut *tx)
+    .await?;
+    let (key, secret) = insert_key(&mut *tx, &account.id).await?;
+    tx.commit().await?;
+    Ok((account, key, secret))
+}
+
+/// Issues another secret key for an existing account.
+pub async fn create_key(
+    executor: impl PgExecutor<'_> + Copy,
+    account_id: &str,
+) -> Result<(ApiKey, SecretKey), DomainError> {
+    let account = sqlx::query_scalar!("SELECT id FROM accounts WHERE id = $1", account_id)
+        .fetch_optional(executor)
+        .await?
+        .ok_or(DomainError::NotFound("account"))?;
+    insert_key(executor, &AccountId(account)).await
+}
+
+async fn insert_key(
+    executor: impl PgExecutor<'_>,
+    account_id: &AccountId,
+) -> Result<(ApiKey, SecretKey), DomainError> {
+    let secret = SecretKey::generate();
+    let key = ApiKey {
+        id: ApiKeyId(new_id("key")),
+        account_id: account_id.clone(),
+        last4: secret.last4().to_owned(),
+    };
+    sqlx::query!(
+        "INSERT INTO api_keys (id, account_id, key_hash, last4) VALUES ($1, $2, $3, $4)",
+        key.id.as_str(),
+        account_id.as_str(),
+        &key_digest(secret.expose())[..],
+        key.last4,
+    )
+    .execute(executor)
+    .await?;
+    Ok((key, secret))
+}
+
+/// Revokes a key at once; requests that present it afterwards are refused. Revoking a revoked
+/// key is not an error, and keeps the first revocation time.
+pub async fn revoke_key(
+    executor: impl PgExecutor<'_>,
+    key_id: &ApiKeyId,
+) -> Result<(), DomainError> {
+    let found = sqlx::query_scalar!(
+        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 RETURNING id",
+        key_id.as_str()
+    )
+    .fetch_optional(executor)
+    .await?;
+    found.map(drop).ok_or(DomainError::NotFound("api key"))
+}
+
+/// The account a presented secret key acts for, if the key exists and is not revoked.
+pub async fn authenticate(
+    executor: impl PgExecutor<'_>,
+    presented: &str,
+) -> Result<Option<AccountId>, DomainError> {
+    let account = sqlx::query_scalar!(
+        "SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+        &key_digest(presented)[..]
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(account.map(AccountId))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_keys_have_the_prefix_and_enough_randomness() {
+        let key = SecretKey::generate();
+        let random = &key.expose()[SECRET_KEY_PREFIX.len()..];
+        assert!(key.expose().starts_with(SECRET_KEY_PREFIX));
+        assert_eq!(random.len(), SECRET_KEY_RANDOM_CHARS);
+        // 62 symbols per character: log2(62) * 32 ≈ 190 bits, well above the 128 required.
+        assert!((62f64).log2() * random.len() as f64 >= 128.0);
+        assert_ne!(key.expose(), SecretKey::generate().expose());
+    }
+
+    #[test]
+    fn a_secret_key_never_prints_in_debug() {
+        let key = SecretKey::generate();
+        let printed = format!("{key:?}");
+        assert!(
+            !printed.contains(&key.expose()[SECRET_KEY_PREFIX.len()..SECRET_KEY_PREFIX.len() + 8])
+        );
+        assert!(printed.ends_with(&format!("{})", key.last4())));
+    }
+
+    #[test]
+    fn the_digest_is_sha256_of_the_whole_key() {
+        // SHA-256("abc"), from FIPS 180-2.
+        assert_eq!(key_digest("abc")[..4], [0xba, 0x78, 0x16, 0xbf],);
+    }
+}

@@ -1,0 +1,28 @@
+//! The payments domain: accounts and API keys now, payments and refunds as they land.
+//!
+//! This crate knows nothing of HTTP servers. The API and the worker both call into it, so that a
+//! request and a background completion run one and the same code.
+
+pub mod accounts;
+pub mod ids;
+
+pub use accounts::{Account, AccountId, ApiKey, ApiKeyId, SecretKey};
+
+/// Everything that can go wrong in the domain layer.
+#[derive(Debug, thiserror::Error)]
+pub enum DomainError {
+    /// The database failed; the caller decides whether that is transient.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    /// An input broke a rule; `param` names it as the public API spells it.
+    #[error("{message}")]
+    Invalid {
+        /// The offending parameter.
+        param: &'static str,
+        /// What is wrong with it, for a person.
+        message: String,
+    },
+    /// The object does not exist, or belongs to someone else.
+    #[error("no such {0}")]
+    NotFound(&'static str),
+}

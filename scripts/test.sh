@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# `make test`: everything CI runs. Formatting, lints, an offline build (which fails if `.sqlx/` is
+# missing a query), and every test against a real Postgres.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+export SQLX_OFFLINE=true
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "offline build (proves .sqlx/ is current)"
+cargo build --workspace --all-targets --locked
+
+step "postgres"
+pg_env=$(scripts/postgres.sh up)
+export DATABASE_URL; DATABASE_URL=$(sed -n 's/^DATABASE_URL=//p' <<<"$pg_env")
+PG_STARTED=$(sed -n 's/^PG_STARTED=//p' <<<"$pg_env")
+if [ -n "$PG_STARTED" ]; then trap 'scripts/postgres.sh down "$PG_STARTED"' EXIT; fi
+# The test databases are created from this one; make sure it exists and is migrated.
+"${CARGO_TARGET_DIR:-target}/debug/payments-api" migrate
+
+step "tests"
+cargo test --workspace --locked --no-fail-fast

@@ -1,0 +1,151 @@
+//! Authentication at the edge: every way to present a key, and every way to be refused.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use payments_tests::{TestApp, assert_problem, json};
+use sqlx::PgPool;
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_bearer_key_is_accepted(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let (_, key) = app.create_account("shop").await;
+    let response = app.get("/v1/payments", &key).await;
+    assert_eq!(response.status(), 200);
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn basic_auth_with_the_key_as_user_name_is_accepted(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let (_, key) = app.create_account("shop").await;
+    let response = app
+        .send(
+            app.http
+                .get(app.url("/v1/payments"))
+                .basic_auth(&key, Some("")),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    let header = format!("Basic {}", STANDARD.encode(format!("{key}:")));
+    let response = app
+        .send(
+            app.http
+                .get(app.url("/v1/payments"))
+                .header("authorization", header),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_request_without_credentials_requires_authentication(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let response = app.send(app.http.get(app.url("/v1/payments"))).await;
+    assert_eq!(
+        response
+            .headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok()),
+        Some("Bearer realm=\"payments\"")
+    );
+    assert_problem(response, 401, "authentication_required").await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn malformed_credentials_require_authentication(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    for header in [
+        "Bearer",
+        "Token sk_test_abc",
+        "Basic not-base64!",
+        "sk_test_abc",
+    ] {
+        let response = app
+            .send(
+                app.http
+                    .get(app.url("/v1/payments"))
+                    .header("authorization", header),
+            )
+            .await;
+        assert_problem(response, 401, "authentication_required").await;
+    }
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn an_unknown_key_is_invalid(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    app.create_account("shop").await;
+    for key in [
+        "sk_test_0000000000000000000000000000000",
+        "pk_live_whatever",
+    ] {
+        let response = app.get("/v1/payments", key).await;
+        assert_problem(response, 401, "invalid_api_key").await;
+    }
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_revoked_key_is_invalid_and_another_key_of_the_account_still_works(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let (account, first) = app.create_account("shop").await;
+    let (second_id, second) = payments_domain::accounts::create_key(&pool, &account)
+        .await
+        .unwrap();
+    assert_eq!(app.get("/v1/payments", &first).await.status(), 200);
+
+    let first_id: String =
+        sqlx::query_scalar("SELECT id FROM api_keys WHERE account_id = $1 AND id <> $2")
+            .bind(&account)
+            .bind(second_id.id.as_str())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    payments_domain::accounts::revoke_key(&pool, &payments_domain::ApiKeyId::new(first_id))
+        .await
+        .unwrap();
+
+    assert_problem(
+        app.get("/v1/payments", &first).await,
+        401,
+        "invalid_api_key",
+    )
+    .await;
+    assert_eq!(app.get("/v1/payments", second.expose()).await.status(), 200);
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn the_plaintext_key_is_nowhere_in_the_database(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let (_, key) = app.create_account("shop").await;
+    let random_part = &key["sk_test_".len()..];
+
+    // Every row of every table of ours, as text, and the key's digest stored as bytes.
+    let dump: Vec<String> = sqlx::query_scalar(
+        "SELECT row_to_json(t)::text FROM accounts t UNION ALL SELECT row_to_json(k)::text FROM api_keys k",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(!dump.is_empty());
+    for row in &dump {
+        assert!(!row.contains(random_part), "the key appears in {row}");
+    }
+    let stored: Vec<u8> = sqlx::query_scalar("SELECT key_hash FROM api_keys")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, payments_domain::accounts::key_digest(&key).to_vec());
+    assert_ne!(stored, key.as_bytes());
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn each_account_sees_an_answer_for_its_own_key(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let (_, a) = app.create_account("a").await;
+    let (_, b) = app.create_account("b").await;
+    assert_ne!(a, b);
+    for key in [a, b] {
+        let body = json(app.get("/v1/payments", &key).await).await;
+        assert_eq!(body["object"], "list");
+    }
+}
