@@ -24,11 +24,7 @@ pub struct TestApp {
 /// (pairs of environment variable and value).
 pub fn test_settings(overrides: &[(&str, &str)]) -> Settings {
     let mut env = vec![("PAYMENTS__HTTP__PORT".to_owned(), "0".to_owned())];
-    env.extend(
-        overrides
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-    );
+    env.extend(overrides.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     match Settings::load_from(env) {
         Ok(settings) => settings,
         Err(err) => panic!("test settings are invalid: {err}"),
@@ -55,11 +51,7 @@ impl TestApp {
         };
         let address = format!("http://127.0.0.1:{}", app.port());
         tokio::spawn(app.run_until(std::future::pending()));
-        Self {
-            address,
-            pool,
-            http: reqwest::Client::new(),
-        }
+        Self { address, pool, http: reqwest::Client::new() }
     }
 
     /// `{address}{path}`
@@ -77,8 +69,7 @@ impl TestApp {
 
     /// A GET with a Bearer key.
     pub async fn get(&self, path: &str, key: &str) -> reqwest::Response {
-        self.send(self.http.get(self.url(path)).bearer_auth(key))
-            .await
+        self.send(self.http.get(self.url(path)).bearer_auth(key)).await
     }
 
     /// Sends a request, failing the test on a transport error.
@@ -105,15 +96,9 @@ pub async fn assert_problem(
     status: u16,
     code: &str,
 ) -> serde_json::Value {
-    assert_eq!(
-        response.status().as_u16(),
-        status,
-        "status of a `{code}` problem"
-    );
-    let content_type = response
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap_or("").to_owned());
+    assert_eq!(response.status().as_u16(), status, "status of a `{code}` problem");
+    let content_type =
+        response.headers().get("content-type").map(|v| v.to_str().unwrap_or("").to_owned());
     assert_eq!(content_type.as_deref(), Some("application/problem+json"));
     let request_id = response
         .headers()
@@ -131,14 +116,8 @@ pub async fn assert_problem(
         request_id.as_str(),
         "problem body and header name the same request"
     );
-    assert!(
-        body["title"].as_str().is_some_and(|t| !t.is_empty()),
-        "{body}"
-    );
-    assert!(
-        body["detail"].as_str().is_some_and(|d| !d.is_empty()),
-        "{body}"
-    );
+    assert!(body["title"].as_str().is_some_and(|t| !t.is_empty()), "{body}");
+    assert!(body["detail"].as_str().is_some_and(|d| !d.is_empty()), "{body}");
     assert!(
         body.get("param").is_some(),
         "`param` is always present, null when not about one: {body}"

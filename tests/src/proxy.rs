@@ -29,11 +29,7 @@ impl Proxy {
                 tokio::spawn(relay(client, target, blocked_rx.clone()));
             }
         });
-        Ok(Self {
-            port,
-            blocked,
-            task,
-        })
+        Ok(Self { port, blocked, task })
     }
 
     /// The port to connect to instead of the target's.

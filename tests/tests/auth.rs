@@ -18,22 +18,11 @@ async fn a_bearer_key_is_accepted(pool: PgPool) {
 async fn basic_auth_with_the_key_as_user_name_is_accepted(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let (_, key) = app.create_account("shop").await;
-    let response = app
-        .send(
-            app.http
-                .get(app.url("/v1/payments"))
-                .basic_auth(&key, Some("")),
-        )
-        .await;
+    let response = app.send(app.http.get(app.url("/v1/payments")).basic_auth(&key, Some(""))).await;
     assert_eq!(response.status(), 200);
     let header = format!("Basic {}", STANDARD.encode(format!("{key}:")));
-    let response = app
-        .send(
-            app.http
-                .get(app.url("/v1/payments"))
-                .header("authorization", header),
-        )
-        .await;
+    let response =
+        app.send(app.http.get(app.url("/v1/payments")).header("authorization", header)).await;
     assert_eq!(response.status(), 200);
 }
 
@@ -42,10 +31,7 @@ async fn a_request_without_credentials_requires_authentication(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let response = app.send(app.http.get(app.url("/v1/payments"))).await;
     assert_eq!(
-        response
-            .headers()
-            .get("www-authenticate")
-            .and_then(|v| v.to_str().ok()),
+        response.headers().get("www-authenticate").and_then(|v| v.to_str().ok()),
         Some("Bearer realm=\"payments\"")
     );
     assert_problem(response, 401, "authentication_required").await;
@@ -54,19 +40,9 @@ async fn a_request_without_credentials_requires_authentication(pool: PgPool) {
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn malformed_credentials_require_authentication(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
-    for header in [
-        "Bearer",
-        "Token sk_test_abc",
-        "Basic not-base64!",
-        "sk_test_abc",
-    ] {
-        let response = app
-            .send(
-                app.http
-                    .get(app.url("/v1/payments"))
-                    .header("authorization", header),
-            )
-            .await;
+    for header in ["Bearer", "Token sk_test_abc", "Basic not-base64!", "sk_test_abc"] {
+        let response =
+            app.send(app.http.get(app.url("/v1/payments")).header("authorization", header)).await;
         assert_problem(response, 401, "authentication_required").await;
     }
 }
@@ -75,10 +51,7 @@ async fn malformed_credentials_require_authentication(pool: PgPool) {
 async fn an_unknown_key_is_invalid(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     app.create_account("shop").await;
-    for key in [
-        "sk_test_0000000000000000000000000000000",
-        "pk_live_whatever",
-    ] {
+    for key in ["sk_test_0000000000000000000000000000000", "pk_live_whatever"] {
         let response = app.get("/v1/payments", key).await;
         assert_problem(response, 401, "invalid_api_key").await;
     }
@@ -88,9 +61,7 @@ async fn an_unknown_key_is_invalid(pool: PgPool) {
 async fn a_revoked_key_is_invalid_and_another_key_of_the_account_still_works(pool: PgPool) {
     let app = TestApp::spawn(pool.clone()).await;
     let (account, first) = app.create_account("shop").await;
-    let (second_id, second) = payments_domain::accounts::create_key(&pool, &account)
-        .await
-        .unwrap();
+    let (second_id, second) = payments_domain::accounts::create_key(&pool, &account).await.unwrap();
     assert_eq!(app.get("/v1/payments", &first).await.status(), 200);
 
     let first_id: String =
@@ -104,12 +75,7 @@ async fn a_revoked_key_is_invalid_and_another_key_of_the_account_still_works(poo
         .await
         .unwrap();
 
-    assert_problem(
-        app.get("/v1/payments", &first).await,
-        401,
-        "invalid_api_key",
-    )
-    .await;
+    assert_problem(app.get("/v1/payments", &first).await, 401, "invalid_api_key").await;
     assert_eq!(app.get("/v1/payments", second.expose()).await.status(), 200);
 }
 
@@ -130,10 +96,8 @@ async fn the_plaintext_key_is_nowhere_in_the_database(pool: PgPool) {
     for row in &dump {
         assert!(!row.contains(random_part), "the key appears in {row}");
     }
-    let stored: Vec<u8> = sqlx::query_scalar("SELECT key_hash FROM api_keys")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let stored: Vec<u8> =
+        sqlx::query_scalar("SELECT key_hash FROM api_keys").fetch_one(&pool).await.unwrap();
     assert_eq!(stored, payments_domain::accounts::key_digest(&key).to_vec());
     assert_ne!(stored, key.as_bytes());
 }

@@ -11,10 +11,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 fn request_id(response: &reqwest::Response) -> String {
-    let id = response
-        .headers()
-        .get("request-id")
-        .expect("every response has a Request-Id");
+    let id = response.headers().get("request-id").expect("every response has a Request-Id");
     id.to_str().unwrap().to_owned()
 }
 
@@ -23,13 +20,7 @@ async fn every_response_has_a_unique_request_id(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let (_, key) = app.create_account("shop").await;
     let mut seen = HashSet::new();
-    for path in [
-        "/healthz",
-        "/readyz",
-        "/v1/payments",
-        "/v1/nope",
-        "/problems/card_declined",
-    ] {
+    for path in ["/healthz", "/readyz", "/v1/payments", "/v1/nope", "/problems/card_declined"] {
         for _ in 0..3 {
             let response = app.get(path, &key).await;
             let id = request_id(&response);
@@ -46,18 +37,9 @@ async fn every_response_has_a_unique_request_id(pool: PgPool) {
 async fn an_unknown_url_is_resource_missing(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let (_, key) = app.create_account("shop").await;
-    let body = assert_problem(
-        app.get("/v1/nothing-here", &key).await,
-        404,
-        "resource_missing",
-    )
-    .await;
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap()
-            .contains("/v1/nothing-here")
-    );
+    let body =
+        assert_problem(app.get("/v1/nothing-here", &key).await, 404, "resource_missing").await;
+    assert!(body["detail"].as_str().unwrap().contains("/v1/nothing-here"));
 }
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
@@ -98,9 +80,7 @@ async fn the_payment_list_has_the_list_shape(pool: PgPool) {
         body,
         serde_json::json!({"object": "list", "data": [], "has_more": false, "url": "/v1/payments"})
     );
-    let response = app
-        .get("/v1/payments?starting_after=pay_unknown", &key)
-        .await;
+    let response = app.get("/v1/payments?starting_after=pay_unknown", &key).await;
     let body = assert_problem(response, 404, "resource_missing").await;
     assert_eq!(body["param"], "starting_after");
 }
@@ -125,24 +105,14 @@ async fn a_body_over_the_limit_is_refused_before_it_is_read(pool: PgPool) {
 async fn every_problem_type_has_a_documentation_page(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     for code in payments_api::ProblemCode::ALL {
-        let response = app
-            .send(app.http.get(app.url(&format!("/problems/{code}"))))
-            .await;
+        let response = app.send(app.http.get(app.url(&format!("/problems/{code}")))).await;
         assert_eq!(response.status(), 200, "{code}");
-        let content_type = response.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .to_owned();
+        let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
         assert!(content_type.starts_with("text/html"), "{content_type}");
         let page = response.text().await.unwrap();
-        assert!(
-            page.contains(code.title()) && page.contains(code.as_str()),
-            "{code}"
-        );
+        assert!(page.contains(code.title()) && page.contains(code.as_str()), "{code}");
     }
-    let response = app
-        .send(app.http.get(app.url("/problems/no_such_problem")))
-        .await;
+    let response = app.send(app.http.get(app.url("/problems/no_such_problem"))).await;
     assert_problem(response, 404, "resource_missing").await;
 }
 
@@ -151,17 +121,11 @@ async fn the_public_base_url_setting_shapes_problem_types(pool: PgPool) {
     let app = TestApp::spawn_with(
         pool.clone(),
         pool,
-        &[(
-            "PAYMENTS__HTTP__PUBLIC_BASE_URL",
-            "https://pay.example.com/",
-        )],
+        &[("PAYMENTS__HTTP__PUBLIC_BASE_URL", "https://pay.example.com/")],
     )
     .await;
     let body = json(app.send(app.http.get(app.url("/v1/payments"))).await).await;
-    assert_eq!(
-        body["type"],
-        "https://pay.example.com/problems/authentication_required"
-    );
+    assert_eq!(body["type"], "https://pay.example.com/problems/authentication_required");
 }
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
@@ -175,9 +139,8 @@ async fn health_answers_without_authentication(pool: PgPool) {
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn readiness_fails_while_the_database_is_unreachable_and_recovers(pool: PgPool) {
     let options = pool.connect_options();
-    let target: SocketAddr = format!("{}:{}", options.get_host(), options.get_port())
-        .parse()
-        .unwrap();
+    let target: SocketAddr =
+        format!("{}:{}", options.get_host(), options.get_port()).parse().unwrap();
     let proxy = Proxy::start(target).await.unwrap();
     let serving_pool = PgPoolOptions::new()
         .acquire_timeout(Duration::from_secs(1))
@@ -193,19 +156,12 @@ async fn readiness_fails_while_the_database_is_unreachable_and_recovers(pool: Pg
     assert_eq!(unready.status(), 503);
     assert_eq!(json(unready).await["status"], "unavailable");
     // Liveness does not depend on the database.
-    assert_eq!(
-        app.send(app.http.get(app.url("/healthz"))).await.status(),
-        200
-    );
+    assert_eq!(app.send(app.http.get(app.url("/healthz"))).await.status(), 200);
 
     proxy.unblock();
     let mut status = 0;
     for _ in 0..50 {
-        status = app
-            .send(app.http.get(app.url("/readyz")))
-            .await
-            .status()
-            .as_u16();
+        status = app.send(app.http.get(app.url("/readyz"))).await.status().as_u16();
         if status == 200 {
             break;
         }
@@ -219,13 +175,7 @@ async fn readiness_fails_while_migrations_are_missing(pool: PgPool) {
     let app = TestApp::spawn(pool.clone()).await;
     let response = app.send(app.http.get(app.url("/readyz"))).await;
     assert_eq!(response.status(), 503);
-    assert_eq!(
-        json(response).await["checks"]["schema_version"],
-        serde_json::Value::Null
-    );
+    assert_eq!(json(response).await["checks"]["schema_version"], serde_json::Value::Null);
     payments_api::MIGRATOR.run(&pool).await.unwrap();
-    assert_eq!(
-        app.send(app.http.get(app.url("/readyz"))).await.status(),
-        200
-    );
+    assert_eq!(app.send(app.http.get(app.url("/readyz"))).await.status(), 200);
 }

@@ -13,12 +13,15 @@ use axum::Router;
 use axum::extract::OriginalUri;
 use axum::http::Method;
 use axum::routing::get;
+use idem::{Engine, NoObserver};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
 
 use crate::edge::{self, EdgeConfig};
 use crate::error::{ApiError, ProblemCode};
+use crate::idempotency::Runner;
 use crate::routes;
 use crate::settings::Settings;
 
@@ -29,6 +32,8 @@ pub struct AppState {
     pub pool: PgPool,
     /// The settings the process started with.
     pub settings: Arc<Settings>,
+    /// Runs idempotent operations.
+    pub runner: Runner,
 }
 
 /// A bound, not yet serving, API server.
@@ -37,6 +42,8 @@ pub struct Application {
     listener: TcpListener,
     router: Router,
     shutdown_grace: Duration,
+    /// Operations that outlive their requests; shutdown waits for them.
+    tasks: TaskTracker,
 }
 
 impl Application {
@@ -59,16 +66,13 @@ impl Application {
             body_limit_bytes: settings.http.body_limit_bytes,
         };
         let shutdown_grace = Duration::from_millis(settings.http.shutdown_grace_ms);
-        let state = AppState {
-            pool,
-            settings: Arc::new(settings),
-        };
+        let tasks = TaskTracker::new();
+        let engine =
+            Engine::new(pool.clone(), settings.idempotency.engine_config(), Arc::new(NoObserver));
+        let runner = Runner::new(engine, tasks.clone());
+        let state = AppState { pool, settings: Arc::new(settings), runner };
         let router = edge::wrap(router(state), edge);
-        Ok(Self {
-            listener,
-            router,
-            shutdown_grace,
-        })
+        Ok(Self { listener, router, shutdown_grace, tasks })
     }
 
     /// The port the server listens on.
@@ -102,12 +106,20 @@ impl Application {
             tracing::info!("shutting down: no new connections, finishing requests in flight");
         });
         let grace = self.shutdown_grace;
+        let tasks = self.tasks;
+        let drained = async move {
+            server.await?;
+            // Operations whose clients hung up still run; let them reach a recovery point.
+            tasks.close();
+            tasks.wait().await;
+            Ok::<(), std::io::Error>(())
+        };
         tokio::select! {
-            served = server => served?,
+            drained = drained => drained?,
             () = async {
                 let _ = stopping_rx.wait_for(|stopping| *stopping).await;
                 tokio::time::sleep(grace).await;
-            } => tracing::warn!(grace_ms = grace.as_millis() as u64, "requests still in flight after the shutdown grace; stopping anyway"),
+            } => tracing::warn!(grace_ms = grace.as_millis() as u64, "work still in flight after the shutdown grace; stopping anyway (unfinished keys resume after their lease)"),
         }
         Ok(())
     }
@@ -134,10 +146,7 @@ fn router(state: AppState) -> Router {
 }
 
 async fn unknown_route(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {
-    ApiError::resource_missing(format!(
-        "Unrecognized request URL ({method}: {}).",
-        uri.path()
-    ))
+    ApiError::resource_missing(format!("Unrecognized request URL ({method}: {}).", uri.path()))
 }
 
 async fn method_not_allowed(method: Method, OriginalUri(uri): OriginalUri) -> ApiError {

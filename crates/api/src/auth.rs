@@ -27,19 +27,15 @@ impl FromRequestParts<AppState> for Authenticated {
         if !presented.starts_with(SECRET_KEY_PREFIX) {
             return Err(invalid_api_key());
         }
-        let account = accounts::authenticate(&state.pool, &presented)
-            .await?
-            .ok_or_else(invalid_api_key)?;
+        let account =
+            accounts::authenticate(&state.pool, &presented).await?.ok_or_else(invalid_api_key)?;
         tracing::Span::current().record("account_id", account.as_str());
         Ok(Self(account))
     }
 }
 
 fn invalid_api_key() -> ApiError {
-    ApiError::new(
-        ProblemCode::InvalidApiKey,
-        "The API key is unknown or has been revoked.",
-    )
+    ApiError::new(ProblemCode::InvalidApiKey, "The API key is unknown or has been revoked.")
 }
 
 /// The key the request presents, or why there is none.
@@ -54,10 +50,8 @@ fn presented_key(parts: &Parts) -> Result<String, ApiError> {
         (Some(_), Some(_)) => return Err(malformed("more than one Authorization header")),
         (Some(value), None) => value.to_str().map_err(|_| malformed("not visible ASCII"))?,
     };
-    let (scheme, credentials) = value
-        .trim()
-        .split_once(' ')
-        .ok_or_else(|| malformed("no scheme"))?;
+    let (scheme, credentials) =
+        value.trim().split_once(' ').ok_or_else(|| malformed("no scheme"))?;
     let credentials = credentials.trim();
     let key = if scheme.eq_ignore_ascii_case("bearer") {
         credentials.to_owned()
@@ -106,14 +100,8 @@ mod tests {
 
     #[test]
     fn bearer_and_basic_yield_the_same_key() {
-        assert_eq!(
-            presented_key(&parts(&["Bearer sk_test_abc"])).unwrap(),
-            "sk_test_abc"
-        );
-        assert_eq!(
-            presented_key(&parts(&["bearer  sk_test_abc "])).unwrap(),
-            "sk_test_abc"
-        );
+        assert_eq!(presented_key(&parts(&["Bearer sk_test_abc"])).unwrap(), "sk_test_abc");
+        assert_eq!(presented_key(&parts(&["bearer  sk_test_abc "])).unwrap(), "sk_test_abc");
         let basic = format!("Basic {}", STANDARD.encode("sk_test_abc:"));
         assert_eq!(presented_key(&parts(&[&basic])).unwrap(), "sk_test_abc");
         let no_colon = format!("Basic {}", STANDARD.encode("sk_test_abc"));
@@ -123,30 +111,15 @@ mod tests {
     #[test]
     fn missing_or_malformed_credentials_require_authentication() {
         assert_eq!(code(presented_key(&parts(&[]))), "authentication_required");
-        assert_eq!(
-            code(presented_key(&parts(&["Bearer"]))),
-            "authentication_required"
-        );
-        assert_eq!(
-            code(presented_key(&parts(&["Bearer "]))),
-            "authentication_required"
-        );
-        assert_eq!(
-            code(presented_key(&parts(&["Token sk_test_abc"]))),
-            "authentication_required"
-        );
-        assert_eq!(
-            code(presented_key(&parts(&["Basic !!!"]))),
-            "authentication_required"
-        );
+        assert_eq!(code(presented_key(&parts(&["Bearer"]))), "authentication_required");
+        assert_eq!(code(presented_key(&parts(&["Bearer "]))), "authentication_required");
+        assert_eq!(code(presented_key(&parts(&["Token sk_test_abc"]))), "authentication_required");
+        assert_eq!(code(presented_key(&parts(&["Basic !!!"]))), "authentication_required");
         assert_eq!(
             code(presented_key(&parts(&["Bearer a", "Bearer b"]))),
             "authentication_required"
         );
         let empty_user = format!("Basic {}", STANDARD.encode(":secret"));
-        assert_eq!(
-            code(presented_key(&parts(&[&empty_user]))),
-            "authentication_required"
-        );
+        assert_eq!(code(presented_key(&parts(&[&empty_user]))), "authentication_required");
     }
 }

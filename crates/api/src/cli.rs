@@ -78,10 +78,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Accounts(AccountsCommand::Create { name }) => {
             let pool = connect(&settings).await?;
             let (account, key, secret) = accounts::create_account(&pool, &name).await?;
-            eprintln!(
-                "created account {} ({}) with key {}",
-                account.id, account.name, key.id
-            );
+            eprintln!("created account {} ({}) with key {}", account.id, account.name, key.id);
             println!("{}", secret.expose());
             Ok(())
         }
@@ -109,12 +106,7 @@ async fn create_database_if_missing(settings: &Settings) -> anyhow::Result<()> {
         anyhow::anyhow!("cannot connect to the database (database.url / DATABASE_URL): {err}")
     })? {
         sqlx::Postgres::create_database(url).await?;
-        let name = settings
-            .database
-            .connect_options()?
-            .get_database()
-            .unwrap_or("")
-            .to_owned();
+        let name = settings.database.connect_options()?.get_database().unwrap_or("").to_owned();
         eprintln!("created database {name}");
     }
     Ok(())

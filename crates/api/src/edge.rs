@@ -56,25 +56,17 @@ pub fn wrap(router: Router, config: EdgeConfig) -> Router {
     router
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .layer(CatchPanicLayer::custom(answer_panic))
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(request_span)
-                .on_request(())
-                .on_response(|response: &Response, latency: Duration, _: &Span| {
-                    tracing::info!(
-                        status = response.status().as_u16(),
-                        latency_ms = latency.as_secs_f64() * 1000.0,
-                        "answered"
-                    );
-                }),
-        )
-        .layer(SetSensitiveRequestHeadersLayer::new([
-            header::AUTHORIZATION,
-        ]))
-        .layer(middleware::from_fn_with_state(
-            config,
-            request_id_and_problems,
+        .layer(TraceLayer::new_for_http().make_span_with(request_span).on_request(()).on_response(
+            |response: &Response, latency: Duration, _: &Span| {
+                tracing::info!(
+                    status = response.status().as_u16(),
+                    latency_ms = latency.as_secs_f64() * 1000.0,
+                    "answered"
+                );
+            },
         ))
+        .layer(SetSensitiveRequestHeadersLayer::new([header::AUTHORIZATION]))
+        .layer(middleware::from_fn_with_state(config, request_id_and_problems))
 }
 
 async fn request_id_and_problems(
@@ -101,29 +93,17 @@ async fn request_id_and_problems(
         response = error.render(request_id.as_str(), &config.public_base_url);
     }
     if let Ok(value) = HeaderValue::from_str(request_id.as_str()) {
-        response
-            .headers_mut()
-            .insert(REQUEST_ID_HEADER.clone(), value);
+        response.headers_mut().insert(REQUEST_ID_HEADER.clone(), value);
     }
     response
 }
 
 fn declared_length(request: &Request) -> Option<u64> {
-    request
-        .headers()
-        .get(header::CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
+    request.headers().get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 fn request_span(request: &Request) -> Span {
-    let request_id = request
-        .extensions()
-        .get::<RequestId>()
-        .map(RequestId::as_str)
-        .unwrap_or("");
+    let request_id = request.extensions().get::<RequestId>().map(RequestId::as_str).unwrap_or("");
     tracing::span!(
         Level::INFO,
         "request",

@@ -262,12 +262,7 @@ impl ProblemCode {
                 "No.",
             ),
         };
-        ProblemDoc {
-            code: self,
-            description,
-            remedy,
-            stored_for_replay,
-        }
+        ProblemDoc { code: self, description, remedy, stored_for_replay }
     }
 }
 

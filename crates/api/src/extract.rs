@@ -75,18 +75,16 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             Some(Ok(value)) => Some(parse_media_type(&value, accepts_merge_patch)?),
             Some(Err(_)) => return Err(unsupported("(not visible ASCII)", accepts_merge_patch)),
         };
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::new(
-                        ProblemCode::PayloadTooLarge,
-                        "The request body is larger than the limit.",
-                    )
-                } else {
-                    ApiError::invalid_request("body", "The request body could not be read.")
-                }
-            })?;
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    ProblemCode::PayloadTooLarge,
+                    "The request body is larger than the limit.",
+                )
+            } else {
+                ApiError::invalid_request("body", "The request body could not be read.")
+            }
+        })?;
         let (media_type, raw) = match media_type {
             Some(media_type) => (media_type, bytes),
             None if bytes.is_empty() => (JsonMediaType::Json, Bytes::from_static(b"{}")),
@@ -103,21 +101,12 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         deserializer.end().map_err(|err| {
             ApiError::invalid_request("body", format!("The body is not valid JSON: {err}."))
         })?;
-        Ok(Self {
-            media_type,
-            raw,
-            value,
-        })
+        Ok(Self { media_type, raw, value })
     }
 }
 
 fn parse_media_type(value: &str, accepts_merge_patch: bool) -> Result<JsonMediaType, ApiError> {
-    let essence = value
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
+    let essence = value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
     match essence.as_str() {
         "application/json" => Ok(JsonMediaType::Json),
         "application/merge-patch+json" if accepts_merge_patch => Ok(JsonMediaType::MergePatch),
@@ -140,10 +129,7 @@ fn unsupported(value: &str, accepts_merge_patch: bool) -> ApiError {
 fn invalid_parameter<E: std::fmt::Display>(err: &serde_path_to_error::Error<E>) -> ApiError {
     let message = err.inner().to_string();
     let param = param_name(&err.path().to_string(), &message);
-    ApiError::invalid_request(
-        param.clone(),
-        format!("Invalid parameter `{param}`: {message}."),
-    )
+    ApiError::invalid_request(param.clone(), format!("Invalid parameter `{param}`: {message}."))
 }
 
 fn invalid_body(err: &serde_path_to_error::Error<serde_json::Error>) -> ApiError {
@@ -153,10 +139,7 @@ fn invalid_body(err: &serde_path_to_error::Error<serde_json::Error>) -> ApiError
     }
     let message = strip_position(&inner.to_string());
     let param = param_name(&err.path().to_string(), &message);
-    ApiError::invalid_request(
-        param.clone(),
-        format!("Invalid parameter `{param}`: {message}."),
-    )
+    ApiError::invalid_request(param.clone(), format!("Invalid parameter `{param}`: {message}."))
 }
 
 /// The parameter an error is about: its path (which for an unknown member already ends with the
@@ -191,18 +174,9 @@ mod tests {
 
     #[test]
     fn the_param_is_the_path_or_the_member_the_message_names() {
-        assert_eq!(
-            param_name("limit", "invalid digit found in string"),
-            "limit"
-        );
-        assert_eq!(
-            param_name("foo", "unknown field `foo`, expected one of `a`"),
-            "foo"
-        );
-        assert_eq!(
-            param_name(".", "unknown field `foo`, expected one of `a`"),
-            "foo"
-        );
+        assert_eq!(param_name("limit", "invalid digit found in string"), "limit");
+        assert_eq!(param_name("foo", "unknown field `foo`, expected one of `a`"), "foo");
+        assert_eq!(param_name(".", "unknown field `foo`, expected one of `a`"), "foo");
         assert_eq!(param_name(".", "missing field `amount`"), "amount");
         assert_eq!(param_name("metadata", "missing field `x`"), "metadata.x");
         assert_eq!(param_name(".", "something else"), "body");
@@ -257,27 +231,19 @@ mod tests {
             );
             let router = edge::wrap(
                 router,
-                EdgeConfig {
-                    public_base_url: "http://test".into(),
-                    body_limit_bytes: 64,
-                },
+                EdgeConfig { public_base_url: "http://test".into(), body_limit_bytes: 64 },
             );
             let mut request = Request::builder().method(method).uri("/orders");
             if let Some(content_type) = content_type {
                 request = request.header("content-type", content_type);
             }
-            let response = router
-                .oneshot(request.body(Body::from(body)).unwrap())
-                .await
-                .unwrap();
+            let response = router.oneshot(request.body(Body::from(body)).unwrap()).await.unwrap();
             let status = response.status();
             let is_problem = response
                 .headers()
                 .get("content-type")
                 .is_some_and(|v| v == "application/problem+json");
-            let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
-                .await
-                .unwrap();
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
             let value = if is_problem {
                 serde_json::from_slice(&bytes).unwrap()
             } else {
@@ -288,16 +254,9 @@ mod tests {
 
         #[tokio::test]
         async fn a_json_body_with_parameters_in_the_media_type_is_accepted() {
-            let (status, body) = send(
-                "POST",
-                Some("application/json; charset=utf-8"),
-                r#"{"amount":5}"#,
-            )
-            .await;
-            assert_eq!(
-                (status, body),
-                (StatusCode::OK, Value::from("application/json"))
-            );
+            let (status, body) =
+                send("POST", Some("application/json; charset=utf-8"), r#"{"amount":5}"#).await;
+            assert_eq!((status, body), (StatusCode::OK, Value::from("application/json")));
         }
 
         #[tokio::test]
@@ -317,22 +276,15 @@ mod tests {
                 (status, body),
                 (StatusCode::OK, Value::from("application/merge-patch+json"))
             );
-            let (status, _) = send(
-                "POST",
-                Some("application/merge-patch+json"),
-                r#"{"amount":5}"#,
-            )
-            .await;
+            let (status, _) =
+                send("POST", Some("application/merge-patch+json"), r#"{"amount":5}"#).await;
             assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
         }
 
         #[tokio::test]
         async fn an_empty_body_without_a_content_type_stands_for_an_empty_object() {
             let (status, body) = send("PATCH", None, "").await;
-            assert_eq!(
-                (status, body),
-                (StatusCode::OK, Value::from("application/json"))
-            );
+            assert_eq!((status, body), (StatusCode::OK, Value::from("application/json")));
         }
 
         #[tokio::test]
@@ -340,10 +292,7 @@ mod tests {
             // A body with no Content-Length is only found too large while it is read.
             let router = edge::wrap(
                 Router::new().route("/orders", post(|_: JsonBody<Value>| async { "read" })),
-                EdgeConfig {
-                    public_base_url: "http://test".into(),
-                    body_limit_bytes: 64,
-                },
+                EdgeConfig { public_base_url: "http://test".into(), body_limit_bytes: 64 },
             );
             let chunks = futures_chunks(vec![vec![b' '; 40], vec![b' '; 40]]);
             let request = Request::post("/orders")

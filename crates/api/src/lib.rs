@@ -10,6 +10,7 @@ pub mod cli;
 pub mod edge;
 pub mod error;
 pub mod extract;
+pub mod idempotency;
 pub mod routes;
 pub mod settings;
 pub mod telemetry;

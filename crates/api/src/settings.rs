@@ -23,6 +23,8 @@ pub struct Settings {
     pub http: HttpSettings,
     /// The Postgres connection pool.
     pub database: DatabaseSettings,
+    /// The idempotency engine.
+    pub idempotency: IdempotencySettings,
     /// Logging.
     pub log: LogSettings,
 }
@@ -53,6 +55,29 @@ pub struct DatabaseSettings {
     pub max_connections: u32,
     /// How long a request waits for a connection.
     pub acquire_timeout_ms: u64,
+}
+
+/// `[idempotency]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencySettings {
+    /// Lease length after each claim or phase commit.
+    pub lease_ms: u64,
+    /// Retries of serialization failures and deadlocks.
+    pub db_retries: u32,
+    /// How long completed keys are kept at least.
+    pub retention_hours: u32,
+}
+
+impl IdempotencySettings {
+    /// The engine's tunables.
+    pub fn engine_config(&self) -> idem::EngineConfig {
+        idem::EngineConfig {
+            lease: Duration::from_millis(self.lease_ms),
+            db_retries: self.db_retries,
+            ..idem::EngineConfig::default()
+        }
+    }
 }
 
 /// `[log]`
@@ -126,32 +151,26 @@ impl Settings {
                 .map_err(|reason| invalid("http.public_base_url", reason))?;
         }
         if self.http.body_limit_bytes == 0 {
-            return Err(invalid(
-                "http.body_limit_bytes",
-                "must be at least 1".into(),
-            ));
+            return Err(invalid("http.body_limit_bytes", "must be at least 1".into()));
         }
         let is_postgres_url = ["postgres://", "postgresql://"]
             .iter()
             .any(|scheme| self.database.url.starts_with(scheme));
         if !is_postgres_url || self.database.connect_options().is_err() {
             // The URL itself is not repeated: it may hold a password.
-            return Err(invalid(
-                "database.url",
-                "not a valid postgres:// URL".into(),
-            ));
+            return Err(invalid("database.url", "not a valid postgres:// URL".into()));
         }
         if self.database.max_connections == 0 {
-            return Err(invalid(
-                "database.max_connections",
-                "must be at least 1".into(),
-            ));
+            return Err(invalid("database.max_connections", "must be at least 1".into()));
         }
         if self.database.acquire_timeout_ms == 0 {
-            return Err(invalid(
-                "database.acquire_timeout_ms",
-                "must be at least 1".into(),
-            ));
+            return Err(invalid("database.acquire_timeout_ms", "must be at least 1".into()));
+        }
+        if self.idempotency.lease_ms < 1000 {
+            return Err(invalid("idempotency.lease_ms", "must be at least 1000".into()));
+        }
+        if self.idempotency.retention_hours == 0 {
+            return Err(invalid("idempotency.retention_hours", "must be at least 1".into()));
         }
         tracing_subscriber::EnvFilter::try_new(&self.log.filter)
             .map_err(|e| invalid("log.filter", e.to_string()))?;
@@ -184,16 +203,9 @@ fn invalid(setting: &'static str, reason: String) -> SettingsError {
     let env = if setting == "database.url" {
         "DATABASE_URL or PAYMENTS__DATABASE__URL".to_owned()
     } else {
-        format!(
-            "{ENV_PREFIX}__{}",
-            setting.replace('.', "__").to_uppercase()
-        )
+        format!("{ENV_PREFIX}__{}", setting.replace('.', "__").to_uppercase())
     };
-    SettingsError::Invalid {
-        setting,
-        env,
-        reason,
-    }
+    SettingsError::Invalid { setting, env, reason }
 }
 
 fn check_base_url(url: &str) -> Result<(), String> {
@@ -231,10 +243,7 @@ mod tests {
     fn environment_variables_override_the_defaults() {
         let settings = load(&[
             ("PAYMENTS__HTTP__PORT", "9191"),
-            (
-                "PAYMENTS__HTTP__PUBLIC_BASE_URL",
-                "https://pay.example.com/",
-            ),
+            ("PAYMENTS__HTTP__PUBLIC_BASE_URL", "https://pay.example.com/"),
             ("PAYMENTS__LOG__FORMAT", "json"),
             ("DATABASE_URL", "postgres://u@db:5432/x"),
         ])
@@ -247,59 +256,45 @@ mod tests {
 
     #[test]
     fn a_port_that_is_not_a_number_names_the_setting() {
-        let err = load(&[("PAYMENTS__HTTP__PORT", "eighty")])
-            .unwrap_err()
-            .to_string();
+        let err = load(&[("PAYMENTS__HTTP__PORT", "eighty")]).unwrap_err().to_string();
         assert!(err.contains("http.port"), "{err}");
     }
 
     #[test]
     fn a_port_out_of_range_names_the_setting() {
-        let err = load(&[("PAYMENTS__HTTP__PORT", "70000")])
-            .unwrap_err()
-            .to_string();
+        let err = load(&[("PAYMENTS__HTTP__PORT", "70000")]).unwrap_err().to_string();
         assert!(err.contains("http.port"), "{err}");
     }
 
     #[test]
     fn a_bad_public_base_url_names_the_setting_and_its_variable() {
-        let err = load(&[("PAYMENTS__HTTP__PUBLIC_BASE_URL", "ftp://x")])
-            .unwrap_err()
-            .to_string();
+        let err = load(&[("PAYMENTS__HTTP__PUBLIC_BASE_URL", "ftp://x")]).unwrap_err().to_string();
         assert!(err.contains("http.public_base_url"), "{err}");
         assert!(err.contains("PAYMENTS__HTTP__PUBLIC_BASE_URL"), "{err}");
     }
 
     #[test]
     fn a_bad_database_url_names_the_setting_without_printing_it() {
-        let err = load(&[("DATABASE_URL", "mysql://root:hunter2@db")])
-            .unwrap_err()
-            .to_string();
+        let err = load(&[("DATABASE_URL", "mysql://root:hunter2@db")]).unwrap_err().to_string();
         assert!(err.contains("database.url"), "{err}");
         assert!(!err.contains("hunter2"), "{err}");
     }
 
     #[test]
     fn an_unknown_log_format_names_the_setting() {
-        let err = load(&[("PAYMENTS__LOG__FORMAT", "xml")])
-            .unwrap_err()
-            .to_string();
+        let err = load(&[("PAYMENTS__LOG__FORMAT", "xml")]).unwrap_err().to_string();
         assert!(err.contains("log.format"), "{err}");
     }
 
     #[test]
     fn an_unknown_setting_is_refused_by_name() {
-        let err = load(&[("PAYMENTS__HTTP__PROT", "1")])
-            .unwrap_err()
-            .to_string();
+        let err = load(&[("PAYMENTS__HTTP__PROT", "1")]).unwrap_err().to_string();
         assert!(err.contains("prot"), "{err}");
     }
 
     #[test]
     fn a_zero_body_limit_is_refused() {
-        let err = load(&[("PAYMENTS__HTTP__BODY_LIMIT_BYTES", "0")])
-            .unwrap_err()
-            .to_string();
+        let err = load(&[("PAYMENTS__HTTP__BODY_LIMIT_BYTES", "0")]).unwrap_err().to_string();
         assert!(err.contains("http.body_limit_bytes"), "{err}");
     }
 }

@@ -36,34 +36,20 @@ async fn a_bad_setting_stops_start_up_naming_the_setting() {
     let output = payments_api(&["serve"], &[("PAYMENTS__LOG__FILTER", "info,[")]).await;
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("log.filter") && stderr.contains("PAYMENTS__LOG__FILTER"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("log.filter") && stderr.contains("PAYMENTS__LOG__FILTER"), "{stderr}");
 }
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn accounts_create_prints_the_new_key_alone_on_standard_output(pool: PgPool) {
     let url = database_url(&pool);
-    let output = payments_api(
-        &["accounts", "create", "--name", "Demo shop"],
-        &[("DATABASE_URL", &url)],
-    )
-    .await;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output =
+        payments_api(&["accounts", "create", "--name", "Demo shop"], &[("DATABASE_URL", &url)])
+            .await;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let stdout = String::from_utf8(output.stdout).unwrap();
     let key = stdout.strip_suffix('\n').unwrap();
-    assert!(
-        key.starts_with("sk_test_") && !key.contains(char::is_whitespace),
-        "{stdout:?}"
-    );
-    let account = payments_domain::accounts::authenticate(&pool, key)
-        .await
-        .unwrap();
+    assert!(key.starts_with("sk_test_") && !key.contains(char::is_whitespace), "{stdout:?}");
+    let account = payments_domain::accounts::authenticate(&pool, key).await.unwrap();
     assert!(account.is_some(), "the printed key authenticates");
     assert!(String::from_utf8_lossy(&output.stderr).contains("created account acct_"));
 }
@@ -71,9 +57,8 @@ async fn accounts_create_prints_the_new_key_alone_on_standard_output(pool: PgPoo
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn keys_revoke_refuses_the_key_from_then_on(pool: PgPool) {
     let url = database_url(&pool);
-    let (account, _, first) = payments_domain::accounts::create_account(&pool, "shop")
-        .await
-        .unwrap();
+    let (account, _, first) =
+        payments_domain::accounts::create_account(&pool, "shop").await.unwrap();
     let output = payments_api(
         &["keys", "create", "--account", account.id.as_str()],
         &[("DATABASE_URL", &url)],
@@ -91,17 +76,9 @@ async fn keys_revoke_refuses_the_key_from_then_on(pool: PgPool) {
     assert!(output.status.success());
 
     assert!(
-        payments_domain::accounts::authenticate(&pool, first.expose())
-            .await
-            .unwrap()
-            .is_none()
+        payments_domain::accounts::authenticate(&pool, first.expose()).await.unwrap().is_none()
     );
-    assert!(
-        payments_domain::accounts::authenticate(&pool, &second)
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(payments_domain::accounts::authenticate(&pool, &second).await.unwrap().is_some());
 
     let output = payments_api(&["keys", "revoke", "key_nope"], &[("DATABASE_URL", &url)]).await;
     assert!(!output.status.success());
@@ -114,21 +91,13 @@ async fn migrate_creates_a_missing_database_and_is_idempotent(pool: PgPool) {
     let url = format!("{}/{fresh}", url.rsplit_once('/').unwrap().0);
     for _ in 0..2 {
         let output = payments_api(&["migrate"], &[("DATABASE_URL", &url)]).await;
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     }
-    let tables: i64 = sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM pg_database WHERE datname = '{fresh}'"
-    ))
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let tables: i64 =
+        sqlx::query_scalar(&format!("SELECT count(*) FROM pg_database WHERE datname = '{fresh}'"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(tables, 1);
-    sqlx::query(&format!("DROP DATABASE {fresh} WITH (FORCE)"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(&format!("DROP DATABASE {fresh} WITH (FORCE)")).execute(&pool).await.unwrap();
 }

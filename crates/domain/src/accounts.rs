@@ -139,10 +139,7 @@ pub async fn create_account(
             message: format!("an account name is 1 to {ACCOUNT_NAME_MAX_CHARS} characters"),
         });
     }
-    let account = Account {
-        id: AccountId(new_id("acct")),
-        name: name.to_owned(),
-    };
+    let account = Account { id: AccountId(new_id("acct")), name: name.to_owned() };
     let mut tx = pool.begin().await?;
     sqlx::query!(
         "INSERT INTO accounts (id, name) VALUES ($1, $2)",

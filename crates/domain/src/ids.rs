@@ -20,12 +20,7 @@ pub(crate) fn with_random_suffix(prefix: &str, len: usize) -> String {
     let mut id = String::with_capacity(prefix.len() + 1 + len);
     id.push_str(prefix);
     id.push('_');
-    id.extend(
-        rand::thread_rng()
-            .sample_iter(&Alphanumeric)
-            .take(len)
-            .map(char::from),
-    );
+    id.extend(rand::thread_rng().sample_iter(&Alphanumeric).take(len).map(char::from));
     id
 }
 

@@ -105,13 +105,8 @@ pub async fn list(
             _ => "ending_before",
         };
         return Err(
-            ApiError::resource_missing(format!("No such payment: '{id}'.")).with_param(param),
+            ApiError::resource_missing(format!("No such payment: '{id}'.")).with_param(param)
         );
     }
-    Ok(Json(List {
-        object: "list",
-        data: Vec::new(),
-        has_more: false,
-        url: "/v1/payments",
-    }))
+    Ok(Json(List { object: "list", data: Vec::new(), has_more: false, url: "/v1/payments" }))
 }

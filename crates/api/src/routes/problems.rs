@@ -31,7 +31,5 @@ pub async fn show(Path(code): Path<String>) -> Result<Html<String>, ApiError> {
 }
 
 fn html_escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }

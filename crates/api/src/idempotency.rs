@@ -1,0 +1,228 @@
+//! The HTTP side of the idempotency engine: what every money-moving handler goes through.
+//!
+//! `RequiredKey` parses the `Idempotency-Key` header (400 when missing or malformed). `Runner::run`
+//! fingerprints the request, claims the key, and either replays the stored answer (with
+//! `Idempotent-Replayed: true`), refuses (409 with `Retry-After`, 422), or runs the operation on a
+//! task of its own: axum drops a handler's future when the client hangs up, and an operation cut
+//! off halfway would leave its key leased until the lease expired. The task finishes the phase it
+//! is in whatever the client does, and graceful shutdown waits for it.
+
+use axum::body::Body;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::Response;
+use idem::{
+    Claim, ClaimRequest, Engine, Fingerprint, IdempotencyKey, Interrupted, Operation, RequestParts,
+    StoredResponse, TransientKind,
+};
+use serde_json::Value;
+use tokio_util::task::TaskTracker;
+
+use crate::edge::RequestId;
+use crate::error::{ApiError, ProblemCode};
+use crate::extract::JsonMediaType;
+
+/// The header a replayed answer carries.
+pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// The header that carries an API version, part of the fingerprint when present.
+pub static PAYMENTS_VERSION: HeaderName = HeaderName::from_static("payments-version");
+
+/// The request's `Idempotency-Key`, which this endpoint requires.
+#[derive(Debug, Clone)]
+pub struct RequiredKey(pub IdempotencyKey);
+
+impl<S: Send + Sync> FromRequestParts<S> for RequiredKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let values = parts.headers.get_all("idempotency-key").iter().map(HeaderValue::as_bytes);
+        match IdempotencyKey::from_header_values(values) {
+            Ok(Some(key)) => Ok(Self(key)),
+            Ok(None) => Err(ApiError::new(
+                ProblemCode::IdempotencyKeyMissing,
+                "This request moves money or creates an object, so it needs an Idempotency-Key header. \
+                 Generate one per operation (a UUIDv4 is ideal) and send the same one on every retry.",
+            )),
+            Err(err) => Err(ApiError::new(ProblemCode::IdempotencyKeyInvalid, format!("{err}."))),
+        }
+    }
+}
+
+/// What the fingerprint and the key record need from the request line and headers.
+#[derive(Debug, Clone)]
+pub struct RequestMeta {
+    /// The method.
+    pub method: Method,
+    /// The path as received.
+    pub path: String,
+    /// The query string, empty when absent.
+    pub query: String,
+    /// `Payments-Version`, when sent.
+    pub version: Option<String>,
+    /// The request's id.
+    pub request_id: RequestId,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for RequestMeta {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let request_id = parts.extensions.get::<RequestId>().cloned().ok_or_else(|| {
+            ApiError::internal(&std::io::Error::other("the edge did not assign a request id"))
+        })?;
+        let version = match parts.headers.get(&PAYMENTS_VERSION) {
+            None => None,
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .map_err(|_| {
+                        ApiError::invalid_request(
+                            "Payments-Version",
+                            "The Payments-Version header is not visible ASCII.",
+                        )
+                    })?
+                    .to_owned(),
+            ),
+        };
+        Ok(Self {
+            method: parts.method.clone(),
+            path: parts.uri.path().to_owned(),
+            query: parts.uri.query().unwrap_or_default().to_owned(),
+            version,
+            request_id,
+        })
+    }
+}
+
+/// One attempt at an idempotent operation.
+#[derive(Debug)]
+pub struct Attempt<'a> {
+    /// The account the key is scoped to.
+    pub account_id: &'a str,
+    /// The key.
+    pub key: &'a IdempotencyKey,
+    /// The request line and headers.
+    pub meta: &'a RequestMeta,
+    /// How the body was sent.
+    pub media_type: JsonMediaType,
+    /// The body, parsed; its canonical form is fingerprinted.
+    pub body: &'a Value,
+    /// The operation's name, for the completer.
+    pub operation: &'a str,
+    /// The operation's input, for the completer.
+    pub params: &'a Value,
+}
+
+/// Runs idempotent operations: the engine plus the tasks that outlive their requests.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    engine: Engine,
+    tasks: TaskTracker,
+}
+
+impl Runner {
+    /// A runner over the engine; `tasks` is waited for on shutdown.
+    pub fn new(engine: Engine, tasks: TaskTracker) -> Self {
+        Self { engine, tasks }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Claims the key and answers: a replay, a refusal, or the operation's own answer.
+    pub async fn run<O: Operation + 'static>(
+        &self,
+        attempt: Attempt<'_>,
+        operation: O,
+    ) -> Result<Response, ApiError> {
+        let fingerprint = Fingerprint::of(&RequestParts {
+            method: attempt.meta.method.as_str(),
+            path: &attempt.meta.path,
+            query: &attempt.meta.query,
+            media_type: attempt.media_type.essence(),
+            version: attempt.meta.version.as_deref(),
+            body: attempt.body,
+        });
+        let claim = self
+            .engine
+            .claim(&ClaimRequest {
+                account_id: attempt.account_id,
+                key: attempt.key,
+                fingerprint,
+                method: attempt.meta.method.as_str(),
+                path: &attempt.meta.path,
+                request_id: attempt.meta.request_id.as_str(),
+                operation: attempt.operation,
+                params: attempt.params,
+            })
+            .await
+            .map_err(|err| ApiError::internal(&err))?;
+        match claim {
+            Claim::Acquired(lease) => {
+                let task = self.tasks.spawn(async move { idem::drive(&operation, lease).await });
+                match task.await {
+                    Ok(Ok(stored)) => Ok(stored_response(stored, false)),
+                    Ok(Err(interrupted)) => Err(interrupted_error(interrupted)),
+                    Err(join_error) => Err(ApiError::internal(&join_error)),
+                }
+            }
+            Claim::Replay(stored) => Ok(stored_response(stored, true)),
+            Claim::InUse => Err(in_use()),
+            Claim::Mismatch { method, path } => Err(ApiError::new(
+                ProblemCode::IdempotencyKeyReused,
+                format!(
+                    "The key '{}' was first used for {method} {path} with different parameters.",
+                    attempt.key
+                ),
+            )),
+            Claim::NeedsHuman => Err(ApiError::new(
+                ProblemCode::InternalError,
+                format!(
+                    "The operation with key '{}' could not be completed automatically and was referred to an operator.",
+                    attempt.key
+                ),
+            )),
+        }
+    }
+}
+
+fn in_use() -> ApiError {
+    ApiError::new(
+        ProblemCode::IdempotencyKeyInUse,
+        "A request with this Idempotency-Key is still being processed. Retry after a moment with the same key to receive its answer.",
+    )
+}
+
+fn interrupted_error(interrupted: Interrupted) -> ApiError {
+    match interrupted {
+        // Another process took the key over and will answer; a retry gets its answer.
+        Interrupted::LeaseLost => in_use(),
+        Interrupted::Transient { kind: TransientKind::Processor, .. } => ApiError::new(
+            ProblemCode::ProcessorUnavailable,
+            "The card processor could not be reached. Retry with the same Idempotency-Key; the operation resumes where it stopped.",
+        ),
+        Interrupted::Transient { kind: TransientKind::Internal, detail } => {
+            ApiError::internal(&std::io::Error::other(detail))
+        }
+    }
+}
+
+/// A stored answer as an HTTP response, marked when it is a replay.
+pub fn stored_response(stored: StoredResponse, replayed: bool) -> Response {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = Response::new(Body::from(stored.body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    for (name, value) in stored.headers {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+            headers.insert(name, value);
+        }
+    }
+    if replayed {
+        headers.insert(IDEMPOTENT_REPLAYED.clone(), HeaderValue::from_static("true"));
+    }
+    response
+}

@@ -1,0 +1,539 @@
+//! The engine: claims, leases, phases, and the loop that drives an operation to its end.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::error::{IdemError, PhaseError, is_retryable};
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::observe::{Event, Observer};
+use crate::response::StoredResponse;
+use crate::store::{self, NewKey};
+
+/// The recovery point every new key starts at.
+pub const STARTED: &str = "started";
+/// The recovery point of a key with a stored response.
+pub const FINISHED: &str = "finished";
+
+/// The recovery points of one operation, as an enum the operation defines. The engine stores
+/// them by name and refuses names it cannot map back.
+pub trait RecoveryPoint: Copy + Eq + fmt::Debug + Send + Sync + 'static {
+    /// The stored name. The first point must be called `"started"`.
+    fn name(self) -> &'static str;
+    /// The point with this name, or `None` for a name the operation does not define.
+    fn from_name(name: &str) -> Option<Self>;
+}
+
+/// Tunables of the engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// How long a lease lasts after a claim or a phase commit. Must be longer than the longest
+    /// foreign call an operation makes between two phases, retries included.
+    pub lease: Duration,
+    /// How many times a statement or phase that hit a serialization failure, deadlock or
+    /// concurrent unique violation is tried again before the error is surfaced.
+    pub db_retries: u32,
+    /// First delay before the completer retries a released key; doubles per attempt.
+    pub retry_base: Duration,
+    /// Longest delay before the completer retries a released key.
+    pub retry_cap: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(60),
+            db_retries: 5,
+            retry_base: Duration::from_secs(1),
+            retry_cap: Duration::from_secs(300),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Checks, at start-up, that a lease outlives the longest foreign call (with its retries),
+    /// with a margin for the phase commits around it.
+    pub fn check_lease_covers(&self, longest_foreign_call: Duration) -> Result<(), String> {
+        let needed = longest_foreign_call + longest_foreign_call / 2 + Duration::from_secs(1);
+        if self.lease < needed {
+            return Err(format!(
+                "the lease ({} ms) must be at least {} ms: one and a half times the longest \
+                 processor call with its retries ({} ms), plus one second",
+                self.lease.as_millis(),
+                needed.as_millis(),
+                longest_foreign_call.as_millis()
+            ));
+        }
+        Ok(())
+    }
+
+    fn lease_ms(&self) -> i64 {
+        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Delay before the completer's attempt after `attempts` attempts.
+    pub fn retry_delay(&self, attempts: i32) -> Duration {
+        let exponent = u32::try_from(attempts.saturating_sub(1)).unwrap_or(0).min(20);
+        self.retry_base.saturating_mul(1 << exponent).min(self.retry_cap)
+    }
+}
+
+/// A request to claim a key.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The scope of the key.
+    pub account_id: &'a str,
+    /// The key.
+    pub key: &'a IdempotencyKey,
+    /// The request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// For the mismatch message.
+    pub method: &'a str,
+    /// For the mismatch message.
+    pub path: &'a str,
+    /// Kept with the key: stored problem bodies carry the first request's id.
+    pub request_id: &'a str,
+    /// The operation's name, so the completer knows what to resume.
+    pub operation: &'a str,
+    /// The operation's input, so the completer can resume without the HTTP request.
+    pub params: &'a Value,
+}
+
+/// What a claim decided.
+#[derive(Debug)]
+pub enum Claim {
+    /// This request holds the key: a new key, or one resumed from its recovery point.
+    Acquired(Lease),
+    /// The key has a final answer; send it again.
+    Replay(StoredResponse),
+    /// Another request holds the lease right now.
+    InUse,
+    /// The key was first used for another request.
+    Mismatch {
+        /// The first request's method.
+        method: String,
+        /// The first request's path.
+        path: String,
+    },
+    /// The key is unfinished and waits for a person; it is never resumed automatically.
+    NeedsHuman,
+}
+
+/// The idempotency engine over one Postgres pool.
+#[derive(Clone)]
+pub struct Engine {
+    pool: PgPool,
+    config: Arc<EngineConfig>,
+    observer: Arc<dyn Observer>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// An engine with the given tunables and an observer for metrics.
+    pub fn new(pool: PgPool, config: EngineConfig, observer: Arc<dyn Observer>) -> Self {
+        Self { pool, config: Arc::new(config), observer }
+    }
+
+    /// The pool the engine works on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The tunables.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Claims a key: one round trip for a new key, a replay, a mismatch or a key in use; a
+    /// second one to take over an unfinished key whose lease is free or expired.
+    pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, IdemError> {
+        let span = tracing::debug_span!("idem.claim", operation = request.operation);
+        self.claim_inner(request).instrument(span).await
+    }
+
+    async fn claim_inner(&self, request: &ClaimRequest<'_>) -> Result<Claim, IdemError> {
+        let lease_ms = self.config.lease_ms();
+        for _ in 0..=self.config.db_retries {
+            let token = Uuid::new_v4();
+            let new = NewKey {
+                account_id: request.account_id,
+                key: request.key.as_str(),
+                fingerprint: request.fingerprint.as_bytes(),
+                method: request.method,
+                path: request.path,
+                request_id: request.request_id,
+                operation: request.operation,
+                params: request.params,
+                token,
+                lease_ms,
+            };
+            let Some(row) = self.retrying(|| store::insert_or_read(&self.pool, &new)).await? else {
+                // Inserted by someone else after this statement's snapshot: look again.
+                continue;
+            };
+            if row.inserted {
+                self.observer.event(Event::Claimed);
+                return Ok(Claim::Acquired(self.lease(row.id, token, STARTED.into(), 1, &row)));
+            }
+            if row.fingerprint != request.fingerprint.as_bytes() {
+                self.observer.event(Event::Mismatch);
+                return Ok(Claim::Mismatch { method: row.request_method, path: row.request_path });
+            }
+            if let Some(response) = row.response {
+                self.observer.event(Event::Replayed);
+                return Ok(Claim::Replay(response));
+            }
+            if row.needs_human {
+                return Ok(Claim::NeedsHuman);
+            }
+            if row.lease_active {
+                self.observer.event(Event::InUse);
+                return Ok(Claim::InUse);
+            }
+            let taken = self
+                .retrying(|| store::take_over(&self.pool, row.id, row.owner_token, token, lease_ms))
+                .await?;
+            if let Some((point, attempts)) = taken {
+                let event =
+                    if row.owner_token.is_some() { Event::TookOver } else { Event::Resumed };
+                self.observer.event(event);
+                tracing::info!(key_id = row.id, recovery_point = %point, attempts, ?event, "resuming an idempotency key");
+                return Ok(Claim::Acquired(self.lease(row.id, token, point, attempts, &row)));
+            }
+            // Someone else took it or finished it between the read and the swap: look again.
+        }
+        Err(IdemError::Contended)
+    }
+
+    fn lease(
+        &self,
+        key_id: i64,
+        token: Uuid,
+        point: String,
+        attempts: i32,
+        row: &store::KeyRow,
+    ) -> Lease {
+        Lease {
+            engine: self.clone(),
+            key_id,
+            token,
+            point,
+            attempts,
+            operation: row.operation.clone(),
+            params: row.request_params.clone(),
+            request_id: row.request_id.clone(),
+            finished: None,
+        }
+    }
+
+    /// Runs `statement` again on retryable errors, a bounded number of times.
+    async fn retrying<T, F, Fut>(&self, mut statement: F) -> Result<T, IdemError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, IdemError>>,
+    {
+        let mut tries = 0;
+        loop {
+            match statement().await {
+                Err(IdemError::Database(err))
+                    if is_retryable(&err) && tries < self.config.db_retries =>
+                {
+                    tries += 1;
+                    self.observer.event(Event::DatabaseRetry);
+                    tokio::time::sleep(retry_pause(tries)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+fn retry_pause(tries: u32) -> Duration {
+    Duration::from_millis(2u64.saturating_pow(tries.min(8)))
+}
+
+/// The right to run an operation's next phase, held by exactly one process at a time.
+///
+/// Every phase commit is fenced on this lease's token and the recovery point it expects, so a
+/// holder that lost the lease (it was too slow, and another process took the key over) can never
+/// commit anything.
+pub struct Lease {
+    engine: Engine,
+    key_id: i64,
+    token: Uuid,
+    point: String,
+    attempts: i32,
+    operation: String,
+    params: Value,
+    request_id: String,
+    finished: Option<StoredResponse>,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("key_id", &self.key_id)
+            .field("point", &self.point)
+            .field("attempts", &self.attempts)
+            .field("operation", &self.operation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a phase did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step<P> {
+    /// Moved the key to this recovery point.
+    Next(P),
+    /// Stored this final response.
+    Finish(StoredResponse),
+}
+
+impl Lease {
+    /// The key's row id; local records created by the operation may refer to it.
+    pub fn key_id(&self) -> i64 {
+        self.key_id
+    }
+
+    /// The operation's name.
+    pub fn operation(&self) -> &str {
+        &self.operation
+    }
+
+    /// The operation's input, as the first request stored it.
+    pub fn params(&self) -> &Value {
+        &self.params
+    }
+
+    /// The first request's id.
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// How many times the key has been claimed (1 for a new key).
+    pub fn attempts(&self) -> i32 {
+        self.attempts
+    }
+
+    /// The recovery point the key is at, as the operation's enum. An unknown name is an error.
+    pub fn point<P: RecoveryPoint>(&self) -> Result<P, IdemError> {
+        P::from_name(&self.point).ok_or_else(|| IdemError::UnknownRecoveryPoint(self.point.clone()))
+    }
+
+    /// The final response, once a phase stored it.
+    pub fn finished(&self) -> Option<&StoredResponse> {
+        self.finished.as_ref()
+    }
+
+    /// Runs one atomic phase: one transaction that does the caller's writes and moves the key to
+    /// the next recovery point or stores the final response, fenced on this lease. If the fence
+    /// refuses, or anything fails, the whole phase rolls back. Serialization failures and
+    /// deadlocks run the phase again (so `work` may run more than once; it only touches the
+    /// database, never the outside world).
+    pub async fn phase<P, E, F>(&mut self, mut work: F) -> Result<Step<P>, PhaseError<E>>
+    where
+        P: RecoveryPoint,
+        F: for<'t> FnMut(&'t mut PgConnection) -> BoxFuture<'t, Result<Step<P>, PhaseError<E>>>,
+    {
+        let span = tracing::info_span!("idem.phase", key_id = self.key_id, from = %self.point, to = tracing::field::Empty);
+        let mut tries = 0;
+        loop {
+            let attempt = self.phase_once(&mut work).instrument(span.clone()).await;
+            match attempt {
+                Err(PhaseError::Database(err))
+                    if is_retryable(&err) && tries < self.engine.config.db_retries =>
+                {
+                    tries += 1;
+                    self.engine.observer.event(Event::DatabaseRetry);
+                    tokio::time::sleep(retry_pause(tries)).await;
+                }
+                Err(PhaseError::LeaseLost) => {
+                    self.engine.observer.event(Event::LeaseLost);
+                    tracing::warn!(parent: &span, "lease lost: the phase was rolled back");
+                    return Err(PhaseError::LeaseLost);
+                }
+                Ok(step) => {
+                    match &step {
+                        Step::Next(point) => {
+                            span.record("to", point.name());
+                            self.point = point.name().to_owned();
+                        }
+                        Step::Finish(response) => {
+                            span.record("to", FINISHED);
+                            self.point = FINISHED.to_owned();
+                            self.finished = Some(response.clone());
+                            self.engine.observer.event(Event::Finished);
+                        }
+                    }
+                    return Ok(step);
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    async fn phase_once<P, E, F>(&mut self, work: &mut F) -> Result<Step<P>, PhaseError<E>>
+    where
+        P: RecoveryPoint,
+        F: for<'t> FnMut(&'t mut PgConnection) -> BoxFuture<'t, Result<Step<P>, PhaseError<E>>>,
+    {
+        if self.finished.is_some() {
+            return Err(PhaseError::LeaseLost);
+        }
+        let mut tx = self.engine.pool.begin().await?;
+        let step = work(&mut tx).await?;
+        let fenced = match &step {
+            Step::Next(next) => {
+                store::advance(
+                    &mut tx,
+                    self.key_id,
+                    self.token,
+                    &self.point,
+                    next.name(),
+                    self.engine.config.lease_ms(),
+                )
+                .await?
+            }
+            Step::Finish(response) => {
+                store::finish(&mut tx, self.key_id, self.token, &self.point, response).await?
+            }
+        };
+        if !fenced {
+            // Dropping the transaction rolls back everything `work` wrote.
+            return Err(PhaseError::LeaseLost);
+        }
+        tx.commit().await?;
+        Ok(step)
+    }
+
+    /// Gives the key back after a transient failure: it stays at its recovery point, unlocked, so
+    /// that a retry with the same key resumes at once and the completer after a back-off.
+    pub async fn release(self, reason: &str) {
+        let delay = self.engine.config.retry_delay(self.attempts);
+        let retry_in_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+        match store::release(&self.engine.pool, self.key_id, self.token, reason, retry_in_ms).await
+        {
+            Ok(true) => self.engine.observer.event(Event::Released),
+            Ok(false) => {}
+            // The lease then simply expires, and the key is resumed after it.
+            Err(err) => {
+                tracing::warn!(key_id = self.key_id, error = %err, "could not release an idempotency key")
+            }
+        }
+    }
+}
+
+/// How an operation step was interrupted.
+#[derive(Debug, thiserror::Error)]
+pub enum Interrupted {
+    /// The lease was taken over; stop, touch nothing. The new holder answers.
+    #[error("the lease on the idempotency key was lost")]
+    LeaseLost,
+    /// Something outside failed in a way that may pass (the processor is unavailable, the
+    /// database is away). The key is released at its recovery point.
+    #[error("{detail}")]
+    Transient {
+        /// Which kind of failure.
+        kind: TransientKind,
+        /// What happened, for logs and the key's `last_error`; never shown to clients.
+        detail: String,
+    },
+}
+
+/// Kinds of transient failure, which the HTTP edge answers differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransientKind {
+    /// The card processor could not be reached or failed: `503 processor_unavailable`.
+    Processor,
+    /// Anything else, such as the database: `500 internal_error`.
+    Internal,
+}
+
+impl<E: fmt::Display> From<PhaseError<E>> for Interrupted {
+    fn from(err: PhaseError<E>) -> Self {
+        match err {
+            PhaseError::LeaseLost => Self::LeaseLost,
+            PhaseError::Database(err) => Self::Transient {
+                kind: TransientKind::Internal,
+                detail: format!("database: {err}"),
+            },
+            PhaseError::Operation(err) => {
+                Self::Transient { kind: TransientKind::Internal, detail: err.to_string() }
+            }
+        }
+    }
+}
+
+impl From<IdemError> for Interrupted {
+    fn from(err: IdemError) -> Self {
+        match err {
+            IdemError::LeaseLost => Self::LeaseLost,
+            other => Self::Transient { kind: TransientKind::Internal, detail: other.to_string() },
+        }
+    }
+}
+
+/// A multi-step operation written against the engine. `step` runs from the given recovery
+/// point to the next one (or to the final response) and returns; `drive` calls it until the key
+/// is finished. The same code serves a request and the completer.
+pub trait Operation: Send + Sync {
+    /// The operation's recovery points.
+    type Point: RecoveryPoint;
+
+    /// Runs the step that starts at `at`: optionally a foreign call (with no transaction open),
+    /// then one `lease.phase`.
+    fn step(
+        &self,
+        lease: &mut Lease,
+        at: Self::Point,
+    ) -> impl Future<Output = Result<(), Interrupted>> + Send;
+}
+
+/// Drives `operation` from the lease's recovery point to a final response. On a transient
+/// failure the key is released at its recovery point and the failure returned; on a lost lease
+/// nothing is touched.
+pub async fn drive<O: Operation>(
+    operation: &O,
+    mut lease: Lease,
+) -> Result<StoredResponse, Interrupted> {
+    loop {
+        if let Some(response) = lease.finished() {
+            return Ok(response.clone());
+        }
+        let at = match lease.point::<O::Point>() {
+            Ok(at) => at,
+            Err(err) => {
+                let interrupted = Interrupted::from(err);
+                lease.release(&interrupted.to_string()).await;
+                return Err(interrupted);
+            }
+        };
+        match operation.step(&mut lease, at).await {
+            Ok(()) => {}
+            Err(Interrupted::LeaseLost) => return Err(Interrupted::LeaseLost),
+            Err(transient) => {
+                tracing::warn!(key_id = lease.key_id, recovery_point = at.name(), error = %transient, "operation interrupted; the key stays at its recovery point");
+                lease.release(&transient.to_string()).await;
+                return Err(transient);
+            }
+        }
+    }
+}
+
+/// Boxes a phase's future; spares callers the pinning noise.
+pub fn boxed<'t, T>(future: impl Future<Output = T> + Send + 't) -> BoxFuture<'t, T> {
+    Box::pin(future)
+}

@@ -1,0 +1,45 @@
+//! The engine's errors.
+
+/// What can go wrong in the engine itself.
+#[derive(Debug, thiserror::Error)]
+pub enum IdemError {
+    /// The database failed, after bounded retries of serialization failures and deadlocks.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    /// The key's recovery point is not one the operation defines: the operation changed under a
+    /// key in flight, or the row was edited by hand. Never guessed at.
+    #[error("unknown recovery point `{0}` for this operation")]
+    UnknownRecoveryPoint(String),
+    /// Another process holds the key now; this holder must stop without side effects.
+    #[error("the lease on the idempotency key was lost")]
+    LeaseLost,
+    /// A stored value does not have the shape the engine writes.
+    #[error("corrupt idempotency record: {0}")]
+    Corrupt(&'static str),
+    /// The claim kept racing with other requests for the same key beyond the retry bound.
+    #[error("the idempotency key is contended")]
+    Contended,
+}
+
+/// How a phase failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PhaseError<E> {
+    /// The fence refused the commit: the lease was taken over. Everything the phase wrote was
+    /// rolled back.
+    #[error("the lease on the idempotency key was lost")]
+    LeaseLost,
+    /// The database failed; the phase was rolled back.
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    /// The phase's own code gave up; the phase was rolled back.
+    #[error(transparent)]
+    Operation(E),
+}
+
+/// Whether an error is one Postgres asks us to simply try again: a serialization failure
+/// (40001), a deadlock (40P01), or a unique violation caused by a concurrent insert (23505).
+pub fn is_retryable(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| matches!(code.as_ref(), "40001" | "40P01" | "23505"))
+}

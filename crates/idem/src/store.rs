@@ -1,0 +1,243 @@
+//! The SQL of the key table. Each function is one statement; the engine decides what they mean.
+
+use serde_json::Value;
+use sqlx::{PgConnection, PgExecutor};
+use uuid::Uuid;
+
+use crate::StoredResponse;
+use crate::error::IdemError;
+
+/// A key row as the claim sees it.
+#[derive(Debug)]
+pub(crate) struct KeyRow {
+    pub id: i64,
+    /// True when this statement created the row.
+    pub inserted: bool,
+    pub fingerprint: Vec<u8>,
+    pub request_method: String,
+    pub request_path: String,
+    pub request_id: String,
+    pub operation: String,
+    pub request_params: Value,
+    pub owner_token: Option<Uuid>,
+    /// `locked_until > now()`, by the database clock.
+    pub lease_active: bool,
+    pub needs_human: bool,
+    pub response: Option<StoredResponse>,
+}
+
+/// The values a claim inserts.
+#[derive(Debug)]
+pub(crate) struct NewKey<'a> {
+    pub account_id: &'a str,
+    pub key: &'a str,
+    pub fingerprint: &'a [u8],
+    pub method: &'a str,
+    pub path: &'a str,
+    pub request_id: &'a str,
+    pub operation: &'a str,
+    pub params: &'a Value,
+    pub token: Uuid,
+    pub lease_ms: i64,
+}
+
+/// Inserts the key holding a fresh lease, or, when it exists, reads it: one statement, one round
+/// trip. `None` means the row was inserted by a transaction that committed while this statement
+/// ran, so neither branch saw it; the caller simply asks again.
+pub(crate) async fn insert_or_read(
+    executor: impl PgExecutor<'_>,
+    new: &NewKey<'_>,
+) -> Result<Option<KeyRow>, IdemError> {
+    let row = sqlx::query!(
+        r#"
+        WITH inserted AS (
+            INSERT INTO idempotency_keys
+                (account_id, idempotency_key, fingerprint, request_method, request_path,
+                 request_id, operation, request_params, owner_token, locked_until)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + $10 * interval '1 millisecond')
+            ON CONFLICT (account_id, idempotency_key) DO NOTHING
+            RETURNING id
+        )
+        SELECT id AS "id!", true AS "inserted!", $3::bytea AS "fingerprint!",
+               $4::text AS "request_method!", $5::text AS "request_path!", $6::text AS "request_id!",
+               $7::text AS "operation!", $8::jsonb AS "request_params!", $9::uuid AS owner_token, true AS "lease_active!",
+               false AS "needs_human!", NULL::smallint AS response_status,
+               NULL::jsonb AS response_headers, NULL::bytea AS response_body
+          FROM inserted
+        UNION ALL
+        SELECT k.id, false, k.fingerprint, k.request_method, k.request_path, k.request_id,
+               k.operation, k.request_params, k.owner_token,
+               coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
+               k.response_status, k.response_headers, k.response_body
+          FROM idempotency_keys k
+         WHERE k.account_id = $1 AND k.idempotency_key = $2
+           AND NOT EXISTS (SELECT 1 FROM inserted)
+        "#,
+        new.account_id,
+        new.key,
+        new.fingerprint,
+        new.method,
+        new.path,
+        new.request_id,
+        new.operation,
+        new.params,
+        new.token,
+        new.lease_ms as f64,
+    )
+    .fetch_optional(executor)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let response = stored_response(row.response_status, row.response_headers, row.response_body)?;
+    Ok(Some(KeyRow {
+        id: row.id,
+        inserted: row.inserted,
+        fingerprint: row.fingerprint,
+        request_method: row.request_method,
+        request_path: row.request_path,
+        request_id: row.request_id,
+        operation: row.operation,
+        request_params: row.request_params,
+        owner_token: row.owner_token,
+        lease_active: row.lease_active,
+        needs_human: row.needs_human,
+        response,
+    }))
+}
+
+/// Takes the lease of an unfinished key whose lease is free or expired, if nobody changed the
+/// owner since `observed` was read (compare and swap). Returns the recovery point and attempts.
+pub(crate) async fn take_over(
+    executor: impl PgExecutor<'_>,
+    key_id: i64,
+    observed: Option<Uuid>,
+    token: Uuid,
+    lease_ms: i64,
+) -> Result<Option<(String, i32)>, IdemError> {
+    let row = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+           SET owner_token = $3, locked_until = now() + $4 * interval '1 millisecond',
+               attempts = attempts + 1, last_run_at = now()
+         WHERE id = $1
+           AND owner_token IS NOT DISTINCT FROM $2
+           AND completed_at IS NULL AND needs_human_at IS NULL
+           AND (locked_until IS NULL OR locked_until <= now())
+        RETURNING recovery_point, attempts
+        "#,
+        key_id,
+        observed,
+        token,
+        lease_ms as f64,
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|r| (r.recovery_point, r.attempts)))
+}
+
+/// The fence: moves the key to its next recovery point, renewing the lease, only if `token`
+/// still owns it and it is still at `expected`. True when exactly one row moved.
+pub(crate) async fn advance(
+    conn: &mut PgConnection,
+    key_id: i64,
+    token: Uuid,
+    expected: &str,
+    next: &str,
+    lease_ms: i64,
+) -> Result<bool, sqlx::Error> {
+    let moved = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+           SET recovery_point = $4, locked_until = now() + $5 * interval '1 millisecond',
+               last_run_at = now()
+         WHERE id = $1 AND owner_token = $2 AND recovery_point = $3
+        "#,
+        key_id,
+        token,
+        expected,
+        next,
+        lease_ms as f64,
+    )
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(moved == 1)
+}
+
+/// The fence for the last phase: stores the final response and releases the lease, under the
+/// same conditions as `advance`.
+pub(crate) async fn finish(
+    conn: &mut PgConnection,
+    key_id: i64,
+    token: Uuid,
+    expected: &str,
+    response: &StoredResponse,
+) -> Result<bool, sqlx::Error> {
+    let headers = serde_json::to_value(&response.headers).unwrap_or(Value::Array(Vec::new()));
+    let moved = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+           SET recovery_point = 'finished', owner_token = NULL, locked_until = NULL,
+               response_status = $4, response_headers = $5, response_body = $6,
+               completed_at = now(), last_run_at = now(), last_error = NULL
+         WHERE id = $1 AND owner_token = $2 AND recovery_point = $3
+        "#,
+        key_id,
+        token,
+        expected,
+        response.status as i16,
+        headers,
+        response.body,
+    )
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(moved == 1)
+}
+
+/// Gives the lease back after a transient failure, keeping the recovery point, and schedules
+/// the completer's next attempt. Does nothing if `token` no longer owns the key.
+pub(crate) async fn release(
+    executor: impl PgExecutor<'_>,
+    key_id: i64,
+    token: Uuid,
+    error: &str,
+    retry_in_ms: i64,
+) -> Result<bool, sqlx::Error> {
+    let released = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+           SET owner_token = NULL, locked_until = NULL, last_error = $3,
+               next_attempt_at = now() + $4 * interval '1 millisecond'
+         WHERE id = $1 AND owner_token = $2
+        "#,
+        key_id,
+        token,
+        error,
+        retry_in_ms as f64,
+    )
+    .execute(executor)
+    .await?
+    .rows_affected();
+    Ok(released == 1)
+}
+
+fn stored_response(
+    status: Option<i16>,
+    headers: Option<Value>,
+    body: Option<Vec<u8>>,
+) -> Result<Option<StoredResponse>, IdemError> {
+    match (status, headers, body) {
+        (None, _, _) => Ok(None),
+        (Some(status), headers, Some(body)) => {
+            let headers = match headers {
+                Some(headers) => serde_json::from_value(headers)
+                    .map_err(|_| IdemError::Corrupt("response headers are not name/value pairs"))?,
+                None => Vec::new(),
+            };
+            let status =
+                u16::try_from(status).map_err(|_| IdemError::Corrupt("negative status"))?;
+            Ok(Some(StoredResponse { status, headers, body }))
+        }
+        (Some(_), _, None) => Err(IdemError::Corrupt("a stored status without a body")),
+    }
+}

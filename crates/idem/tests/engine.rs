@@ -1,0 +1,580 @@
+//! The engine against a real Postgres: every claim outcome, resumption from every recovery point,
+//! takeovers, fencing, races, rollbacks, dropped futures and retried serialization failures.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::{
+    Claim, ClaimRequest, Engine, EngineConfig, Event, Fingerprint, IdempotencyKey, Interrupted,
+    Lease, Observer, Operation, PhaseError, RecoveryPoint, RequestParts, Step, StoredResponse,
+    TransientKind, boxed, drive,
+};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+// ---------------------------------------------------------------------------------------------
+// A sample operation: `started` → (phase: insert an order) → `order_created` → (foreign call:
+// ship, with a downstream key derived from the order) → (phase: record the shipment) → `shipped`
+// → (phase: store the response) → finished.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Point {
+    Started,
+    OrderCreated,
+    Shipped,
+}
+
+impl RecoveryPoint for Point {
+    fn name(self) -> &'static str {
+        match self {
+            Point::Started => "started",
+            Point::OrderCreated => "order_created",
+            Point::Shipped => "shipped",
+        }
+    }
+    fn from_name(name: &str) -> Option<Self> {
+        [Point::Started, Point::OrderCreated, Point::Shipped].into_iter().find(|p| p.name() == name)
+    }
+}
+
+/// A downstream service with Stripe's idempotency: the same key returns the same shipment.
+#[derive(Default)]
+struct Shipper {
+    shipments: Mutex<HashMap<String, String>>,
+    calls: AtomicUsize,
+    /// How many of the next calls fail (after doing nothing).
+    failures: AtomicUsize,
+    /// When set, calls never answer.
+    hang: std::sync::atomic::AtomicBool,
+}
+
+impl Shipper {
+    async fn ship(&self, downstream_key: &str) -> Result<String, String> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        if self.failures.load(Ordering::SeqCst) > 0 {
+            self.failures.fetch_sub(1, Ordering::SeqCst);
+            return Err("shipper unavailable".into());
+        }
+        let mut shipments = self.shipments.lock().unwrap();
+        let count = shipments.len();
+        Ok(shipments
+            .entry(downstream_key.to_owned())
+            .or_insert_with(|| format!("shp_{count}"))
+            .clone())
+    }
+
+    fn shipments_made(&self) -> usize {
+        self.shipments.lock().unwrap().len()
+    }
+}
+
+struct PlaceOrder {
+    shipper: Arc<Shipper>,
+    pool: PgPool,
+}
+
+impl Operation for PlaceOrder {
+    type Point = Point;
+
+    async fn step(&self, lease: &mut Lease, at: Point) -> Result<(), Interrupted> {
+        let key_id = lease.key_id();
+        match at {
+            Point::Started => {
+                lease
+                    .phase(|tx| {
+                        boxed(async move {
+                            sqlx::query("INSERT INTO orders (key_id) VALUES ($1)")
+                                .bind(key_id)
+                                .execute(&mut *tx)
+                                .await?;
+                            Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
+                        })
+                    })
+                    .await?;
+            }
+            Point::OrderCreated => {
+                let order_id: i64 = sqlx::query_scalar("SELECT id FROM orders WHERE key_id = $1")
+                    .bind(key_id)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(|e| Interrupted::Transient {
+                        kind: TransientKind::Internal,
+                        detail: e.to_string(),
+                    })?;
+                let shipment = self.shipper.ship(&format!("order_{order_id}/ship")).await.map_err(
+                    |detail| Interrupted::Transient { kind: TransientKind::Processor, detail },
+                )?;
+                lease
+                    .phase(|tx| {
+                        let shipment = shipment.clone();
+                        boxed(async move {
+                            sqlx::query("UPDATE orders SET shipment = $2 WHERE key_id = $1")
+                                .bind(key_id)
+                                .bind(shipment)
+                                .execute(&mut *tx)
+                                .await?;
+                            Ok::<_, PhaseError<String>>(Step::Next(Point::Shipped))
+                        })
+                    })
+                    .await?;
+            }
+            Point::Shipped => {
+                lease
+                    .phase(|tx| {
+                        boxed(async move {
+                            let (id, shipment): (i64, String) =
+                                sqlx::query_as("SELECT id, shipment FROM orders WHERE key_id = $1")
+                                    .bind(key_id)
+                                    .fetch_one(&mut *tx)
+                                    .await?;
+                            let body =
+                                json!({"order": id, "shipment": shipment}).to_string().into_bytes();
+                            Ok::<_, PhaseError<String>>(Step::<Point>::Finish(
+                                StoredResponse::json(201, body)
+                                    .with_header("location", format!("/orders/{id}")),
+                            ))
+                        })
+                    })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Harness.
+
+#[derive(Default)]
+struct Counter(Mutex<Vec<Event>>);
+
+impl Observer for Counter {
+    fn event(&self, event: Event) {
+        self.0.lock().unwrap().push(event);
+    }
+}
+
+impl Counter {
+    fn count(&self, event: Event) -> usize {
+        self.0.lock().unwrap().iter().filter(|e| **e == event).count()
+    }
+}
+
+struct Harness {
+    pool: PgPool,
+    engine: Engine,
+    events: Arc<Counter>,
+    shipper: Arc<Shipper>,
+}
+
+async fn harness(pool: PgPool) -> Harness {
+    sqlx::query(
+        "CREATE TABLE orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+         key_id bigint NOT NULL UNIQUE REFERENCES idempotency_keys (id), shipment text)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let events = Arc::new(Counter::default());
+    let config = EngineConfig { lease: Duration::from_secs(30), ..EngineConfig::default() };
+    let engine = Engine::new(pool.clone(), config, events.clone());
+    Harness { pool, engine, events, shipper: Arc::new(Shipper::default()) }
+}
+
+fn key(value: &str) -> IdempotencyKey {
+    IdempotencyKey::parse(value.as_bytes()).unwrap()
+}
+
+fn fingerprint(body: &Value) -> Fingerprint {
+    Fingerprint::of(&RequestParts {
+        method: "POST",
+        path: "/orders",
+        query: "",
+        media_type: "application/json",
+        version: None,
+        body,
+    })
+}
+
+impl Harness {
+    async fn claim_as(&self, account: &str, key_value: &str, body: &Value) -> Claim {
+        let key = key(key_value);
+        self.engine
+            .claim(&ClaimRequest {
+                account_id: account,
+                key: &key,
+                fingerprint: fingerprint(body),
+                method: "POST",
+                path: "/orders",
+                request_id: "req_test",
+                operation: "orders.place",
+                params: body,
+            })
+            .await
+            .unwrap()
+    }
+
+    async fn claim(&self, key_value: &str) -> Claim {
+        self.claim_as("acct_1", key_value, &json!({"item": "book"})).await
+    }
+
+    async fn acquire(&self, key_value: &str) -> Lease {
+        match self.claim(key_value).await {
+            Claim::Acquired(lease) => lease,
+            other => panic!("expected to acquire the key, got {other:?}"),
+        }
+    }
+
+    fn operation(&self) -> PlaceOrder {
+        PlaceOrder { shipper: self.shipper.clone(), pool: self.pool.clone() }
+    }
+
+    async fn run(&self, lease: Lease) -> Result<StoredResponse, Interrupted> {
+        drive(&self.operation(), lease).await
+    }
+
+    /// Moves a key's lease into the past, as if its holder had stalled that long.
+    async fn expire_lease(&self, key_value: &str) {
+        sqlx::query("UPDATE idempotency_keys SET locked_until = now() - interval '1 second' WHERE idempotency_key = $1 AND locked_until IS NOT NULL")
+            .bind(key_value)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    async fn recovery_point(&self, key_value: &str) -> String {
+        sqlx::query_scalar("SELECT recovery_point FROM idempotency_keys WHERE idempotency_key = $1")
+            .bind(key_value)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    async fn orders(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(&self.pool).await.unwrap()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One test per claim outcome.
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_new_key_is_acquired_at_started(pool: PgPool) {
+    let h = harness(pool).await;
+    let lease = h.acquire("k1").await;
+    assert_eq!(lease.point::<Point>().unwrap(), Point::Started);
+    assert_eq!(lease.attempts(), 1);
+    assert_eq!(lease.params(), &json!({"item": "book"}));
+    assert_eq!(h.events.count(Event::Claimed), 1);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_finished_key_replays_the_stored_response_and_runs_nothing(pool: PgPool) {
+    let h = harness(pool).await;
+    let first = h.run(h.acquire("k1").await).await.unwrap();
+    let calls = h.shipper.calls.load(Ordering::SeqCst);
+    match h.claim("k1").await {
+        Claim::Replay(replayed) => assert_eq!(replayed, first),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("location").unwrap(), "/orders/1");
+    assert_eq!(h.shipper.calls.load(Ordering::SeqCst), calls);
+    assert_eq!(h.events.count(Event::Replayed), 1);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_different_request_with_the_key_is_a_mismatch_and_leaves_the_record(pool: PgPool) {
+    let h = harness(pool).await;
+    let first = h.run(h.acquire("k1").await).await.unwrap();
+    match h.claim_as("acct_1", "k1", &json!({"item": "pen"})).await {
+        Claim::Mismatch { method, path } => {
+            assert_eq!((method.as_str(), path.as_str()), ("POST", "/orders"))
+        }
+        other => panic!("expected a mismatch, got {other:?}"),
+    }
+    match h.claim("k1").await {
+        Claim::Replay(replayed) => assert_eq!(replayed, first),
+        other => panic!("the original record must be untouched, got {other:?}"),
+    }
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_key_held_by_a_live_lease_is_in_use(pool: PgPool) {
+    let h = harness(pool).await;
+    let _held = h.acquire("k1").await;
+    assert!(matches!(h.claim("k1").await, Claim::InUse));
+    assert_eq!(h.events.count(Event::InUse), 1);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_released_key_is_resumed_from_its_recovery_point(pool: PgPool) {
+    let h = harness(pool).await;
+    h.shipper.failures.store(1, Ordering::SeqCst);
+    let err = h.run(h.acquire("k1").await).await.unwrap_err();
+    assert!(matches!(err, Interrupted::Transient { kind: TransientKind::Processor, .. }));
+    assert_eq!(h.recovery_point("k1").await, "order_created");
+
+    let lease = h.acquire("k1").await;
+    assert_eq!(lease.point::<Point>().unwrap(), Point::OrderCreated);
+    assert_eq!(lease.attempts(), 2);
+    h.run(lease).await.unwrap();
+    assert_eq!(h.events.count(Event::Resumed), 1);
+    assert_eq!(h.orders().await, 1);
+    assert_eq!(h.shipper.shipments_made(), 1);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_key_flagged_for_a_person_is_never_resumed(pool: PgPool) {
+    let h = harness(pool).await;
+    h.shipper.failures.store(1, Ordering::SeqCst);
+    h.run(h.acquire("k1").await).await.unwrap_err();
+    sqlx::query("UPDATE idempotency_keys SET needs_human_at = now()")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    assert!(matches!(h.claim("k1").await, Claim::NeedsHuman));
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn the_same_key_in_two_accounts_names_two_operations(pool: PgPool) {
+    let h = harness(pool).await;
+    let body = json!({"item": "book"});
+    assert!(matches!(h.claim_as("acct_1", "k1", &body).await, Claim::Acquired(_)));
+    assert!(matches!(h.claim_as("acct_2", "k1", &body).await, Claim::Acquired(_)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resumption, takeover and fencing.
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_key_abandoned_at_every_recovery_point_resumes_and_ships_once(pool: PgPool) {
+    let h = harness(pool).await;
+    for (n, stop_at) in
+        [Point::Started, Point::OrderCreated, Point::Shipped].into_iter().enumerate()
+    {
+        let key_value = format!("k{n}");
+        // Run phases until the key is at `stop_at`, then walk away holding the lease.
+        let mut lease = h.acquire(&key_value).await;
+        let op = h.operation();
+        while lease.point::<Point>().unwrap() != stop_at {
+            let at = lease.point::<Point>().unwrap();
+            op.step(&mut lease, at).await.unwrap();
+        }
+        drop(lease);
+        assert_eq!(h.recovery_point(&key_value).await, stop_at.name());
+
+        // Nobody can take it while the lease lives; once it expires, a retry finishes it.
+        assert!(matches!(h.claim(&key_value).await, Claim::InUse));
+        h.expire_lease(&key_value).await;
+        let lease = h.acquire(&key_value).await;
+        assert_eq!(lease.point::<Point>().unwrap(), stop_at);
+        let response = h.run(lease).await.unwrap();
+        assert_eq!(response.status, 201);
+        assert!(matches!(h.claim(&key_value).await, Claim::Replay(r) if r == response));
+    }
+    assert_eq!(h.orders().await, 3);
+    assert_eq!(h.shipper.shipments_made(), 3, "one shipment per key, however often it was resumed");
+    assert_eq!(h.events.count(Event::TookOver), 3);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_late_commit_by_a_holder_that_lost_its_lease_is_rejected_and_leaves_nothing(
+    pool: PgPool,
+) {
+    let h = harness(pool).await;
+    let mut slow = h.acquire("k1").await;
+    h.expire_lease("k1").await;
+    let fast = h.acquire("k1").await;
+
+    // The slow holder wakes up and tries to commit its phase.
+    let late = slow
+        .phase(|tx| {
+            boxed(async move {
+                sqlx::query("INSERT INTO orders (key_id, shipment) VALUES ($1, 'late')")
+                    .bind(1_i64)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
+            })
+        })
+        .await;
+    assert!(matches!(late, Err(PhaseError::LeaseLost)));
+    assert_eq!(h.orders().await, 0, "the fenced phase rolled back its own writes");
+    assert_eq!(h.recovery_point("k1").await, "started");
+    assert_eq!(h.events.count(Event::LeaseLost), 1);
+
+    // A lost holder cannot release the new holder's lease either.
+    slow.release("late").await;
+    assert!(matches!(h.claim("k1").await, Claim::InUse));
+
+    h.run(fast).await.unwrap();
+    assert_eq!(h.orders().await, 1);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn fifty_concurrent_claims_of_one_key_yield_exactly_one_holder(pool: PgPool) {
+    let h = Arc::new(harness(pool).await);
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let h = h.clone();
+        tasks.push(tokio::spawn(async move { h.claim("storm").await }));
+    }
+    let mut acquired = 0;
+    let mut in_use = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Claim::Acquired(_) => acquired += 1,
+            Claim::InUse => in_use += 1,
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!((acquired, in_use), (1, 49));
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+        .fetch_one(&h.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_phase_that_errors_rolls_back_completely_and_the_next_attempt_resumes(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut lease = h.acquire("k1").await;
+    let failed = lease
+        .phase(|tx| {
+            boxed(async move {
+                sqlx::query("INSERT INTO orders (key_id) VALUES (1)").execute(&mut *tx).await?;
+                Err::<Step<Point>, _>(PhaseError::Operation(
+                    "something broke after a write".to_owned(),
+                ))
+            })
+        })
+        .await;
+    assert!(matches!(failed, Err(PhaseError::Operation(_))));
+    assert_eq!(h.orders().await, 0);
+    assert_eq!(lease.point::<Point>().unwrap(), Point::Started);
+    lease.release("something broke").await;
+
+    let lease = h.acquire("k1").await;
+    assert_eq!(lease.point::<Point>().unwrap(), Point::Started);
+    h.run(lease).await.unwrap();
+    assert_eq!(h.orders().await, 1);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn an_operation_dropped_mid_phase_leaves_the_key_resumable(pool: PgPool) {
+    let h = harness(pool).await;
+    // Dropped inside a transaction, after a write and before the commit.
+    let mut lease = h.acquire("k1").await;
+    let stuck = lease.phase(|tx| {
+        boxed(async move {
+            sqlx::query("INSERT INTO orders (key_id) VALUES (1)").execute(&mut *tx).await?;
+            std::future::pending::<()>().await;
+            Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
+        })
+    });
+    assert!(tokio::time::timeout(Duration::from_millis(200), stuck).await.is_err());
+    drop(lease);
+    assert_eq!(h.orders().await, 0, "the open transaction was rolled back");
+
+    // Dropped during the foreign call.
+    h.expire_lease("k1").await;
+    h.shipper.hang.store(true, Ordering::SeqCst);
+    let lease = h.acquire("k1").await;
+    assert!(tokio::time::timeout(Duration::from_millis(300), h.run(lease)).await.is_err());
+    assert_eq!(h.recovery_point("k1").await, "order_created");
+
+    h.shipper.hang.store(false, Ordering::SeqCst);
+    h.expire_lease("k1").await;
+    let response = h.run(h.acquire("k1").await).await.unwrap();
+    assert_eq!(response.status, 201);
+    assert_eq!(h.orders().await, 1);
+    assert_eq!(h.shipper.shipments_made(), 1);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn serialization_failures_are_retried_not_surfaced(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut lease = h.acquire("k1").await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let step = lease
+        .phase(|tx| {
+            let runs = runs.clone();
+            boxed(async move {
+                sqlx::query("INSERT INTO orders (key_id) VALUES (1)").execute(&mut *tx).await?;
+                // The first run fails as a serialization failure would, the second as a
+                // deadlock would: real errors from Postgres with those SQLSTATEs.
+                let code = match runs.fetch_add(1, Ordering::SeqCst) {
+                    0 => Some("40001"),
+                    1 => Some("40P01"),
+                    _ => None,
+                };
+                if let Some(code) = code {
+                    let raise = format!(
+                        "DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '{code}'; END $$"
+                    );
+                    sqlx::query(&raise).execute(&mut *tx).await?;
+                }
+                Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
+            })
+        })
+        .await;
+    assert_eq!(step.unwrap(), Step::Next(Point::OrderCreated));
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_eq!(h.events.count(Event::DatabaseRetry), 2, "both SQLSTATEs were retried");
+    assert_eq!(h.orders().await, 1, "the failed tries left nothing behind");
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn an_unknown_recovery_point_is_an_error_not_a_guess(pool: PgPool) {
+    let h = harness(pool).await;
+    h.shipper.failures.store(1, Ordering::SeqCst);
+    h.run(h.acquire("k1").await).await.unwrap_err();
+    let orders_before = h.orders().await;
+    sqlx::query("UPDATE idempotency_keys SET recovery_point = 'teleported'")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    let lease = h.acquire("k1").await;
+    assert!(lease.point::<Point>().is_err());
+    let err = h.run(lease).await.unwrap_err();
+    assert!(err.to_string().contains("teleported"), "{err}");
+    assert_eq!(h.recovery_point("k1").await, "teleported", "nothing was changed");
+    assert_eq!(h.orders().await, orders_before);
+    assert_eq!(
+        h.shipper.calls.load(Ordering::SeqCst),
+        1,
+        "no foreign call after the unknown point"
+    );
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_release_schedules_the_next_attempt_with_backoff(pool: PgPool) {
+    let h = harness(pool).await;
+    h.shipper.failures.store(2, Ordering::SeqCst);
+    h.run(h.acquire("k1").await).await.unwrap_err();
+    h.run(h.acquire("k1").await).await.unwrap_err();
+    let (delay_ms, error): (f64, String) = sqlx::query_as(
+        "SELECT (extract(epoch FROM next_attempt_at - now()) * 1000)::float8, last_error FROM idempotency_keys",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    // Two attempts: base 1 s doubled once.
+    assert!((1500.0..=2000.0).contains(&delay_ms), "{delay_ms}");
+    assert_eq!(error, "shipper unavailable");
+}
+
+#[test]
+fn the_lease_must_outlive_the_longest_foreign_call() {
+    let config = EngineConfig { lease: Duration::from_secs(10), ..EngineConfig::default() };
+    assert!(config.check_lease_covers(Duration::from_secs(5)).is_ok());
+    assert!(config.check_lease_covers(Duration::from_secs(7)).is_err());
+}
