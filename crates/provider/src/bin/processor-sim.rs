@@ -1,0 +1,92 @@
+//! `processor-sim`: the stand-in card processor. See `provider::sim`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use provider::sim::{DEFAULT_PORT, FaultConfig, Simulator};
+
+/// A stand-in card processor speaking a subset of Stripe's Charges and Refunds API, with
+/// Stripe's idempotency semantics, the test tokens (pm_card_visa, pm_card_chargeDeclined, …) and
+/// seeded fault injection. Faults can be changed at run time with `PUT /_sim/faults`; counters
+/// are at `GET /_sim/stats`. All state lives in memory: a restart forgets every charge.
+#[derive(Debug, Parser)]
+#[command(name = "processor-sim", version)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "SIM_HOST", default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (12111 is the port Stripe's own mock uses; 0 picks a free one).
+    #[arg(long, env = "SIM_PORT", default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// Seed of the fault generator; the same seed and requests give the same faults.
+    #[arg(long, env = "SIM_SEED", default_value_t = 42)]
+    seed: u64,
+    /// Latency added to every request.
+    #[arg(long, env = "SIM_LATENCY_MS", default_value_t = 0)]
+    latency_ms: u64,
+    /// Uniform extra latency, from 0 to this.
+    #[arg(long, env = "SIM_JITTER_MS", default_value_t = 0)]
+    jitter_ms: u64,
+    /// Share of requests answered 500 without acting.
+    #[arg(long, env = "SIM_ERROR_RATE", default_value_t = 0.0)]
+    error_rate: f64,
+    /// Share of requests answered 429 without acting.
+    #[arg(long, env = "SIM_RATE_LIMIT_RATE", default_value_t = 0.0)]
+    rate_limit_rate: f64,
+    /// Share of requests acted on and then answered with a broken connection.
+    #[arg(long, env = "SIM_LOST_RESPONSE_RATE", default_value_t = 0.0)]
+    lost_response_rate: f64,
+    /// Share of requests answered with a broken connection without acting.
+    #[arg(long, env = "SIM_DROP_RATE", default_value_t = 0.0)]
+    drop_rate: f64,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let faults = FaultConfig {
+        seed: args.seed,
+        latency_ms: args.latency_ms,
+        jitter_ms: args.jitter_ms,
+        error_rate: args.error_rate,
+        rate_limit_rate: args.rate_limit_rate,
+        lost_response_rate: args.lost_response_rate,
+        drop_rate: args.drop_rate,
+    };
+    let address = format!("{}:{}", args.host, args.port);
+    let simulator = match Simulator::build(&address, faults).await {
+        Ok(simulator) => simulator,
+        Err(err) => {
+            eprintln!("processor-sim: cannot start on {address}: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(port = simulator.port(), "processor-sim listening (state is in memory only)");
+    let stop = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let terminate = async {
+        if let Ok(mut signal) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            signal.recv().await;
+        }
+    };
+    let stopped = async move {
+        tokio::select! { () = stop => {}, () = terminate => {} }
+    };
+    match simulator.run_until(stopped).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("processor-sim: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

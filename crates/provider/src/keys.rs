@@ -1,0 +1,69 @@
+//! Downstream idempotency keys, derived from our own records.
+//!
+//! The key sent to the processor is built from the id of a local record that an earlier phase
+//! committed, and the action: `pay_…/charge`, `pay_…/capture`, `pay_…/cancel`, `re_…/refund`.
+//! So it is
+//! - **stable**: every retry, takeover and completer run of the same operation sends the same key,
+//!   and the processor answers with the original object instead of acting twice;
+//! - **unique across accounts**: our ids are random and global, so two accounts that happen to use
+//!   the same client key still send different downstream keys;
+//! - **never the client's key**: the client's key is theirs, scoped to their account, and may
+//!   contain anything; it must not leak to a third party nor collide there.
+
+use std::fmt;
+
+/// An `Idempotency-Key` for the processor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DownstreamKey(String);
+
+impl DownstreamKey {
+    /// The key for creating the charge of payment `payment_id`.
+    pub fn charge(payment_id: &str) -> Self {
+        Self::derive(payment_id, "charge")
+    }
+
+    /// The key for capturing the charge of payment `payment_id`.
+    pub fn capture(payment_id: &str) -> Self {
+        Self::derive(payment_id, "capture")
+    }
+
+    /// The key for releasing the authorization of payment `payment_id` (a cancel).
+    pub fn cancel(payment_id: &str) -> Self {
+        Self::derive(payment_id, "cancel")
+    }
+
+    /// The key for creating refund `refund_id` at the processor.
+    pub fn refund(refund_id: &str) -> Self {
+        Self::derive(refund_id, "refund")
+    }
+
+    fn derive(record_id: &str, action: &str) -> Self {
+        Self(format!("{record_id}/{action}"))
+    }
+
+    /// The key as sent.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for DownstreamKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_stable_and_differ_by_record_and_action() {
+        assert_eq!(DownstreamKey::charge("pay_1"), DownstreamKey::charge("pay_1"));
+        assert_eq!(DownstreamKey::charge("pay_1").as_str(), "pay_1/charge");
+        assert_ne!(DownstreamKey::charge("pay_1"), DownstreamKey::charge("pay_2"));
+        assert_ne!(DownstreamKey::charge("pay_1"), DownstreamKey::capture("pay_1"));
+        assert_ne!(DownstreamKey::capture("pay_1"), DownstreamKey::cancel("pay_1"));
+        assert_eq!(DownstreamKey::refund("re_9").as_str(), "re_9/refund");
+    }
+}

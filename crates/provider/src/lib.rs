@@ -1,0 +1,21 @@
+//! Everything that leaves our database goes through this crate.
+//!
+//! - [`client`]: a Stripe-compatible card-processor client (`POST /v1/charges`, capture, refunds,
+//!   retrieve) whose errors are typed by what the caller may do ([`ErrorClass`]: final, transient,
+//!   unknown outcome), with bounded full-jitter retries that always reuse the same key.
+//! - [`keys`]: the downstream idempotency keys, derived from our own record ids.
+//! - [`sim`]: the stand-in processor (`processor-sim`), with real in-memory state, Stripe's
+//!   idempotency semantics and seeded fault injection.
+//!
+//! This crate knows nothing of SQL or of payments' state machine.
+
+pub mod client;
+pub mod keys;
+pub mod sim;
+pub mod types;
+
+pub use client::{
+    CardProcessor, ErrorClass, ProcessorClient, ProcessorConfig, ProcessorError, TransientCause,
+};
+pub use keys::DownstreamKey;
+pub use types::{Charge, ChargeRequest, Refund, RefundRequest};

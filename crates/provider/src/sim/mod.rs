@@ -1,0 +1,294 @@
+//! The stand-in card processor: the subset of Stripe's Charges and Refunds API that the client
+//! uses, with real in-memory state, Stripe's idempotency semantics, the test tokens, and seeded
+//! fault injection, so that a run can be repeated exactly.
+//!
+//! State lives in memory: a restart forgets every charge.
+
+mod faults;
+mod state;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use tokio::net::TcpListener;
+
+use faults::Fault;
+pub use faults::FaultConfig;
+pub use state::Stats;
+use state::{Answer, Ledger};
+
+/// The default port, the one Stripe's own mock server uses.
+pub const DEFAULT_PORT: u16 = 12111;
+
+#[derive(Debug)]
+struct Inner {
+    ledger: Ledger,
+    faults: faults::Injector,
+}
+
+#[derive(Debug, Clone)]
+struct Sim(Arc<Mutex<Inner>>);
+
+impl Sim {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind; keep serving it.
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A bound, not yet serving, stand-in processor.
+#[derive(Debug)]
+pub struct Simulator {
+    listener: TcpListener,
+    router: Router,
+}
+
+impl Simulator {
+    /// Binds `address` (port 0 picks a free port) with the given faults in force.
+    pub async fn build(address: &str, faults: FaultConfig) -> std::io::Result<Self> {
+        faults.validate().map_err(std::io::Error::other)?;
+        let listener = TcpListener::bind(address).await?;
+        let sim = Sim(Arc::new(Mutex::new(Inner {
+            ledger: Ledger::default(),
+            faults: faults::Injector::new(faults),
+        })));
+        let api = Router::new()
+            .route("/v1/charges", post(create_charge).get(list_charges))
+            .route("/v1/charges/{id}", get(retrieve_charge))
+            .route("/v1/charges/{id}/capture", post(capture_charge))
+            .route("/v1/refunds", post(create_refund).get(list_refunds))
+            .layer(middleware::from_fn_with_state(sim.clone(), inject_faults));
+        let router = Router::new()
+            .merge(api)
+            .route("/_sim/faults", get(get_faults).put(put_faults))
+            .route("/_sim/stats", get(get_stats))
+            .with_state(sim);
+        Ok(Self { listener, router })
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    /// Serves until `stop` completes.
+    pub async fn run_until(
+        self,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(self.listener, self.router).with_graceful_shutdown(stop).await
+    }
+}
+
+/// Applies the fault plan of this request: delay, then drop, fail, or answer with nothing.
+async fn inject_faults(State(sim): State<Sim>, request: Request, next: Next) -> Response {
+    let (fault, delay) = {
+        let mut inner = sim.lock();
+        inner.ledger.stats.requests += 1;
+        let plan = inner.faults.plan();
+        if plan.0 != Fault::None {
+            inner.ledger.stats.faults_injected += 1;
+        }
+        plan
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    match fault {
+        Fault::None => next.run(request).await,
+        Fault::Drop => broken_answer(),
+        Fault::ServerError => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "api_error",
+            None,
+            "An injected processor error.",
+        ),
+        Fault::RateLimit => {
+            let mut response = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                None,
+                "Too many requests (injected).",
+            );
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        }
+        Fault::LostResponse => {
+            // The work happens; its answer never arrives.
+            let _processed = next.run(request).await;
+            broken_answer()
+        }
+    }
+}
+
+/// A response whose body fails at once: the connection breaks off, as if it had been reset.
+fn broken_answer() -> Response {
+    let stream = futures::stream::once(async {
+        Err::<Bytes, std::io::Error>(std::io::Error::other("connection dropped by fault injection"))
+    });
+    Response::new(Body::from_stream(stream))
+}
+
+fn error(status: StatusCode, type_: &str, code: Option<&str>, message: &str) -> Response {
+    let mut body = serde_json::json!({"error": {"type": type_, "message": message}});
+    if let Some(code) = code {
+        body["error"]["code"] = code.into();
+    }
+    (status, Json(body)).into_response()
+}
+
+fn api_key(headers: &HeaderMap) -> Result<String, Answer> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .filter(|key| !key.trim().is_empty())
+        .map(|key| key.trim().to_owned())
+        .ok_or_else(|| {
+            Answer::error(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "api_key_missing",
+                None,
+                "You did not provide an API key.",
+            )
+        })
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Option<String> {
+    headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+fn form(body: &Bytes) -> Result<Vec<(String, String)>, Answer> {
+    serde_urlencoded::from_bytes(body).map_err(|_| {
+        Answer::error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "parameter_invalid",
+            None,
+            "The body is not form-encoded.",
+        )
+    })
+}
+
+fn into_response(answer: Answer) -> Response {
+    let mut response = (answer.status, Json(answer.body)).into_response();
+    if answer.replayed {
+        response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    response
+}
+
+/// Runs a POST under Stripe's idempotency rules.
+fn idempotent_post(
+    sim: &Sim,
+    headers: &HeaderMap,
+    path: &str,
+    body: &Bytes,
+    run: impl FnOnce(&mut Ledger, &[(String, String)]) -> Answer,
+) -> Response {
+    let key = match api_key(headers) {
+        Ok(key) => key,
+        Err(answer) => return into_response(answer),
+    };
+    let params = match form(body) {
+        Ok(params) => params,
+        Err(answer) => return into_response(answer),
+    };
+    let mut inner = sim.lock();
+    into_response(inner.ledger.idempotent(&key, idempotency_key(headers), path, &params, run))
+}
+
+async fn create_charge(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
+    idempotent_post(&sim, &headers, "/v1/charges", &body, Ledger::create_charge)
+}
+
+async fn capture_charge(
+    State(sim): State<Sim>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = format!("/v1/charges/{id}/capture");
+    idempotent_post(&sim, &headers, &path, &body, |ledger, params| ledger.capture(&id, params))
+}
+
+async fn create_refund(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
+    idempotent_post(&sim, &headers, "/v1/refunds", &body, Ledger::create_refund)
+}
+
+async fn retrieve_charge(
+    State(sim): State<Sim>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(answer) = api_key(&headers) {
+        return into_response(answer);
+    }
+    into_response(sim.lock().ledger.retrieve_charge(&id))
+}
+
+/// `limit` and `starting_after`, as Stripe's lists take them.
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    limit: Option<usize>,
+    starting_after: Option<String>,
+}
+
+async fn list_charges(
+    State(sim): State<Sim>,
+    Query(query): Query<ListQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(answer) = api_key(&headers) {
+        return into_response(answer);
+    }
+    into_response(sim.lock().ledger.list_charges(query.limit, query.starting_after.as_deref()))
+}
+
+async fn list_refunds(
+    State(sim): State<Sim>,
+    Query(query): Query<ListQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(answer) = api_key(&headers) {
+        return into_response(answer);
+    }
+    into_response(sim.lock().ledger.list_refunds(query.limit, query.starting_after.as_deref()))
+}
+
+async fn get_faults(State(sim): State<Sim>) -> Json<FaultConfig> {
+    Json(sim.lock().faults.config().clone())
+}
+
+async fn put_faults(State(sim): State<Sim>, body: Bytes) -> Response {
+    let config: FaultConfig = match serde_json::from_slice(&body) {
+        Ok(config) => config,
+        Err(err) => {
+            return error(StatusCode::BAD_REQUEST, "invalid_request_error", None, &err.to_string());
+        }
+    };
+    if let Err(message) = config.validate() {
+        return error(StatusCode::BAD_REQUEST, "invalid_request_error", None, &message);
+    }
+    let mut inner = sim.lock();
+    inner.faults = faults::Injector::new(config);
+    Json(inner.faults.config().clone()).into_response()
+}
+
+async fn get_stats(State(sim): State<Sim>) -> Json<Stats> {
+    Json(sim.lock().ledger.stats.clone())
+}
+
+/// How long a request may be held by latency injection at the most, so a typo cannot hang a test
+/// run for hours.
+pub const MAX_LATENCY: Duration = Duration::from_secs(60);

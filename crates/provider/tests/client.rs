@@ -1,0 +1,306 @@
+//! The client against wiremock: the exact wire format, each error class, retries and timeouts.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+use std::time::{Duration, Instant};
+
+use provider::{
+    CardProcessor, ChargeRequest, DownstreamKey, ErrorClass, ProcessorClient, ProcessorConfig,
+    ProcessorError, RefundRequest, TransientCause,
+};
+use serde_json::json;
+use wiremock::matchers::{body_string_contains, header, method, path};
+use wiremock::{Mock, MockServer, Request, ResponseTemplate};
+
+fn config(base_url: &str) -> ProcessorConfig {
+    ProcessorConfig {
+        base_url: base_url.to_owned(),
+        api_key: "sk_test_processor".to_owned(),
+        connect_timeout: Duration::from_millis(500),
+        request_timeout: Duration::from_millis(500),
+        max_retries: 2,
+        backoff_base: Duration::from_millis(5),
+        backoff_cap: Duration::from_millis(20),
+        retry_after_cap: Duration::from_secs(2),
+    }
+}
+
+fn client(server: &MockServer) -> ProcessorClient {
+    ProcessorClient::new(config(&server.uri())).unwrap()
+}
+
+fn charge_request() -> ChargeRequest {
+    ChargeRequest {
+        payment_id: "pay_123".into(),
+        amount: 500,
+        currency: "usd".into(),
+        source: "pm_card_visa".into(),
+        capture: false,
+        description: Some("Two books & a pen".into()),
+    }
+}
+
+fn charge_json() -> serde_json::Value {
+    json!({"id": "ch_1", "object": "charge", "amount": 500, "currency": "usd", "captured": false,
+           "paid": true, "status": "succeeded", "amount_captured": 0, "amount_refunded": 0,
+           "refunded": false})
+}
+
+fn form(request: &Request) -> Vec<(String, String)> {
+    serde_urlencoded::from_bytes(&request.body).unwrap()
+}
+
+#[tokio::test]
+async fn a_charge_is_sent_as_stripe_expects() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .and(header("authorization", "Bearer sk_test_processor"))
+        .and(header("idempotency-key", "pay_123/charge"))
+        .and(header("content-type", "application/x-www-form-urlencoded"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(charge_json()))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let charge = client(&server)
+        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .await
+        .unwrap();
+    assert_eq!(charge.id, "ch_1");
+
+    let received = &server.received_requests().await.unwrap()[0];
+    let mut fields = form(received);
+    fields.sort();
+    assert_eq!(
+        fields,
+        vec![
+            ("amount".into(), "500".into()),
+            ("capture".into(), "false".into()),
+            ("currency".into(), "usd".into()),
+            ("description".into(), "Two books & a pen".into()),
+            ("metadata[payment_id]".into(), "pay_123".into()),
+            ("source".into(), "pm_card_visa".into()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn refunds_and_captures_carry_their_keys_and_metadata() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/refunds"))
+        .and(header("idempotency-key", "re_9/refund"))
+        .and(body_string_contains("metadata%5Brefund_id%5D=re_9"))
+        .and(body_string_contains("metadata%5Bpayment_id%5D=pay_123"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"id": "re_x", "charge": "ch_1", "amount": 200, "status": "succeeded"}),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges/ch_1/capture"))
+        .and(header("idempotency-key", "pay_123/capture"))
+        .and(body_string_contains("amount=300"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(charge_json()))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let client = client(&server);
+    let refund = RefundRequest {
+        charge_id: "ch_1".into(),
+        payment_id: "pay_123".into(),
+        refund_id: Some("re_9".into()),
+        amount: Some(200),
+        reason: Some("requested_by_customer".into()),
+    };
+    assert_eq!(
+        client.create_refund(&refund, &DownstreamKey::refund("re_9")).await.unwrap().amount,
+        200
+    );
+    client.capture_charge("ch_1", Some(300), &DownstreamKey::capture("pay_123")).await.unwrap();
+}
+
+async fn error_for(status: u16, body: serde_json::Value) -> (ProcessorError, usize) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(status).set_body_json(body))
+        .mount(&server)
+        .await;
+    let err = client(&server)
+        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .await
+        .unwrap_err();
+    (err, server.received_requests().await.unwrap().len())
+}
+
+#[tokio::test]
+async fn a_decline_is_final_and_not_retried() {
+    let (err, requests) = error_for(
+        402,
+        json!({"error": {"type": "card_error", "code": "card_declined",
+               "decline_code": "insufficient_funds", "message": "Your card has insufficient funds.",
+               "charge": "ch_failed"}}),
+    )
+    .await;
+    assert_eq!(err.class(), ErrorClass::Final);
+    assert_eq!(
+        err,
+        ProcessorError::Declined {
+            decline_code: "insufficient_funds".into(),
+            message: "Your card has insufficient funds.".into(),
+            charge_id: Some("ch_failed".into()),
+        }
+    );
+    assert_eq!(requests, 1);
+}
+
+#[tokio::test]
+async fn an_invalid_request_is_final_and_not_retried() {
+    for status in [400, 404] {
+        let (err, requests) = error_for(
+            status,
+            json!({"error": {"type": "invalid_request_error", "code": "resource_missing",
+                   "param": "source", "message": "No such payment method."}}),
+        )
+        .await;
+        assert_eq!(err.class(), ErrorClass::Final);
+        assert!(
+            matches!(err, ProcessorError::Invalid { status: s, ref param, .. } if s == status && param.as_deref() == Some("source"))
+        );
+        assert_eq!(requests, 1);
+    }
+}
+
+#[tokio::test]
+async fn server_errors_rate_limits_and_conflicts_are_transient_and_retried_to_the_bound() {
+    let cases = [
+        (500, TransientCause::ServerError(500)),
+        (503, TransientCause::ServerError(503)),
+        (429, TransientCause::RateLimited),
+        (409, TransientCause::Conflict),
+        (401, TransientCause::Authentication),
+    ];
+    for (status, cause) in cases {
+        let (err, requests) =
+            error_for(status, json!({"error": {"type": "api_error", "message": "x"}})).await;
+        assert_eq!(err.class(), ErrorClass::Transient, "{status}");
+        assert!(
+            matches!(err, ProcessorError::Unavailable { cause: c, .. } if c == cause),
+            "{status}"
+        );
+        assert_eq!(requests, 3, "the first try and max_retries = 2 more, for {status}");
+    }
+}
+
+#[tokio::test]
+async fn every_retry_reuses_the_same_key() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(500))
+        .up_to_n_times(2)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(charge_json()))
+        .mount(&server)
+        .await;
+    client(&server)
+        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .await
+        .unwrap();
+    let requests = server.received_requests().await.unwrap();
+    assert_eq!(requests.len(), 3);
+    for request in &requests {
+        assert_eq!(request.headers["idempotency-key"], "pay_123/charge");
+        assert_eq!(form(request), form(&requests[0]), "the same parameters every time");
+    }
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "1"))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(charge_json()))
+        .mount(&server)
+        .await;
+    let started = Instant::now();
+    client(&server)
+        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .await
+        .unwrap();
+    // The back-off alone is at most 20 ms; the processor asked for a second.
+    assert!(started.elapsed() >= Duration::from_secs(1), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_timeout_is_an_unknown_outcome_not_a_final_answer() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(charge_json())
+                .set_delay(Duration::from_secs(3)),
+        )
+        .mount(&server)
+        .await;
+    let mut config = config(&server.uri());
+    config.request_timeout = Duration::from_millis(150);
+    config.max_retries = 1;
+    let client = ProcessorClient::new(config).unwrap();
+    let err = client
+        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), ErrorClass::UnknownOutcome, "{err:?}");
+    assert_eq!(
+        server.received_requests().await.unwrap().len(),
+        2,
+        "unknown outcomes are retried too"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_transient_because_nothing_was_sent() {
+    // A port nobody listens on: bind one, note it, and close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let client = ProcessorClient::new(config(&format!("http://127.0.0.1:{port}"))).unwrap();
+    let err = client.retrieve_charge("ch_1").await.unwrap_err();
+    assert!(
+        matches!(err, ProcessorError::Unavailable { cause: TransientCause::Connect, .. }),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_success_is_an_unknown_outcome() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_string("<html>gateway</html>"))
+        .mount(&server)
+        .await;
+    let err = client(&server)
+        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), ErrorClass::UnknownOutcome);
+}
+
+#[test]
+fn the_processor_key_and_card_tokens_never_print() {
+    let config = config("http://x");
+    assert!(!format!("{config:?}").contains("sk_test_processor"));
+    let mut request = charge_request();
+    request.source = "tok_4242424242424242".into();
+    assert!(!format!("{request:?}").contains("4242424242"));
+}
+
+#[test]
+fn the_longest_call_counts_every_try_and_pause() {
+    // 3 tries × (500 + 500) ms + 2 pauses × max(20 ms, 2 s).
+    assert_eq!(config("http://x").longest_call(), Duration::from_millis(3000 + 4000));
+}
