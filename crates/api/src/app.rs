@@ -12,8 +12,10 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::OriginalUri;
 use axum::http::Method;
-use axum::routing::get;
+use axum::routing::{get, post};
 use idem::{Engine, NoObserver};
+use payments_domain::operations::Context;
+use provider::ProcessorClient;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
@@ -34,6 +36,8 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     /// Runs idempotent operations.
     pub runner: Runner,
+    /// What the payment operations need: the pool, the processor, the public base URL.
+    pub operations: Context<ProcessorClient>,
 }
 
 /// A bound, not yet serving, API server.
@@ -70,7 +74,13 @@ impl Application {
         let engine =
             Engine::new(pool.clone(), settings.idempotency.engine_config(), Arc::new(NoObserver));
         let runner = Runner::new(engine, tasks.clone());
-        let state = AppState { pool, settings: Arc::new(settings), runner };
+        let processor = ProcessorClient::new(settings.processor.client_config())?;
+        let operations = Context {
+            pool: pool.clone(),
+            processor: Arc::new(processor),
+            public_base_url: edge.public_base_url.clone(),
+        };
+        let state = AppState { pool, settings: Arc::new(settings), runner, operations };
         let router = edge::wrap(router(state), edge);
         Ok(Self { listener, router, shutdown_grace, tasks })
     }
@@ -139,7 +149,15 @@ fn router(state: AppState) -> Router {
         .route("/healthz", get(routes::health::healthz))
         .route("/readyz", get(routes::health::readyz))
         .route("/problems/{code}", get(routes::problems::show))
-        .route("/v1/payments", get(routes::payments::list))
+        .route("/v1/payments", get(routes::payments::list).post(routes::payments::create))
+        .route("/v1/payments/{id}", get(routes::payments::retrieve).patch(routes::payments::update))
+        .route("/v1/payments/{id}/capture", post(routes::payments::capture))
+        .route("/v1/payments/{id}/cancel", post(routes::payments::cancel))
+        .route(
+            "/v1/payments/{id}/refunds",
+            get(routes::refunds::list).post(routes::refunds::create),
+        )
+        .route("/v1/refunds/{id}", get(routes::refunds::retrieve))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

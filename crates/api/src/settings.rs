@@ -25,6 +25,8 @@ pub struct Settings {
     pub database: DatabaseSettings,
     /// The idempotency engine.
     pub idempotency: IdempotencySettings,
+    /// The card processor.
+    pub processor: ProcessorSettings,
     /// Logging.
     pub log: LogSettings,
 }
@@ -76,6 +78,52 @@ impl IdempotencySettings {
             lease: Duration::from_millis(self.lease_ms),
             db_retries: self.db_retries,
             ..idem::EngineConfig::default()
+        }
+    }
+}
+
+/// `[processor]`
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessorSettings {
+    /// Where the processor answers.
+    pub base_url: String,
+    /// The key presented to it. Never printed.
+    pub api_key: String,
+    /// Limit for opening a connection.
+    pub connect_timeout_ms: u64,
+    /// Limit for one request.
+    pub request_timeout_ms: u64,
+    /// Retries after the first try.
+    pub max_retries: u32,
+    /// First back-off ceiling.
+    pub backoff_base_ms: u64,
+    /// Largest back-off ceiling.
+    pub backoff_cap_ms: u64,
+    /// Longest `Retry-After` honoured.
+    pub retry_after_cap_ms: u64,
+}
+
+impl std::fmt::Debug for ProcessorSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessorSettings")
+            .field("base_url", &self.base_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProcessorSettings {
+    /// The client's configuration.
+    pub fn client_config(&self) -> provider::ProcessorConfig {
+        provider::ProcessorConfig {
+            base_url: self.base_url.trim_end_matches('/').to_owned(),
+            api_key: self.api_key.clone(),
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            max_retries: self.max_retries,
+            backoff_base: Duration::from_millis(self.backoff_base_ms),
+            backoff_cap: Duration::from_millis(self.backoff_cap_ms),
+            retry_after_cap: Duration::from_millis(self.retry_after_cap_ms),
         }
     }
 }
@@ -169,6 +217,24 @@ impl Settings {
         if self.idempotency.lease_ms < 1000 {
             return Err(invalid("idempotency.lease_ms", "must be at least 1000".into()));
         }
+        check_base_url(&self.processor.base_url)
+            .map_err(|reason| invalid("processor.base_url", reason))?;
+        if self.processor.api_key.is_empty() {
+            return Err(invalid("processor.api_key", "must not be empty".into()));
+        }
+        if self.processor.request_timeout_ms == 0 || self.processor.connect_timeout_ms == 0 {
+            return Err(invalid(
+                "processor.request_timeout_ms",
+                "timeouts must be at least 1 ms".into(),
+            ));
+        }
+        // The lease must outlive the longest processor call, or a slow call would let another
+        // process take the key over while this one still waits.
+        let longest = self.processor.client_config().longest_call();
+        self.idempotency
+            .engine_config()
+            .check_lease_covers(longest)
+            .map_err(|reason| invalid("idempotency.lease_ms", reason))?;
         if self.idempotency.retention_hours == 0 {
             return Err(invalid("idempotency.retention_hours", "must be at least 1".into()));
         }
@@ -290,6 +356,27 @@ mod tests {
     fn an_unknown_setting_is_refused_by_name() {
         let err = load(&[("PAYMENTS__HTTP__PROT", "1")]).unwrap_err().to_string();
         assert!(err.contains("prot"), "{err}");
+    }
+
+    #[test]
+    fn a_lease_shorter_than_the_longest_processor_call_is_refused() {
+        let err =
+            load(&[("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "30000")]).unwrap_err().to_string();
+        assert!(err.contains("idempotency.lease_ms"), "{err}");
+        assert!(
+            load(&[
+                ("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "30000"),
+                ("PAYMENTS__IDEMPOTENCY__LEASE_MS", "200000"),
+            ])
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_bad_processor_url_names_the_setting() {
+        let err =
+            load(&[("PAYMENTS__PROCESSOR__BASE_URL", "localhost:12111")]).unwrap_err().to_string();
+        assert!(err.contains("processor.base_url"), "{err}");
     }
 
     #[test]

@@ -4,7 +4,13 @@
 //! request and a background completion run one and the same code.
 
 pub mod accounts;
+pub mod audit;
 pub mod ids;
+pub mod money;
+pub mod operations;
+pub mod payments;
+pub mod problems;
+pub mod refunds;
 
 pub use accounts::{Account, AccountId, ApiKey, ApiKeyId, SecretKey};
 
@@ -25,4 +31,7 @@ pub enum DomainError {
     /// The object does not exist, or belongs to someone else.
     #[error("no such {0}")]
     NotFound(&'static str),
+    /// A stored value does not have the shape this code writes.
+    #[error("corrupt record: {0}")]
+    Corrupt(&'static str),
 }

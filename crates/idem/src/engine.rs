@@ -60,13 +60,13 @@ impl Default for EngineConfig {
 
 impl EngineConfig {
     /// Checks, at start-up, that a lease outlives the longest foreign call (with its retries),
-    /// with a margin for the phase commits around it.
+    /// with five seconds to spare for the phase commits around it.
     pub fn check_lease_covers(&self, longest_foreign_call: Duration) -> Result<(), String> {
-        let needed = longest_foreign_call + longest_foreign_call / 2 + Duration::from_secs(1);
+        let needed = longest_foreign_call + Duration::from_secs(5);
         if self.lease < needed {
             return Err(format!(
-                "the lease ({} ms) must be at least {} ms: one and a half times the longest \
-                 processor call with its retries ({} ms), plus one second",
+                "the lease ({} ms) must be at least {} ms: the longest processor call with its \
+                 retries ({} ms), plus five seconds",
                 self.lease.as_millis(),
                 needed.as_millis(),
                 longest_foreign_call.as_millis()

@@ -576,5 +576,5 @@ async fn a_release_schedules_the_next_attempt_with_backoff(pool: PgPool) {
 fn the_lease_must_outlive_the_longest_foreign_call() {
     let config = EngineConfig { lease: Duration::from_secs(10), ..EngineConfig::default() };
     assert!(config.check_lease_covers(Duration::from_secs(5)).is_ok());
-    assert!(config.check_lease_covers(Duration::from_secs(7)).is_err());
+    assert!(config.check_lease_covers(Duration::from_millis(5001)).is_err());
 }

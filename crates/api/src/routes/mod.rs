@@ -3,3 +3,4 @@
 pub mod health;
 pub mod payments;
 pub mod problems;
+pub mod refunds;

@@ -1,12 +1,28 @@
-//! `/v1/payments`.
+//! `/v1/payments`: create, read, list, update, capture, cancel.
+//!
+//! Money-moving POSTs go through the idempotency runner; the checks that store nothing
+//! (authentication, key syntax, media type, body validation, the payment's existence) run first,
+//! in that order, as the API contract requires.
+
+use std::collections::BTreeMap;
 
 use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use payments_domain::operations::{
+    self, CancelParams, CancelPayment, CancellationReason, CaptureParams, CapturePayment,
+    CreatePayment, CreatePaymentParams,
+};
+use payments_domain::payments::{self, Changes, CreatePaymentRequest, Cursor, Payment};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::app::AppState;
 use crate::auth::Authenticated;
-use crate::error::ApiError;
-use crate::extract::ApiQuery;
+use crate::error::{ApiError, ProblemCode};
+use crate::extract::{ApiQuery, JsonBody};
+use crate::idempotency::{Attempt, RequestMeta, RequiredKey, stored_response};
 
 /// The largest page a list returns.
 pub const LIST_LIMIT_MAX: u32 = 100;
@@ -29,18 +45,20 @@ pub struct ListParams {
 #[derive(Debug)]
 pub struct Page {
     /// How many objects at most.
-    pub limit: u32,
+    pub limit: i64,
     /// Where the page starts.
     pub cursor: Option<Cursor>,
 }
 
-/// Which side of an object the page lies on.
-#[derive(Debug)]
-pub enum Cursor {
-    /// Objects created before this one.
-    After(String),
-    /// Objects created after this one.
-    Before(String),
+impl Page {
+    /// The parameter that named the cursor, for a 404 about it.
+    pub fn cursor_param(&self) -> Option<&'static str> {
+        match self.cursor {
+            Some(Cursor::After(_)) => Some("starting_after"),
+            Some(Cursor::Before(_)) => Some("ending_before"),
+            None => None,
+        }
+    }
 }
 
 impl ListParams {
@@ -64,7 +82,7 @@ impl ListParams {
             (None, Some(id)) => Some(Cursor::Before(check_cursor("ending_before", id, prefix)?)),
             (None, None) => None,
         };
-        Ok(Page { limit, cursor })
+        Ok(Page { limit: i64::from(limit), cursor })
     }
 }
 
@@ -81,32 +99,268 @@ fn check_cursor(param: &'static str, id: String, prefix: &str) -> Result<String,
 
 /// The list shape every list endpoint answers with.
 #[derive(Debug, Serialize)]
-pub struct List<T> {
+pub struct List {
     /// Always `"list"`.
     pub object: &'static str,
     /// The page, newest first.
-    pub data: Vec<T>,
+    pub data: Vec<Value>,
     /// Whether more objects lie beyond the page.
     pub has_more: bool,
     /// The list's own path.
-    pub url: &'static str,
+    pub url: String,
 }
 
-/// `GET /v1/payments`. No payment can exist until payments are created, so the page is empty;
-/// a cursor must name an existing payment, so any cursor is unknown.
+/// A payment as a response: its representation and ETag.
+pub fn payment_response(payment: &Payment) -> Response {
+    stored_response(operations::payment_answer(200, payment, false), false)
+}
+
+fn no_such_payment(id: &str) -> ApiError {
+    ApiError::resource_missing(format!("No such payment: '{id}'.")).with_param("id")
+}
+
+/// `POST /v1/payments`
+pub async fn create(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    meta: RequestMeta,
+    RequiredKey(key): RequiredKey,
+    body: JsonBody<CreatePaymentRequest>,
+) -> Result<Response, ApiError> {
+    body.value.validate()?;
+    let raw: Value = parse_raw(&body)?;
+    let params = CreatePaymentParams { account_id: account.to_string(), request: body.value };
+    let stored = serde_json::to_value(&params).map_err(|err| ApiError::internal(&err))?;
+    let attempt = Attempt {
+        account_id: account.as_str(),
+        key: &key,
+        meta: &meta,
+        media_type: body.media_type,
+        body: &raw,
+        operation: operations::CREATE_PAYMENT,
+        params: &stored,
+    };
+    state.runner.run(attempt, CreatePayment::new(state.operations.clone(), params)).await
+}
+
+/// The body as JSON, for the fingerprint (the typed value has defaults filled in).
+pub fn parse_raw<T>(body: &JsonBody<T>) -> Result<Value, ApiError> {
+    serde_json::from_slice(&body.raw)
+        .map_err(|err| ApiError::invalid_request("body", err.to_string()))
+}
+
+/// `GET /v1/payments/{id}`
+pub async fn retrieve(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let payment = payments::find(&state.pool, account.as_str(), &id)
+        .await?
+        .ok_or_else(|| no_such_payment(&id))?;
+    Ok(payment_response(&payment))
+}
+
+/// `GET /v1/payments`
 pub async fn list(
-    Authenticated(_account): Authenticated,
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
     ApiQuery(params): ApiQuery<ListParams>,
-) -> Result<Json<List<Value>>, ApiError> {
+) -> Result<Json<List>, ApiError> {
     let page = params.validate("pay_")?;
-    if let Some(Cursor::After(id) | Cursor::Before(id)) = &page.cursor {
-        let param = match page.cursor {
-            Some(Cursor::After(_)) => "starting_after",
-            _ => "ending_before",
-        };
-        return Err(
-            ApiError::resource_missing(format!("No such payment: '{id}'.")).with_param(param)
-        );
+    let (payments, has_more) =
+        payments::list(&state.pool, account.as_str(), page.limit, page.cursor.as_ref())
+            .await?
+            .ok_or_else(|| cursor_missing(&page, "payment"))?;
+    let data = payments
+        .iter()
+        .map(|p| serde_json::from_slice(&p.to_json()))
+        .collect::<Result<_, _>>()
+        .map_err(|err| ApiError::internal(&err))?;
+    Ok(Json(List { object: "list", data, has_more, url: "/v1/payments".into() }))
+}
+
+/// The 404 for a cursor that names no object of the list.
+pub fn cursor_missing(page: &Page, what: &str) -> ApiError {
+    let id = match &page.cursor {
+        Some(Cursor::After(id) | Cursor::Before(id)) => id.as_str(),
+        None => "",
+    };
+    let error = ApiError::resource_missing(format!("No such {what}: '{id}'."));
+    match page.cursor_param() {
+        Some(param) => error.with_param(param),
+        None => error,
     }
-    Ok(Json(List { object: "list", data: Vec::new(), has_more: false, url: "/v1/payments" }))
+}
+
+/// `PATCH /v1/payments/{id}`: a JSON Merge Patch (RFC 7386) of `description` and `metadata`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentPatch {
+    /// `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    description: Option<Option<String>>,
+    /// Members with `null` are removed; the whole `null` removes all.
+    #[serde(default, deserialize_with = "present")]
+    metadata: Option<Option<BTreeMap<String, Option<String>>>>,
+}
+
+/// Tells a member that is absent (`None`) from one that is `null` (`Some(None)`).
+fn present<'de, T, D>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    T: Deserialize<'de>,
+    D: serde::Deserializer<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+/// `PATCH /v1/payments/{id}`. A merge patch gives the same result however often it is applied,
+/// so no key is needed; a key that is sent must still be well formed.
+pub async fn update(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: JsonBody<PaymentPatch>,
+) -> Result<Response, ApiError> {
+    let values = headers.get_all("idempotency-key").iter().map(HeaderValue::as_bytes);
+    idem::IdempotencyKey::from_header_values(values)
+        .map_err(|err| ApiError::new(ProblemCode::IdempotencyKeyInvalid, format!("{err}.")))?;
+    let if_match = headers.get(header::IF_MATCH).map(|v| v.to_str().unwrap_or_default().to_owned());
+    let patch = body.value;
+    if let Some(Some(description)) = &patch.description {
+        payments::validate_description(Some(description))?;
+    }
+
+    let mut tx = state.pool.begin().await?;
+    let payment = payments::lock(&mut tx, account.as_str(), &id)
+        .await?
+        .ok_or_else(|| no_such_payment(&id))?;
+    if let Some(expected) = if_match {
+        let current = Payment::etag_of(&payment.to_json());
+        let matches = expected.split(',').map(str::trim).any(|tag| tag == "*" || tag == current);
+        if !matches {
+            return Err(ApiError::new(
+                ProblemCode::PreconditionFailed,
+                format!("The payment changed: its ETag is now {current}. Read it again and retry."),
+            ));
+        }
+    }
+    let metadata = match patch.metadata {
+        None => None,
+        Some(None) => Some(BTreeMap::new()),
+        Some(Some(changes)) => {
+            let mut merged = payment.metadata.clone();
+            for (key, value) in changes {
+                match value {
+                    Some(value) => merged.insert(key, value),
+                    None => merged.remove(&key),
+                };
+            }
+            payments::validate_metadata(&merged)?;
+            Some(merged)
+        }
+    };
+    let changes = Changes {
+        description: patch.description.as_ref().map(|d| d.as_deref()),
+        metadata: metadata.as_ref(),
+        ..Changes::default()
+    };
+    let updated = payments::update(&mut tx, &id, &changes).await?;
+    tx.commit().await?;
+    Ok(payment_response(&updated))
+}
+
+/// `POST /v1/payments/{id}/capture`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureBody {
+    /// Default: the whole authorized amount.
+    #[serde(default)]
+    amount_to_capture: Option<i64>,
+}
+
+/// `POST /v1/payments/{id}/capture`
+pub async fn capture(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    Path(id): Path<String>,
+    meta: RequestMeta,
+    RequiredKey(key): RequiredKey,
+    body: JsonBody<CaptureBody>,
+) -> Result<Response, ApiError> {
+    if let Some(amount) = body.value.amount_to_capture
+        && !(1..=payments_domain::money::AMOUNT_MAX).contains(&amount)
+    {
+        return Err(ApiError::invalid_request(
+            "amount_to_capture",
+            "`amount_to_capture` must be a positive integer.",
+        ));
+    }
+    // A payment that does not exist (or is another account's) stores nothing: 404 first.
+    payments::find(&state.pool, account.as_str(), &id)
+        .await?
+        .ok_or_else(|| no_such_payment(&id))?;
+    let raw = parse_raw(&body)?;
+    let params = CaptureParams {
+        account_id: account.to_string(),
+        payment_id: id,
+        amount_to_capture: body.value.amount_to_capture,
+    };
+    let stored = serde_json::to_value(&params).map_err(|err| ApiError::internal(&err))?;
+    let attempt = Attempt {
+        account_id: account.as_str(),
+        key: &key,
+        meta: &meta,
+        media_type: body.media_type,
+        body: &raw,
+        operation: operations::CAPTURE_PAYMENT,
+        params: &stored,
+    };
+    state.runner.run(attempt, CapturePayment::new(state.operations.clone(), params)).await
+}
+
+/// `POST /v1/payments/{id}/cancel`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    #[serde(default)]
+    cancellation_reason: Option<CancellationReason>,
+}
+
+/// `POST /v1/payments/{id}/cancel`
+pub async fn cancel(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    Path(id): Path<String>,
+    meta: RequestMeta,
+    RequiredKey(key): RequiredKey,
+    body: JsonBody<CancelBody>,
+) -> Result<Response, ApiError> {
+    payments::find(&state.pool, account.as_str(), &id)
+        .await?
+        .ok_or_else(|| no_such_payment(&id))?;
+    let raw = parse_raw(&body)?;
+    let params = CancelParams {
+        account_id: account.to_string(),
+        payment_id: id,
+        cancellation_reason: body.value.cancellation_reason,
+    };
+    let stored = serde_json::to_value(&params).map_err(|err| ApiError::internal(&err))?;
+    let attempt = Attempt {
+        account_id: account.as_str(),
+        key: &key,
+        meta: &meta,
+        media_type: body.media_type,
+        body: &raw,
+        operation: operations::CANCEL_PAYMENT,
+        params: &stored,
+    };
+    state.runner.run(attempt, CancelPayment::new(state.operations.clone(), params)).await
+}
+
+impl IntoResponse for List {
+    fn into_response(self) -> Response {
+        Json(self).into_response()
+    }
 }

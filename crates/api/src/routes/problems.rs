@@ -23,7 +23,7 @@ pub async fn show(Path(code): Path<String>) -> Result<Html<String>, ApiError> {
          </body></html>\n",
         title = doc.code.title(),
         code = doc.code.as_str(),
-        status = doc.code.status().as_u16(),
+        status = doc.code.status(),
         description = html_escape(doc.description),
         remedy = html_escape(doc.remedy),
         stored = html_escape(doc.stored_for_replay),

@@ -1,0 +1,917 @@
+//! The money-moving operations, as state machines of recovery points on the idempotency engine.
+//!
+//! Each operation is one `idem::Operation`: a request runs it through the API's runner, and the
+//! completer runs the very same code through [`resume`]. Every foreign call sits between two
+//! phases, with a downstream key derived from a record the earlier phase committed.
+//!
+//! | operation | recovery points | downstream key |
+//! |---|---|---|
+//! | create a payment | `started` → `payment_created` → finished | `pay_…/charge` |
+//! | capture | `started` → `capture_started` → finished | `pay_…/capture` |
+//! | cancel | `started` → `cancel_started` → finished | `pay_…/cancel` |
+//! | refund | `started` → `refund_created` → finished | `re_…/refund` |
+//!
+//! The call's result and the final answer are committed in one phase, so a new payment costs
+//! three transactions: the claim, the insert, and the result with the stored answer.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use idem::{
+    Interrupted, Lease, Operation, PhaseError, RecoveryPoint, Step, StoredResponse, TransientKind,
+    boxed,
+};
+use provider::{
+    CardProcessor, ChargeRequest, DownstreamKey, ErrorClass, ProcessorError, RefundRequest,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sqlx::{PgConnection, PgPool};
+
+use crate::DomainError;
+use crate::audit::{self, AuditEvent};
+use crate::ids::new_id;
+use crate::payments::{self, CaptureMethod, Changes, CreatePaymentRequest, Payment, PaymentStatus};
+use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
+use crate::refunds::{self, CreateRefundRequest, NewRefund, Refund};
+
+/// The stored names of the operations.
+pub const CREATE_PAYMENT: &str = "payments.create";
+/// Capture of an authorized payment.
+pub const CAPTURE_PAYMENT: &str = "payments.capture";
+/// Cancel of an authorized payment.
+pub const CANCEL_PAYMENT: &str = "payments.cancel";
+/// Refund of a captured payment.
+pub const CREATE_REFUND: &str = "refunds.create";
+
+/// What every operation needs.
+pub struct Context<P> {
+    /// The database.
+    pub pool: PgPool,
+    /// The card processor.
+    pub processor: Arc<P>,
+    /// The base of problem `type` links in stored answers.
+    pub public_base_url: Arc<str>,
+}
+
+impl<P> Clone for Context<P> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            processor: self.processor.clone(),
+            public_base_url: self.public_base_url.clone(),
+        }
+    }
+}
+
+impl<P> std::fmt::Debug for Context<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("public_base_url", &self.public_base_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<DomainError> for PhaseError<DomainError> {
+    fn from(err: DomainError) -> Self {
+        match err {
+            // Database errors go to the engine as such, so it can retry serialization failures.
+            DomainError::Database(err) => PhaseError::Database(err),
+            other => PhaseError::Operation(other),
+        }
+    }
+}
+
+fn internal(err: impl std::fmt::Display) -> Interrupted {
+    Interrupted::Transient { kind: TransientKind::Internal, detail: err.to_string() }
+}
+
+/// A processor failure that is not an answer: the key stays at its recovery point.
+fn unavailable(err: &ProcessorError) -> Interrupted {
+    Interrupted::Transient { kind: TransientKind::Processor, detail: err.to_string() }
+}
+
+/// A payment as a stored answer, with its ETag (and `Location` when it was created).
+pub fn payment_answer(status: u16, payment: &Payment, created: bool) -> StoredResponse {
+    let body = payment.to_json();
+    let etag = Payment::etag_of(&body);
+    let answer = StoredResponse::json(status, body).with_header("etag", etag);
+    if created {
+        answer.with_header("location", format!("/v1/payments/{}", payment.id))
+    } else {
+        answer
+    }
+}
+
+fn refund_answer(refund: &Refund) -> StoredResponse {
+    StoredResponse::json(201, refund.to_json())
+        .with_header("location", format!("/v1/refunds/{}", refund.id))
+}
+
+fn problem_answer(problem: &Problem, request_id: &str, public_base_url: &str) -> StoredResponse {
+    StoredResponse {
+        status: problem.code.status(),
+        headers: vec![("content-type".into(), PROBLEM_JSON.into())],
+        body: problem.render(request_id, public_base_url),
+    }
+}
+
+/// The final answer for a processor error that is final; `None` for one that is not.
+fn final_problem(err: &ProcessorError, payment_id: &str) -> Option<Problem> {
+    match err {
+        ProcessorError::Declined { decline_code, message, .. } => Some(
+            Problem::new(ProblemCode::CardDeclined, message.clone())
+                .with_extension("decline_code", decline_code.clone())
+                .with_extension("payment_id", payment_id.to_owned()),
+        ),
+        ProcessorError::Invalid { param, message, .. } => {
+            let problem = Problem::new(
+                ProblemCode::InvalidRequest,
+                format!("The card processor refused the request: {message}"),
+            );
+            Some(match param.as_deref() {
+                Some("source") => problem.with_param("payment_method"),
+                Some(other) => problem.with_param(other),
+                None => problem,
+            })
+        }
+        ProcessorError::Unavailable { .. } | ProcessorError::UnknownOutcome { .. } => None,
+    }
+}
+
+fn failure_code(err: &ProcessorError) -> String {
+    match err {
+        ProcessorError::Declined { decline_code, .. } => decline_code.clone(),
+        ProcessorError::Invalid { code, .. } => {
+            code.clone().unwrap_or_else(|| "processor_invalid_request".into())
+        }
+        ProcessorError::Unavailable { .. } | ProcessorError::UnknownOutcome { .. } => {
+            "processor_error".into()
+        }
+    }
+}
+
+macro_rules! recovery_points {
+    ($name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        /// The recovery points of one operation.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name { $( #[doc = $text] $variant ),+ }
+
+        impl RecoveryPoint for $name {
+            fn name(self) -> &'static str {
+                match self { $( Self::$variant => $text ),+ }
+            }
+            fn from_name(name: &str) -> Option<Self> {
+                match name { $( $text => Some(Self::$variant), )+ _ => None }
+            }
+        }
+    };
+}
+
+recovery_points!(CreatePoint { Started => "started", PaymentCreated => "payment_created" });
+recovery_points!(CapturePoint { Started => "started", CaptureStarted => "capture_started" });
+recovery_points!(CancelPoint { Started => "started", CancelStarted => "cancel_started" });
+recovery_points!(RefundPoint { Started => "started", RefundCreated => "refund_created" });
+
+async fn record(
+    tx: &mut PgConnection,
+    account_id: &str,
+    object_id: &str,
+    action: &str,
+    lease: &LeaseInfo,
+    detail: Value,
+) -> Result<(), DomainError> {
+    audit::record(
+        tx,
+        &AuditEvent {
+            account_id,
+            object_id,
+            action,
+            request_id: &lease.request_id,
+            idempotency_key_id: lease.key_id,
+            detail,
+        },
+    )
+    .await
+}
+
+/// What a phase needs to know of its lease, owned so that it can move into the phase's future.
+#[derive(Debug, Clone)]
+struct LeaseInfo {
+    key_id: i64,
+    request_id: String,
+}
+
+impl LeaseInfo {
+    fn of(lease: &Lease) -> Self {
+        Self { key_id: lease.key_id(), request_id: lease.request_id().to_owned() }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Create a payment.
+
+/// The stored input of a payment creation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreatePaymentParams {
+    /// The account.
+    pub account_id: String,
+    /// The validated request.
+    pub request: CreatePaymentRequest,
+}
+
+/// `POST /v1/payments`.
+#[derive(Debug)]
+pub struct CreatePayment<P> {
+    ctx: Context<P>,
+    params: CreatePaymentParams,
+    /// The payment the first phase made, so the next step need not read it back.
+    created: Mutex<Option<Payment>>,
+}
+
+impl<P: CardProcessor> CreatePayment<P> {
+    /// The operation for validated input.
+    pub fn new(ctx: Context<P>, params: CreatePaymentParams) -> Self {
+        Self { ctx, params, created: Mutex::new(None) }
+    }
+
+    async fn payment(&self, key_id: i64) -> Result<Payment, Interrupted> {
+        if let Some(payment) =
+            self.created.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+        {
+            return Ok(payment);
+        }
+        payments::find_by_key(&self.ctx.pool, key_id)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| internal("the key is past `payment_created` but has no payment"))
+    }
+}
+
+impl<P: CardProcessor> Operation for CreatePayment<P> {
+    type Point = CreatePoint;
+
+    async fn step(&self, lease: &mut Lease, at: CreatePoint) -> Result<(), Interrupted> {
+        let info = LeaseInfo::of(lease);
+        match at {
+            CreatePoint::Started => {
+                let made = Arc::new(Mutex::new(None));
+                lease
+                    .phase(|tx| {
+                        let (params, info, made) =
+                            (self.params.clone(), info.clone(), made.clone());
+                        boxed(async move {
+                            let id = new_id("pay");
+                            let payment = payments::insert(
+                                tx,
+                                &id,
+                                &params.account_id,
+                                info.key_id,
+                                &params.request,
+                            )
+                            .await?;
+                            record(
+                                tx,
+                                &params.account_id,
+                                &id,
+                                "payment.created",
+                                &info,
+                                json!({"amount": payment.amount, "currency": payment.currency}),
+                            )
+                            .await?;
+                            *made.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                                Some(payment);
+                            Ok::<_, PhaseError<DomainError>>(Step::Next(
+                                CreatePoint::PaymentCreated,
+                            ))
+                        })
+                    })
+                    .await?;
+                *self.created.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    made.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+            }
+            CreatePoint::PaymentCreated => {
+                let payment = self.payment(info.key_id).await?;
+                let key = DownstreamKey::charge(&payment.id);
+                let charge = ChargeRequest {
+                    payment_id: payment.id.clone(),
+                    amount: payment.amount,
+                    currency: payment.currency.clone(),
+                    source: payment.payment_method.clone(),
+                    capture: payment.capture_method == CaptureMethod::Automatic,
+                    description: payment.description.clone(),
+                };
+                let outcome = self.ctx.processor.create_charge(&charge, &key).await;
+                let base = self.ctx.public_base_url.clone();
+                match outcome {
+                    Ok(charge) => {
+                        lease
+                            .phase(|tx| {
+                                let (payment, charge, info, key) = (payment.clone(), charge.clone(), info.clone(), key.clone());
+                                boxed(async move {
+                                    let status = if charge.captured { PaymentStatus::Succeeded } else { PaymentStatus::RequiresCapture };
+                                    let changes = Changes {
+                                        status: Some(status),
+                                        amount_captured: Some(charge.amount_captured),
+                                        processor_charge_id: Some(&charge.id),
+                                        ..Changes::default()
+                                    };
+                                    let payment = payments::update(tx, &payment.id, &changes).await?;
+                                    if let (PaymentStatus::Succeeded, Some(email)) = (payment.status, &payment.receipt_email) {
+                                        audit::stage_job(tx, "receipt", &payment.id, json!({"payment_id": payment.id, "email": email})).await?;
+                                    }
+                                    record(tx, &payment.account_id, &payment.id, "payment.charged", &info, json!({"charge": charge.id, "downstream_key": key.as_str(), "status": status})).await?;
+                                    Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(payment_answer(201, &payment, true)))
+                                })
+                            })
+                            .await?;
+                    }
+                    Err(err) => {
+                        let problem =
+                            final_problem(&err, &payment.id).ok_or_else(|| unavailable(&err))?;
+                        let charge_id = match &err {
+                            ProcessorError::Declined { charge_id, .. } => charge_id.clone(),
+                            _ => None,
+                        };
+                        let message = err.to_string();
+                        lease
+                            .phase(|tx| {
+                                let (payment, info, problem, base, charge_id, message) = (
+                                    payment.clone(),
+                                    info.clone(),
+                                    problem.clone(),
+                                    base.clone(),
+                                    charge_id.clone(),
+                                    message.clone(),
+                                );
+                                let code = failure_code(&err);
+                                boxed(async move {
+                                    let changes = Changes {
+                                        status: Some(PaymentStatus::Failed),
+                                        processor_charge_id: charge_id.as_deref(),
+                                        failure_code: Some(&code),
+                                        failure_message: Some(&problem.detail),
+                                        ..Changes::default()
+                                    };
+                                    let payment =
+                                        payments::update(tx, &payment.id, &changes).await?;
+                                    record(
+                                        tx,
+                                        &payment.account_id,
+                                        &payment.id,
+                                        "payment.failed",
+                                        &info,
+                                        json!({"error": message}),
+                                    )
+                                    .await?;
+                                    Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(
+                                        problem_answer(&problem, &info.request_id, &base),
+                                    ))
+                                })
+                            })
+                            .await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Capture and cancel: lock the payment, mark it `processing` (so no other operation starts on
+// it), call the processor, record the outcome.
+
+/// The stored input of a capture.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CaptureParams {
+    /// The account.
+    pub account_id: String,
+    /// The payment.
+    pub payment_id: String,
+    /// Default: the whole authorized amount.
+    pub amount_to_capture: Option<i64>,
+}
+
+/// Why a payment was canceled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancellationReason {
+    /// A duplicate.
+    Duplicate,
+    /// Fraud.
+    Fraudulent,
+    /// The customer asked.
+    RequestedByCustomer,
+    /// Nobody completed it.
+    Abandoned,
+}
+
+impl CancellationReason {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Duplicate => "duplicate",
+            Self::Fraudulent => "fraudulent",
+            Self::RequestedByCustomer => "requested_by_customer",
+            Self::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// The stored input of a cancel.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CancelParams {
+    /// The account.
+    pub account_id: String,
+    /// The payment.
+    pub payment_id: String,
+    /// Why.
+    pub cancellation_reason: Option<CancellationReason>,
+}
+
+/// What the first phase of a capture or cancel decided.
+enum Gate {
+    /// The payment is now `processing`; go on.
+    Open,
+    /// A final answer instead.
+    Refused(Problem),
+}
+
+/// Locks the payment; refuses unless it awaits capture; marks it `processing`.
+async fn open_gate(
+    tx: &mut PgConnection,
+    account_id: &str,
+    payment_id: &str,
+    capture_amount: Option<i64>,
+    action: &str,
+    info: &LeaseInfo,
+) -> Result<Gate, DomainError> {
+    let payment = payments::lock(tx, account_id, payment_id)
+        .await?
+        .ok_or(DomainError::NotFound("payment"))?;
+    if payment.status != PaymentStatus::RequiresCapture {
+        return Ok(Gate::Refused(Problem::new(
+            ProblemCode::PaymentUnexpectedState,
+            format!(
+                "The payment is `{}`; only a payment that `requires_capture` can be {action}.",
+                payment.status.as_str()
+            ),
+        )));
+    }
+    if let Some(amount) = capture_amount
+        && amount > payment.amount
+    {
+        return Ok(Gate::Refused(
+            Problem::new(
+                ProblemCode::AmountTooLarge,
+                format!(
+                    "`amount_to_capture` ({amount}) is more than the authorized amount ({}).",
+                    payment.amount
+                ),
+            )
+            .with_param("amount_to_capture"),
+        ));
+    }
+    payments::update(
+        tx,
+        payment_id,
+        &Changes { status: Some(PaymentStatus::Processing), ..Changes::default() },
+    )
+    .await?;
+    record(tx, account_id, payment_id, &format!("payment.{action}_started"), info, json!({}))
+        .await?;
+    Ok(Gate::Open)
+}
+
+async fn locked_payment(
+    pool: &PgPool,
+    account_id: &str,
+    payment_id: &str,
+) -> Result<Payment, Interrupted> {
+    payments::find(pool, account_id, payment_id)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| internal("the payment vanished"))
+}
+
+/// `POST /v1/payments/{id}/capture`.
+#[derive(Debug)]
+pub struct CapturePayment<P> {
+    ctx: Context<P>,
+    params: CaptureParams,
+}
+
+impl<P: CardProcessor> CapturePayment<P> {
+    /// The operation for validated input.
+    pub fn new(ctx: Context<P>, params: CaptureParams) -> Self {
+        Self { ctx, params }
+    }
+}
+
+impl<P: CardProcessor> Operation for CapturePayment<P> {
+    type Point = CapturePoint;
+
+    async fn step(&self, lease: &mut Lease, at: CapturePoint) -> Result<(), Interrupted> {
+        let info = LeaseInfo::of(lease);
+        let base = self.ctx.public_base_url.clone();
+        match at {
+            CapturePoint::Started => {
+                lease
+                    .phase(|tx| {
+                        let (params, info, base) =
+                            (self.params.clone(), info.clone(), base.clone());
+                        boxed(async move {
+                            match open_gate(
+                                tx,
+                                &params.account_id,
+                                &params.payment_id,
+                                params.amount_to_capture,
+                                "captured",
+                                &info,
+                            )
+                            .await?
+                            {
+                                Gate::Open => Ok::<_, PhaseError<DomainError>>(Step::Next(
+                                    CapturePoint::CaptureStarted,
+                                )),
+                                Gate::Refused(problem) => Ok(Step::Finish(problem_answer(
+                                    &problem,
+                                    &info.request_id,
+                                    &base,
+                                ))),
+                            }
+                        })
+                    })
+                    .await?;
+            }
+            CapturePoint::CaptureStarted => {
+                let payment = locked_payment(
+                    &self.ctx.pool,
+                    &self.params.account_id,
+                    &self.params.payment_id,
+                )
+                .await?;
+                let charge_id = payment
+                    .processor_charge_id
+                    .clone()
+                    .ok_or_else(|| internal("an authorized payment without a charge"))?;
+                let key = DownstreamKey::capture(&payment.id);
+                let outcome = self
+                    .ctx
+                    .processor
+                    .capture_charge(&charge_id, self.params.amount_to_capture, &key)
+                    .await;
+                let problem = match &outcome {
+                    Ok(_) => None,
+                    Err(err) => {
+                        Some(final_problem(err, &payment.id).ok_or_else(|| unavailable(err))?)
+                    }
+                };
+                lease
+                    .phase(|tx| {
+                        let (payment, info, base, problem, key) = (payment.clone(), info.clone(), base.clone(), problem.clone(), key.clone());
+                        let captured = outcome.as_ref().ok().map(|c| c.amount_captured);
+                        boxed(async move {
+                            let step = match (captured, problem) {
+                                (Some(amount_captured), _) => {
+                                    let changes = Changes { status: Some(PaymentStatus::Succeeded), amount_captured: Some(amount_captured), ..Changes::default() };
+                                    let payment = payments::update(tx, &payment.id, &changes).await?;
+                                    if let Some(email) = &payment.receipt_email {
+                                        audit::stage_job(tx, "receipt", &payment.id, json!({"payment_id": payment.id, "email": email})).await?;
+                                    }
+                                    record(tx, &payment.account_id, &payment.id, "payment.captured", &info, json!({"amount_captured": amount_captured, "downstream_key": key.as_str()})).await?;
+                                    Step::<CapturePoint>::Finish(payment_answer(200, &payment, false))
+                                }
+                                (None, problem) => {
+                                    let problem = problem.unwrap_or_else(|| Problem::new(ProblemCode::InvalidRequest, "The card processor refused the capture."));
+                                    let changes = Changes { status: Some(PaymentStatus::RequiresCapture), ..Changes::default() };
+                                    payments::update(tx, &payment.id, &changes).await?;
+                                    record(tx, &payment.account_id, &payment.id, "payment.capture_refused", &info, json!({"detail": problem.detail})).await?;
+                                    Step::Finish(problem_answer(&problem, &info.request_id, &base))
+                                }
+                            };
+                            Ok::<_, PhaseError<DomainError>>(step)
+                        })
+                    })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `POST /v1/payments/{id}/cancel`: releases the authorization at the processor.
+#[derive(Debug)]
+pub struct CancelPayment<P> {
+    ctx: Context<P>,
+    params: CancelParams,
+}
+
+impl<P: CardProcessor> CancelPayment<P> {
+    /// The operation for validated input.
+    pub fn new(ctx: Context<P>, params: CancelParams) -> Self {
+        Self { ctx, params }
+    }
+}
+
+impl<P: CardProcessor> Operation for CancelPayment<P> {
+    type Point = CancelPoint;
+
+    async fn step(&self, lease: &mut Lease, at: CancelPoint) -> Result<(), Interrupted> {
+        let info = LeaseInfo::of(lease);
+        let base = self.ctx.public_base_url.clone();
+        match at {
+            CancelPoint::Started => {
+                lease
+                    .phase(|tx| {
+                        let (params, info, base) =
+                            (self.params.clone(), info.clone(), base.clone());
+                        boxed(async move {
+                            match open_gate(
+                                tx,
+                                &params.account_id,
+                                &params.payment_id,
+                                None,
+                                "canceled",
+                                &info,
+                            )
+                            .await?
+                            {
+                                Gate::Open => Ok::<_, PhaseError<DomainError>>(Step::Next(
+                                    CancelPoint::CancelStarted,
+                                )),
+                                Gate::Refused(problem) => Ok(Step::Finish(problem_answer(
+                                    &problem,
+                                    &info.request_id,
+                                    &base,
+                                ))),
+                            }
+                        })
+                    })
+                    .await?;
+            }
+            CancelPoint::CancelStarted => {
+                let payment = locked_payment(
+                    &self.ctx.pool,
+                    &self.params.account_id,
+                    &self.params.payment_id,
+                )
+                .await?;
+                let charge_id = payment
+                    .processor_charge_id
+                    .clone()
+                    .ok_or_else(|| internal("an authorized payment without a charge"))?;
+                let key = DownstreamKey::cancel(&payment.id);
+                let release = RefundRequest {
+                    charge_id,
+                    payment_id: payment.id.clone(),
+                    refund_id: None,
+                    amount: None,
+                    reason: None,
+                };
+                let outcome = self.ctx.processor.create_refund(&release, &key).await;
+                let problem = match &outcome {
+                    Ok(_) => None,
+                    Err(err) => {
+                        Some(final_problem(err, &payment.id).ok_or_else(|| unavailable(err))?)
+                    }
+                };
+                let reason = self.params.cancellation_reason.map(CancellationReason::as_str);
+                lease
+                    .phase(|tx| {
+                        let (payment, info, base, problem, key) = (
+                            payment.clone(),
+                            info.clone(),
+                            base.clone(),
+                            problem.clone(),
+                            key.clone(),
+                        );
+                        boxed(async move {
+                            let step = match problem {
+                                None => {
+                                    let changes = Changes {
+                                        status: Some(PaymentStatus::Canceled),
+                                        cancellation_reason: reason,
+                                        ..Changes::default()
+                                    };
+                                    let payment =
+                                        payments::update(tx, &payment.id, &changes).await?;
+                                    record(
+                                        tx,
+                                        &payment.account_id,
+                                        &payment.id,
+                                        "payment.canceled",
+                                        &info,
+                                        json!({"downstream_key": key.as_str()}),
+                                    )
+                                    .await?;
+                                    Step::<CancelPoint>::Finish(payment_answer(
+                                        200, &payment, false,
+                                    ))
+                                }
+                                Some(problem) => {
+                                    let changes = Changes {
+                                        status: Some(PaymentStatus::RequiresCapture),
+                                        ..Changes::default()
+                                    };
+                                    payments::update(tx, &payment.id, &changes).await?;
+                                    record(
+                                        tx,
+                                        &payment.account_id,
+                                        &payment.id,
+                                        "payment.cancel_refused",
+                                        &info,
+                                        json!({"detail": problem.detail}),
+                                    )
+                                    .await?;
+                                    Step::Finish(problem_answer(&problem, &info.request_id, &base))
+                                }
+                            };
+                            Ok::<_, PhaseError<DomainError>>(step)
+                        })
+                    })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refunds: the first phase locks the payment and reserves the amount, so concurrent refunds under
+// different keys can never exceed what was captured, here or at the processor.
+
+/// The stored input of a refund.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RefundParams {
+    /// The account.
+    pub account_id: String,
+    /// The payment.
+    pub payment_id: String,
+    /// The validated request.
+    pub request: CreateRefundRequest,
+}
+
+/// `POST /v1/payments/{id}/refunds`.
+#[derive(Debug)]
+pub struct CreateRefundOp<P> {
+    ctx: Context<P>,
+    params: RefundParams,
+}
+
+impl<P: CardProcessor> CreateRefundOp<P> {
+    /// The operation for validated input.
+    pub fn new(ctx: Context<P>, params: RefundParams) -> Self {
+        Self { ctx, params }
+    }
+}
+
+impl<P: CardProcessor> Operation for CreateRefundOp<P> {
+    type Point = RefundPoint;
+
+    async fn step(&self, lease: &mut Lease, at: RefundPoint) -> Result<(), Interrupted> {
+        let info = LeaseInfo::of(lease);
+        let base = self.ctx.public_base_url.clone();
+        match at {
+            RefundPoint::Started => {
+                lease
+                    .phase(|tx| {
+                        let (params, info, base) = (self.params.clone(), info.clone(), base.clone());
+                        boxed(async move {
+                            let payment = payments::lock(tx, &params.account_id, &params.payment_id).await?.ok_or(DomainError::NotFound("payment"))?;
+                            let refusal = |problem: Problem| Ok::<_, PhaseError<DomainError>>(Step::Finish(problem_answer(&problem, &info.request_id, &base)));
+                            if payment.status != PaymentStatus::Succeeded {
+                                return refusal(Problem::new(
+                                    ProblemCode::PaymentUnexpectedState,
+                                    format!("The payment is `{}`; only a captured (`succeeded`) payment can be refunded.", payment.status.as_str()),
+                                ));
+                            }
+                            let remaining = payment.amount_captured - payment.amount_refunded;
+                            let amount = params.request.amount.unwrap_or(remaining);
+                            if remaining == 0 || amount > remaining {
+                                return refusal(
+                                    Problem::new(
+                                        ProblemCode::AmountTooLarge,
+                                        format!("The refund of {amount} is more than what remains refundable ({remaining})."),
+                                    )
+                                    .with_param("amount"),
+                                );
+                            }
+                            payments::update(tx, &payment.id, &Changes { refunded_delta: amount, ..Changes::default() }).await?;
+                            let id = new_id("re");
+                            let metadata: BTreeMap<String, String> = params.request.metadata.clone().unwrap_or_default();
+                            let refund = refunds::insert(tx, &NewRefund {
+                                id: &id,
+                                account_id: &params.account_id,
+                                payment_id: &payment.id,
+                                key_id: info.key_id,
+                                amount,
+                                currency: &payment.currency,
+                                reason: params.request.reason,
+                                metadata: &metadata,
+                            })
+                            .await?;
+                            record(tx, &params.account_id, &refund.id, "refund.created", &info, json!({"payment": payment.id, "amount": amount})).await?;
+                            Ok(Step::Next(RefundPoint::RefundCreated))
+                        })
+                    })
+                    .await?;
+            }
+            RefundPoint::RefundCreated => {
+                let refund = refunds::find_by_key(&self.ctx.pool, info.key_id)
+                    .await
+                    .map_err(internal)?
+                    .ok_or_else(|| {
+                        internal("the key is past `refund_created` but has no refund")
+                    })?;
+                let payment =
+                    locked_payment(&self.ctx.pool, &self.params.account_id, &refund.payment_id)
+                        .await?;
+                let charge_id = payment
+                    .processor_charge_id
+                    .clone()
+                    .ok_or_else(|| internal("a captured payment without a charge"))?;
+                let key = DownstreamKey::refund(&refund.id);
+                let request = RefundRequest {
+                    charge_id,
+                    payment_id: payment.id.clone(),
+                    refund_id: Some(refund.id.clone()),
+                    amount: Some(refund.amount),
+                    reason: refund.reason.clone(),
+                };
+                let outcome = self.ctx.processor.create_refund(&request, &key).await;
+                let problem = match &outcome {
+                    Ok(_) => None,
+                    Err(err) => Some((
+                        final_problem(err, &payment.id).ok_or_else(|| unavailable(err))?,
+                        failure_code(err),
+                    )),
+                };
+                let processor_refund_id = outcome.as_ref().ok().map(|r| r.id.clone());
+                lease
+                    .phase(|tx| {
+                        let (refund, info, base, problem, key, processor_refund_id) = (refund.clone(), info.clone(), base.clone(), problem.clone(), key.clone(), processor_refund_id.clone());
+                        boxed(async move {
+                            let step = match problem {
+                                None => {
+                                    let refund = refunds::settle(tx, &refund.id, processor_refund_id.as_deref(), None).await?;
+                                    record(tx, &refund.account_id, &refund.id, "refund.succeeded", &info, json!({"processor_refund": processor_refund_id, "downstream_key": key.as_str()})).await?;
+                                    Step::<RefundPoint>::Finish(refund_answer(&refund))
+                                }
+                                Some((problem, code)) => {
+                                    // Give the reservation back: the money did not move.
+                                    refunds::settle(tx, &refund.id, None, Some(&code)).await?;
+                                    payments::update(tx, &refund.payment_id, &Changes { refunded_delta: -refund.amount, ..Changes::default() }).await?;
+                                    record(tx, &refund.account_id, &refund.id, "refund.failed", &info, json!({"detail": problem.detail})).await?;
+                                    Step::Finish(problem_answer(&problem, &info.request_id, &base))
+                                }
+                            };
+                            Ok::<_, PhaseError<DomainError>>(step)
+                        })
+                    })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Resumes any operation from its key, as the completer does: the operation is chosen by the
+/// name stored with the key, its input read from the stored parameters.
+pub async fn resume<P: CardProcessor>(
+    ctx: &Context<P>,
+    lease: Lease,
+) -> Result<StoredResponse, Interrupted> {
+    fn params<T: serde::de::DeserializeOwned>(lease: &Lease) -> Result<T, Interrupted> {
+        serde_json::from_value(lease.params().clone())
+            .map_err(|err| internal(format!("stored parameters do not parse: {err}")))
+    }
+    match lease.operation() {
+        CREATE_PAYMENT => {
+            let params = params(&lease)?;
+            idem::drive(&CreatePayment::new(ctx.clone(), params), lease).await
+        }
+        CAPTURE_PAYMENT => {
+            let params = params(&lease)?;
+            idem::drive(&CapturePayment::new(ctx.clone(), params), lease).await
+        }
+        CANCEL_PAYMENT => {
+            let params = params(&lease)?;
+            idem::drive(&CancelPayment::new(ctx.clone(), params), lease).await
+        }
+        CREATE_REFUND => {
+            let params = params(&lease)?;
+            idem::drive(&CreateRefundOp::new(ctx.clone(), params), lease).await
+        }
+        other => {
+            let detail = format!("unknown operation `{other}`");
+            lease.release(&detail).await;
+            Err(internal(detail))
+        }
+    }
+}
+
+/// Whether a processor error class leaves the key resumable.
+pub fn is_resumable(class: ErrorClass) -> bool {
+    class != ErrorClass::Final
+}
