@@ -1,0 +1,188 @@
+//! The payments API against wiremock as the processor, where every request the processor
+//! receives can be counted: one charge per payment, one downstream key across every retry.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+use std::time::Duration;
+
+use payments_tests::{TestApp, assert_problem, json};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+fn charge(captured: bool) -> Value {
+    json!({"id": "ch_wire", "object": "charge", "amount": 500, "currency": "usd",
+           "captured": captured, "paid": true, "status": "succeeded",
+           "amount_captured": if captured { 500 } else { 0 }, "amount_refunded": 0, "refunded": false})
+}
+
+async fn app_against(pool: PgPool, processor: &MockServer) -> TestApp {
+    let base = processor.uri();
+    TestApp::spawn_with(
+        pool.clone(),
+        pool,
+        &[
+            ("PAYMENTS__PROCESSOR__BASE_URL", base.as_str()),
+            ("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "300"),
+            ("PAYMENTS__PROCESSOR__MAX_RETRIES", "1"),
+            ("PAYMENTS__PROCESSOR__BACKOFF_BASE_MS", "1"),
+            ("PAYMENTS__PROCESSOR__BACKOFF_CAP_MS", "5"),
+        ],
+    )
+    .await
+}
+
+fn visa() -> Value {
+    json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"})
+}
+
+async fn charge_keys(processor: &MockServer) -> Vec<String> {
+    processor
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.url.path() == "/v1/charges")
+        .map(|r| r.headers["idempotency-key"].to_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn key_state(pool: &PgPool) -> (String, bool, Option<i16>) {
+    sqlx::query_as(
+        "SELECT recovery_point, owner_token IS NULL, response_status FROM idempotency_keys",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn one_charge_request_per_payment_however_often_the_client_retries(pool: PgPool) {
+    let processor = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(charge(true)))
+        .mount(&processor)
+        .await;
+    let app = app_against(pool, &processor).await;
+    let (_, key) = app.create_account("shop").await;
+    for _ in 0..5 {
+        let response = app.post("/v1/payments", &key, Some("k"), &visa()).await;
+        assert_eq!(response.status(), 201);
+    }
+    let keys = charge_keys(&processor).await;
+    assert_eq!(keys.len(), 1, "retries replay; they never reach the processor");
+    assert!(keys[0].starts_with("pay_") && keys[0].ends_with("/charge"), "{}", keys[0]);
+    let request = &processor.received_requests().await.unwrap()[0];
+    let body = String::from_utf8(request.body.clone()).unwrap();
+    assert!(body.contains("metadata%5Bpayment_id%5D=pay_"), "{body}");
+    assert!(
+        !body.contains("k&") && !keys[0].contains("/k"),
+        "the client's key never goes downstream"
+    );
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_processor_outage_answers_503_and_the_retry_finishes_with_the_same_downstream_key(
+    pool: PgPool,
+) {
+    let processor = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(500)
+                .set_body_json(json!({"error": {"type": "api_error", "message": "down"}})),
+        )
+        .up_to_n_times(2)
+        .mount(&processor)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(charge(true)))
+        .mount(&processor)
+        .await;
+    let app = app_against(pool.clone(), &processor).await;
+    let (_, key) = app.create_account("shop").await;
+
+    let failed = app.post("/v1/payments", &key, Some("k"), &visa()).await;
+    assert_eq!(failed.headers()["retry-after"], "1");
+    let problem = assert_problem(failed, 503, "processor_unavailable").await;
+    assert!(!problem["detail"].as_str().unwrap().contains("down"), "no upstream body leaks");
+    assert_eq!(
+        key_state(&pool).await,
+        ("payment_created".into(), true, None),
+        "resumable, nothing stored"
+    );
+    let payment: String =
+        sqlx::query_scalar("SELECT status FROM payments").fetch_one(&pool).await.unwrap();
+    assert_eq!(payment, "processing");
+
+    let retried = app.post("/v1/payments", &key, Some("k"), &visa()).await;
+    assert_eq!(retried.status(), 201);
+    assert!(retried.headers().get("idempotent-replayed").is_none());
+    assert_eq!(json(retried).await["status"], "succeeded");
+
+    let keys = charge_keys(&processor).await;
+    assert_eq!(keys.len(), 3, "two failed tries (one retry inside the client), then the success");
+    assert!(keys.windows(2).all(|w| w[0] == w[1]), "the same downstream key every time: {keys:?}");
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_processor_timeout_leaves_the_key_resumable_and_the_retry_does_not_charge_twice(
+    pool: PgPool,
+) {
+    let processor = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(charge(true))
+                .set_delay(Duration::from_secs(2)),
+        )
+        .up_to_n_times(2)
+        .mount(&processor)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(charge(true)))
+        .mount(&processor)
+        .await;
+    let app = app_against(pool.clone(), &processor).await;
+    let (_, key) = app.create_account("shop").await;
+
+    let timed_out = app.post("/v1/payments", &key, Some("k"), &visa()).await;
+    assert_problem(timed_out, 503, "processor_unavailable").await;
+    assert_eq!(key_state(&pool).await.0, "payment_created");
+
+    let finished = app.post("/v1/payments", &key, Some("k"), &visa()).await;
+    assert_eq!(finished.status(), 201);
+    let keys = charge_keys(&processor).await;
+    assert!(
+        keys.windows(2).all(|w| w[0] == w[1]),
+        "one downstream key, so the processor acts once: {keys:?}"
+    );
+    assert_eq!(key_state(&pool).await, ("finished".into(), true, Some(201)));
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_processor_refusal_after_execution_began_is_stored(pool: PgPool) {
+    let processor = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(400).set_body_json(json!({"error": {
+            "type": "invalid_request_error", "code": "amount_too_small", "param": "amount",
+            "message": "Amount must be at least 50 cents."}})))
+        .mount(&processor)
+        .await;
+    let app = app_against(pool.clone(), &processor).await;
+    let (_, key) = app.create_account("shop").await;
+    let body = json!({"amount": 10, "currency": "usd", "payment_method": "pm_card_visa"});
+    let refused = app.post("/v1/payments", &key, Some("k"), &body).await;
+    assert_eq!(assert_problem(refused, 400, "invalid_request").await["param"], "amount");
+    let replay = app.post("/v1/payments", &key, Some("k"), &body).await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(charge_keys(&processor).await.len(), 1);
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM payments").fetch_one(&pool).await.unwrap();
+    assert_eq!(status, "failed");
+}
