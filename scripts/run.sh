@@ -23,18 +23,41 @@ echo "building…" >&2
 SQLX_OFFLINE=true cargo build --quiet --bins
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
 
+wait_for_port() {
+  for _ in $(seq 1 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  echo "nothing answers on port $1" >&2
+  return 1
+}
+
 "$BIN/payments-api" migrate
 KEY=$("$BIN/payments-api" accounts create --name demo)
 PORT=${PAYMENTS__HTTP__PORT:-8080}
+SIM_PORT=${SIM_PORT:-12111}
 BASE=http://127.0.0.1:$PORT
+export PAYMENTS__PROCESSOR__BASE_URL=${PAYMENTS__PROCESSOR__BASE_URL:-http://127.0.0.1:$SIM_PORT}
+
+"$BIN/processor-sim" --port "$SIM_PORT" &
+children+=($!)
+wait_for_port "$SIM_PORT"
+if [ -x "$BIN/payments-worker" ]; then
+  "$BIN/payments-worker" &
+  children+=($!)
+fi
 
 cat >&2 <<MSG
 
   payments-api is starting on $BASE (database: ${DATABASE_URL%%\?*})
+  stand-in processor on http://127.0.0.1:$SIM_PORT
 
   Demo secret key (shown once):  $KEY
 
-  Try it:
+  Try it (the README walks through capture, refunds and declines):
+    curl -s $BASE/v1/payments -H "Authorization: Bearer $KEY" \\
+      -H "Idempotency-Key: order-1" -H "Content-Type: application/json" \\
+      -d '{"amount":500,"currency":"usd","payment_method":"pm_card_visa"}'
     curl -s $BASE/v1/payments -H "Authorization: Bearer $KEY"
 
   Ctrl-C stops everything that \`make run\` started.
@@ -43,4 +66,4 @@ MSG
 
 "$BIN/payments-api" serve &
 children+=($!)
-wait "${children[0]}"
+wait "${children[-1]}"

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgExecutor};
 
@@ -237,30 +236,52 @@ pub struct Payment {
 }
 
 impl Payment {
-    /// The public representation, byte for byte (members in a fixed order).
+    /// The public representation, byte for byte, members in the documented order.
     pub fn to_json(&self) -> Vec<u8> {
-        let body = json!({
-            "id": self.id,
-            "object": "payment",
-            "amount": self.amount,
-            "currency": self.currency,
-            "status": self.status,
-            "capture_method": self.capture_method,
-            "amount_captured": self.amount_captured,
-            "amount_refunded": self.amount_refunded,
-            "refunded": self.amount_captured > 0 && self.amount_refunded == self.amount_captured,
-            "payment_method": self.payment_method,
-            "description": self.description,
-            "metadata": self.metadata,
-            "receipt_email": self.receipt_email,
-            "processor_charge_id": self.processor_charge_id,
-            "failure_code": self.failure_code,
-            "failure_message": self.failure_message,
-            "cancellation_reason": self.cancellation_reason,
-            "created": self.created,
-            "livemode": false,
-        });
-        serde_json::to_vec(&body).unwrap_or_default()
+        #[derive(Serialize)]
+        struct Representation<'a> {
+            id: &'a str,
+            object: &'static str,
+            amount: i64,
+            currency: &'a str,
+            status: PaymentStatus,
+            capture_method: CaptureMethod,
+            amount_captured: i64,
+            amount_refunded: i64,
+            refunded: bool,
+            payment_method: &'a str,
+            description: Option<&'a str>,
+            metadata: &'a BTreeMap<String, String>,
+            receipt_email: Option<&'a str>,
+            processor_charge_id: Option<&'a str>,
+            failure_code: Option<&'a str>,
+            failure_message: Option<&'a str>,
+            cancellation_reason: Option<&'a str>,
+            created: i64,
+            livemode: bool,
+        }
+        let representation = Representation {
+            id: &self.id,
+            object: "payment",
+            amount: self.amount,
+            currency: &self.currency,
+            status: self.status,
+            capture_method: self.capture_method,
+            amount_captured: self.amount_captured,
+            amount_refunded: self.amount_refunded,
+            refunded: self.amount_captured > 0 && self.amount_refunded == self.amount_captured,
+            payment_method: &self.payment_method,
+            description: self.description.as_deref(),
+            metadata: &self.metadata,
+            receipt_email: self.receipt_email.as_deref(),
+            processor_charge_id: self.processor_charge_id.as_deref(),
+            failure_code: self.failure_code.as_deref(),
+            failure_message: self.failure_message.as_deref(),
+            cancellation_reason: self.cancellation_reason.as_deref(),
+            created: self.created,
+            livemode: false,
+        };
+        serde_json::to_vec(&representation).unwrap_or_default()
     }
 
     /// The strong ETag of a representation: changes exactly when the representation does.

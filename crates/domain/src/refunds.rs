@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
@@ -92,21 +91,34 @@ pub struct Refund {
 }
 
 impl Refund {
-    /// The public representation.
+    /// The public representation, members in the documented order.
     pub fn to_json(&self) -> Vec<u8> {
-        let body = json!({
-            "id": self.id,
-            "object": "refund",
-            "payment": self.payment_id,
-            "amount": self.amount,
-            "currency": self.currency,
-            "status": self.status,
-            "reason": self.reason,
-            "metadata": self.metadata,
-            "processor_refund_id": self.processor_refund_id,
-            "created": self.created,
-        });
-        serde_json::to_vec(&body).unwrap_or_default()
+        #[derive(Serialize)]
+        struct Representation<'a> {
+            id: &'a str,
+            object: &'static str,
+            payment: &'a str,
+            amount: i64,
+            currency: &'a str,
+            status: &'a str,
+            reason: Option<&'a str>,
+            metadata: &'a BTreeMap<String, String>,
+            processor_refund_id: Option<&'a str>,
+            created: i64,
+        }
+        serde_json::to_vec(&Representation {
+            id: &self.id,
+            object: "refund",
+            payment: &self.payment_id,
+            amount: self.amount,
+            currency: &self.currency,
+            status: &self.status,
+            reason: self.reason.as_deref(),
+            metadata: &self.metadata,
+            processor_refund_id: self.processor_refund_id.as_deref(),
+            created: self.created,
+        })
+        .unwrap_or_default()
     }
 }
 

@@ -17,6 +17,7 @@ use payments_domain::operations::{
 use payments_domain::payments::{self, Changes, CreatePaymentRequest, Cursor, Payment};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::app::AppState;
 use crate::auth::Authenticated;
@@ -102,8 +103,8 @@ fn check_cursor(param: &'static str, id: String, prefix: &str) -> Result<String,
 pub struct List {
     /// Always `"list"`.
     pub object: &'static str,
-    /// The page, newest first.
-    pub data: Vec<Value>,
+    /// The page, newest first, each object in its own representation.
+    pub data: Vec<Box<RawValue>>,
     /// Whether more objects lie beyond the page.
     pub has_more: bool,
     /// The list's own path.
@@ -172,12 +173,18 @@ pub async fn list(
         payments::list(&state.pool, account.as_str(), page.limit, page.cursor.as_ref())
             .await?
             .ok_or_else(|| cursor_missing(&page, "payment"))?;
-    let data = payments
-        .iter()
-        .map(|p| serde_json::from_slice(&p.to_json()))
-        .collect::<Result<_, _>>()
-        .map_err(|err| ApiError::internal(&err))?;
+    let data = raw_items(payments.iter().map(Payment::to_json))?;
     Ok(Json(List { object: "list", data, has_more, url: "/v1/payments".into() }))
+}
+
+/// Objects' representations as they are, for a list.
+pub fn raw_items(items: impl Iterator<Item = Vec<u8>>) -> Result<Vec<Box<RawValue>>, ApiError> {
+    items
+        .map(|bytes| {
+            let text = String::from_utf8(bytes).map_err(|err| ApiError::internal(&err))?;
+            RawValue::from_string(text).map_err(|err| ApiError::internal(&err))
+        })
+        .collect()
 }
 
 /// The 404 for a cursor that names no object of the list.

@@ -12,7 +12,7 @@ use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiQuery, JsonBody};
 use crate::idempotency::{Attempt, RequestMeta, RequiredKey, stored_response};
-use crate::routes::payments::{List, ListParams, cursor_missing, parse_raw};
+use crate::routes::payments::{List, ListParams, cursor_missing, parse_raw, raw_items};
 
 fn no_such_payment(id: &str) -> ApiError {
     ApiError::resource_missing(format!("No such payment: '{id}'.")).with_param("id")
@@ -73,10 +73,6 @@ pub async fn list(
     let (refunds, has_more) = refunds::list(&state.pool, &id, page.limit, page.cursor.as_ref())
         .await?
         .ok_or_else(|| cursor_missing(&page, "refund"))?;
-    let data = refunds
-        .iter()
-        .map(|r| serde_json::from_slice(&r.to_json()))
-        .collect::<Result<_, _>>()
-        .map_err(|err| ApiError::internal(&err))?;
+    let data = raw_items(refunds.iter().map(refunds::Refund::to_json))?;
     Ok(Json(List { object: "list", data, has_more, url: format!("/v1/payments/{id}/refunds") }))
 }
