@@ -55,6 +55,15 @@ enum KeysCommand {
         /// The key's id, `key_…` (not the secret).
         key_id: String,
     },
+    /// List idempotency keys that wait for a person (flagged by the worker), oldest first.
+    Stuck {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs the command the arguments name.
@@ -87,6 +96,35 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let (key, secret) = accounts::create_key(&pool, &account).await?;
             eprintln!("created key {} for account {}", key.id, key.account_id);
             println!("{}", secret.expose());
+            Ok(())
+        }
+        Command::Keys(KeysCommand::Stuck { limit, json }) => {
+            let pool = connect(&settings).await?;
+            let stuck = idem::stuck_keys(&pool, limit).await?;
+            if json {
+                for key in &stuck {
+                    println!("{}", serde_json::to_string(key)?);
+                }
+            } else {
+                println!(
+                    "{:<8} {:<30} {:<24} {:<18} {:<17} {:>8} {:>9}  last error",
+                    "id", "account", "key", "operation", "recovery point", "attempts", "age (s)"
+                );
+                for key in &stuck {
+                    println!(
+                        "{:<8} {:<30} {:<24} {:<18} {:<17} {:>8} {:>9}  {}",
+                        key.id,
+                        key.account_id,
+                        key.idempotency_key,
+                        key.operation,
+                        key.recovery_point,
+                        key.attempts,
+                        key.age_seconds,
+                        key.last_error.as_deref().unwrap_or("-")
+                    );
+                }
+            }
+            eprintln!("{} key(s) wait for a person", stuck.len());
             Ok(())
         }
         Command::Keys(KeysCommand::Revoke { key_id }) => {

@@ -12,8 +12,8 @@ pub mod error;
 pub mod extract;
 pub mod idempotency;
 pub mod routes;
-pub mod settings;
-pub mod telemetry;
+pub use payments_settings as settings;
+pub use payments_settings::telemetry;
 
 pub use app::{AppState, Application};
 pub use error::{ApiError, ProblemCode};

@@ -218,6 +218,73 @@ impl Engine {
         Err(IdemError::Contended)
     }
 
+    /// The completer's claim: up to `limit` unfinished keys whose lease is free or expired and
+    /// whose next attempt is due, each leased to this process. A key with more than
+    /// `max_attempts` attempts, or created longer than `window` ago, is flagged for a person
+    /// instead (returned as `Due::Flagged`) and never retried automatically.
+    pub async fn take_due(
+        &self,
+        limit: u32,
+        max_attempts: u32,
+        window: Duration,
+    ) -> Result<Vec<Due>, IdemError> {
+        let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+        let lease_ms = self.config.lease_ms();
+        let rows = self
+            .retrying(|| async {
+                Ok(store::take_due(&self.pool, i64::from(limit), lease_ms, window_ms).await?)
+            })
+            .await?;
+        let mut due = Vec::with_capacity(rows.len());
+        for row in rows {
+            let reason = if row.too_old {
+                Some("older than the processor's idempotency window".to_owned())
+            } else if u32::try_from(row.attempts).unwrap_or(u32::MAX) > max_attempts {
+                Some(format!("gave up after {max_attempts} attempts"))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                store::flag(&self.pool, row.id, row.token, &reason).await?;
+                self.observer.event(Event::Flagged);
+                tracing::error!(
+                    key_id = row.id,
+                    recovery_point = %row.recovery_point,
+                    attempts = row.attempts,
+                    reason,
+                    "an idempotency key needs a person"
+                );
+                due.push(Due::Flagged { key_id: row.id, reason });
+                continue;
+            }
+            self.observer.event(Event::TookOver);
+            due.push(Due::Lease(Lease {
+                engine: self.clone(),
+                key_id: row.id,
+                token: row.token,
+                point: row.recovery_point,
+                attempts: row.attempts,
+                operation: row.operation,
+                params: row.request_params,
+                request_id: row.request_id,
+                finished: None,
+            }));
+        }
+        Ok(due)
+    }
+
+    /// The reaper: deletes up to `limit` completed keys older than `retention`. Unfinished keys
+    /// are never deleted; those older than `retention` are flagged for a person instead.
+    pub async fn reap(&self, limit: u32, retention: Duration) -> Result<Reaped, IdemError> {
+        let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        let deleted = store::reap(&self.pool, i64::from(limit), retention_ms).await?;
+        let flagged = store::flag_stale(&self.pool, retention_ms).await?;
+        for _ in 0..flagged {
+            self.observer.event(Event::Flagged);
+        }
+        Ok(Reaped { deleted, flagged })
+    }
+
     fn lease(
         &self,
         key_id: i64,
@@ -259,6 +326,29 @@ impl Engine {
             }
         }
     }
+}
+
+/// What the completer found.
+#[derive(Debug)]
+pub enum Due {
+    /// A key to drive to its end.
+    Lease(Lease),
+    /// A key flagged for a person instead.
+    Flagged {
+        /// The key's row id.
+        key_id: i64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What one reaper batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// Completed keys deleted.
+    pub deleted: u64,
+    /// Unfinished keys past retention flagged for a person.
+    pub flagged: u64,
 }
 
 fn retry_pause(tries: u32) -> Duration {

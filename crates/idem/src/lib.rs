@@ -117,11 +117,12 @@ mod response;
 mod store;
 
 pub use engine::{
-    Claim, ClaimRequest, Engine, EngineConfig, FINISHED, Interrupted, Lease, Operation,
-    RecoveryPoint, STARTED, Step, TransientKind, boxed, drive,
+    Claim, ClaimRequest, Due, Engine, EngineConfig, FINISHED, Interrupted, Lease, Operation,
+    Reaped, RecoveryPoint, STARTED, Step, TransientKind, boxed, drive,
 };
 pub use error::{IdemError, PhaseError, is_retryable};
 pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError};
 pub use observe::{Event, NoObserver, Observer};
 pub use response::StoredResponse;
+pub use store::{StuckKey, stuck_keys};

@@ -21,6 +21,8 @@ pub enum Event {
     Released,
     /// A final response was stored.
     Finished,
+    /// A key was flagged for a person.
+    Flagged,
     /// A statement or phase was retried after a serialization failure or deadlock.
     DatabaseRetry,
 }

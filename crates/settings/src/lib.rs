@@ -1,10 +1,14 @@
-//! Configuration: the checked-in defaults (`config/default.toml`), then `PAYMENTS__…` environment
-//! variables, then `DATABASE_URL`. Everything is validated once, at start-up, and every error names
-//! the setting and the environment variable that sets it.
+//! Configuration of both binaries, `payments-api` and `payments-worker`: the checked-in defaults
+//! (`config/default.toml`), then `PAYMENTS__…` environment variables, then `DATABASE_URL`.
+//! Everything is validated once, at start-up, and every error names the setting and the
+//! environment variable that sets it. One schema for both, so that the worker stores answers
+//! exactly as the API would (the same public base URL, the same processor, the same lease).
 
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
+
+pub mod telemetry;
 
 use config::{Config, Environment, File, FileFormat};
 use serde::Deserialize;
@@ -15,7 +19,7 @@ const DEFAULTS: &str = include_str!("../../../config/default.toml");
 /// Environment variables that override settings start with this, then `__`.
 const ENV_PREFIX: &str = "PAYMENTS";
 
-/// All settings of the API process.
+/// All settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
@@ -27,6 +31,8 @@ pub struct Settings {
     pub idempotency: IdempotencySettings,
     /// The card processor.
     pub processor: ProcessorSettings,
+    /// The background worker.
+    pub worker: WorkerSettings,
     /// Logging.
     pub log: LogSettings,
 }
@@ -126,6 +132,30 @@ impl ProcessorSettings {
             retry_after_cap: Duration::from_millis(self.retry_after_cap_ms),
         }
     }
+}
+
+/// `[worker]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// Pause between passes when a pass found nothing to do.
+    pub interval_ms: u64,
+    /// Most keys, old keys or jobs taken in one batch.
+    pub batch_size: u32,
+    /// After this many attempts an unfinished key waits for a person.
+    pub max_attempts: u32,
+    /// An unfinished key older than this waits for a person: the processor forgets its own
+    /// idempotency keys after 24 hours, and a retry after that could charge twice.
+    pub processor_window_hours: u32,
+    /// After this many attempts a job is dead-lettered.
+    pub job_max_attempts: u32,
+    /// First delay before a failed job runs again; doubles per attempt.
+    pub job_backoff_base_ms: u64,
+    /// SMTP server for receipts, `smtp://host:port` or `smtps://…`; empty records receipts in
+    /// the database and the log instead.
+    pub smtp_url: String,
+    /// The sender of receipts.
+    pub receipt_from: String,
 }
 
 /// `[log]`
@@ -235,6 +265,27 @@ impl Settings {
             .engine_config()
             .check_lease_covers(longest)
             .map_err(|reason| invalid("idempotency.lease_ms", reason))?;
+        if self.worker.batch_size == 0 || self.worker.batch_size > 10_000 {
+            return Err(invalid("worker.batch_size", "must be from 1 to 10000".into()));
+        }
+        if self.worker.interval_ms == 0 {
+            return Err(invalid("worker.interval_ms", "must be at least 1".into()));
+        }
+        if self.worker.processor_window_hours == 0 || self.worker.processor_window_hours >= 24 {
+            return Err(invalid(
+                "worker.processor_window_hours",
+                "must be from 1 to 23: the processor keeps its idempotency keys for 24 hours"
+                    .into(),
+            ));
+        }
+        if self.worker.max_attempts == 0 || self.worker.job_max_attempts == 0 {
+            return Err(invalid("worker.max_attempts", "attempt bounds must be at least 1".into()));
+        }
+        if !self.worker.smtp_url.is_empty()
+            && !["smtp://", "smtps://"].iter().any(|s| self.worker.smtp_url.starts_with(s))
+        {
+            return Err(invalid("worker.smtp_url", "must start with smtp:// or smtps://".into()));
+        }
         if self.idempotency.retention_hours == 0 {
             return Err(invalid("idempotency.retention_hours", "must be at least 1".into()));
         }

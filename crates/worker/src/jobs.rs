@@ -1,0 +1,245 @@
+//! Staged jobs: work that must happen only after a commit, run at least once.
+//!
+//! A job is claimed with `FOR UPDATE SKIP LOCKED` and pushed out of sight for a while (so a worker
+//! that dies mid-job lets another take it later); success marks it done, failure schedules it
+//! again with exponential back-off, and after a bound it is dead-lettered for a person.
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+use sqlx::PgPool;
+
+/// How long a claimed job stays out of sight before another worker may take it.
+const CLAIM_MS: f64 = 5.0 * 60.0 * 1000.0;
+
+/// A receipt, rendered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    /// The payment.
+    pub payment_id: String,
+    /// Where it goes.
+    pub email: String,
+    /// The subject line.
+    pub subject: String,
+    /// Plain text.
+    pub body: String,
+}
+
+/// Sends receipts.
+pub trait Mailer: Send + Sync + 'static {
+    /// Sends one receipt; an error is retried later.
+    fn send<'a>(&'a self, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// The mailer when no SMTP server is configured: the receipt is recorded in the `receipts` table
+/// (as every receipt is) and written to the log.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LogMailer;
+
+impl Mailer for LogMailer {
+    fn send<'a>(&'a self, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            tracing::info!(payment_id = %receipt.payment_id, subject = %receipt.subject, "receipt recorded (no SMTP server configured)");
+            Ok(())
+        })
+    }
+}
+
+/// Sends receipts through an SMTP server.
+pub struct SmtpMailer {
+    transport: lettre::AsyncSmtpTransport<lettre::Tokio1Executor>,
+    from: lettre::message::Mailbox,
+}
+
+impl std::fmt::Debug for SmtpMailer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmtpMailer").field("from", &self.from).finish_non_exhaustive()
+    }
+}
+
+impl SmtpMailer {
+    /// A mailer for `smtp://…` or `smtps://…`.
+    pub fn new(url: &str, from: &str) -> anyhow::Result<Self> {
+        let transport = lettre::AsyncSmtpTransport::<lettre::Tokio1Executor>::from_url(url)
+            .map_err(|err| anyhow::anyhow!("worker.smtp_url: {err}"))?
+            .build();
+        let from = from.parse().map_err(|err| anyhow::anyhow!("worker.receipt_from: {err}"))?;
+        Ok(Self { transport, from })
+    }
+}
+
+impl Mailer for SmtpMailer {
+    fn send<'a>(&'a self, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), String>> {
+        use lettre::AsyncTransport;
+        Box::pin(async move {
+            let to = receipt.email.parse().map_err(|err| format!("bad address: {err}"))?;
+            let message = lettre::Message::builder()
+                .from(self.from.clone())
+                .to(to)
+                .subject(&receipt.subject)
+                .body(receipt.body.clone())
+                .map_err(|err| err.to_string())?;
+            self.transport.send(message).await.map(drop).map_err(|err| err.to_string())
+        })
+    }
+}
+
+/// A claimed job.
+#[derive(Debug)]
+pub struct Job {
+    /// Its id.
+    pub id: i64,
+    /// What kind (`receipt`).
+    pub kind: String,
+    /// Its input.
+    pub payload: Value,
+    /// Attempts so far, this one included.
+    pub attempts: i32,
+}
+
+/// Claims up to `limit` due jobs.
+pub async fn claim(pool: &PgPool, limit: u32) -> Result<Vec<Job>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"
+        WITH due AS (
+            SELECT id FROM jobs
+             WHERE done_at IS NULL AND dead_at IS NULL AND run_at <= now()
+             ORDER BY run_at
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED
+        )
+        UPDATE jobs j
+           SET attempts = j.attempts + 1, run_at = now() + $2 * interval '1 millisecond'
+          FROM due
+         WHERE j.id = due.id
+        RETURNING j.id, j.kind, j.payload, j.attempts
+        "#,
+        i64::from(limit),
+        CLAIM_MS,
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Job { id: r.id, kind: r.kind, payload: r.payload, attempts: r.attempts })
+        .collect())
+}
+
+/// Marks a job done.
+pub async fn done(pool: &PgPool, id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query!("UPDATE jobs SET done_at = now(), last_error = NULL WHERE id = $1", id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Records a failure: the job runs again after `delay`, or is dead-lettered when `dead`.
+pub async fn failed(
+    pool: &PgPool,
+    id: i64,
+    error: &str,
+    delay: Duration,
+    dead: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        r#"
+        UPDATE jobs
+           SET last_error = $2, run_at = now() + $3 * interval '1 millisecond',
+               dead_at = CASE WHEN $4 THEN now() END
+         WHERE id = $1
+        "#,
+        id,
+        error,
+        delay.as_millis() as f64,
+        dead,
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Runs a receipt job: records the receipt (one per payment), sends it unless it was sent.
+pub async fn send_receipt(
+    pool: &PgPool,
+    mailer: &dyn Mailer,
+    payload: &Value,
+) -> Result<bool, String> {
+    let payment_id = payload["payment_id"].as_str().ok_or("the job has no payment_id")?;
+    let email = payload["email"].as_str().ok_or("the job has no email")?;
+    let payment = sqlx::query!(
+        "SELECT account_id, amount, currency, description, processor_charge_id FROM payments WHERE id = $1",
+        payment_id
+    )
+    .fetch_optional(pool)
+    .await
+    .map_err(|err| err.to_string())?
+    .ok_or("the payment does not exist")?;
+    let receipt = Receipt {
+        payment_id: payment_id.to_owned(),
+        email: email.to_owned(),
+        subject: format!("Your receipt for payment {payment_id}"),
+        body: format!(
+            "Thank you for your payment.\n\nPayment: {payment_id}\nAmount: {} {}\nDescription: {}\nCharge: {}\n",
+            format_amount(payment.amount, &payment.currency),
+            payment.currency.to_uppercase(),
+            payment.description.as_deref().unwrap_or("-"),
+            payment.processor_charge_id.as_deref().unwrap_or("-"),
+        ),
+    };
+    // The primary key on the payment makes a second run find the first one's receipt.
+    let sent_before = sqlx::query_scalar!(
+        r#"
+        WITH recorded AS (
+            INSERT INTO receipts (payment_id, account_id, email, body) VALUES ($1, $2, $3, $4)
+            ON CONFLICT (payment_id) DO NOTHING
+            RETURNING sent_at
+        )
+        SELECT sent_at IS NOT NULL AS "sent!" FROM recorded
+        UNION ALL
+        SELECT sent_at IS NOT NULL FROM receipts
+         WHERE payment_id = $1 AND NOT EXISTS (SELECT 1 FROM recorded)
+        "#,
+        payment_id,
+        payment.account_id,
+        email,
+        receipt.body,
+    )
+    .fetch_optional(pool)
+    .await
+    .map_err(|err| err.to_string())?
+    .unwrap_or(false);
+    if sent_before {
+        return Ok(false);
+    }
+    mailer.send(&receipt).await?;
+    sqlx::query!(
+        "UPDATE receipts SET sent_at = now() WHERE payment_id = $1 AND sent_at IS NULL",
+        payment_id
+    )
+    .execute(pool)
+    .await
+    .map_err(|err| err.to_string())?;
+    Ok(true)
+}
+
+/// `1234` `usd` → `12.34`; zero-decimal currencies have no minor unit.
+fn format_amount(amount: i64, currency: &str) -> String {
+    if currency == "jpy" {
+        amount.to_string()
+    } else {
+        format!("{}.{:02}", amount / 100, amount % 100)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amounts_are_written_in_major_units() {
+        assert_eq!(format_amount(1234, "usd"), "12.34");
+        assert_eq!(format_amount(5, "eur"), "0.05");
+        assert_eq!(format_amount(500, "jpy"), "500");
+    }
+}

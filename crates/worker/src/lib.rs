@@ -1,0 +1,287 @@
+//! The background worker: what makes sure every key reaches a final answer, that old keys go
+//! away, and that work staged in a transaction happens after it.
+//!
+//! - **Completer**: takes unfinished keys whose lease is free or expired and whose next attempt
+//!   is due (`FOR UPDATE SKIP LOCKED`), and drives them to their end through the very operations
+//!   the API runs (`payments_domain::operations::resume`); no HTTP, no second implementation.
+//!   Keys past the attempt bound or the processor's idempotency window are flagged for a person.
+//! - **Reaper**: deletes completed keys past the retention window, in bounded batches; flags
+//!   unfinished ones instead of deleting them. Payments never refer to keys by foreign key, so
+//!   nothing is orphaned.
+//! - **Job runner**: runs staged jobs (receipts) at least once, with back-off and a dead letter.
+//!
+//! Every loop is bounded and stops between items when asked to: the item in hand is finished.
+//! Any number of workers can run against one database.
+
+pub mod jobs;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{Due, Engine, Interrupted, NoObserver};
+use payments_domain::operations::{self, Context};
+use payments_settings::{Settings, WorkerSettings};
+use provider::{CardProcessor, ProcessorClient};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio::sync::watch;
+
+use crate::jobs::{LogMailer, Mailer, SmtpMailer};
+
+/// At most this many batches per loop in one pass, so a pass always ends.
+const MAX_BATCHES_PER_PASS: usize = 20;
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Keys driven to a final answer.
+    pub completed: u64,
+    /// Keys that failed transiently again, released with back-off.
+    pub released: u64,
+    /// Keys another process took over while this one worked.
+    pub lost: u64,
+    /// Keys flagged for a person.
+    pub flagged: u64,
+    /// Completed keys deleted.
+    pub reaped: u64,
+    /// Jobs done.
+    pub jobs_done: u64,
+    /// Jobs that failed and will run again.
+    pub jobs_retried: u64,
+    /// Jobs dead-lettered.
+    pub jobs_dead: u64,
+}
+
+impl PassReport {
+    /// Whether the pass found any work.
+    pub fn found_work(&self) -> bool {
+        *self != Self::default()
+    }
+}
+
+/// A worker over one database and processor.
+pub struct Worker<P> {
+    ctx: Context<P>,
+    engine: Engine,
+    settings: WorkerSettings,
+    retention: Duration,
+    mailer: Arc<dyn Mailer>,
+}
+
+impl<P> std::fmt::Debug for Worker<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+/// Builds the worker the settings describe, with the real processor client and mailer.
+pub fn build(settings: &Settings) -> anyhow::Result<Worker<ProcessorClient>> {
+    let pool = PgPoolOptions::new()
+        .max_connections(settings.database.max_connections)
+        .acquire_timeout(settings.database.acquire_timeout())
+        .connect_lazy_with(settings.database.connect_options()?);
+    let processor = ProcessorClient::new(settings.processor.client_config())?;
+    let mailer: Arc<dyn Mailer> = if settings.worker.smtp_url.is_empty() {
+        Arc::new(LogMailer)
+    } else {
+        Arc::new(SmtpMailer::new(&settings.worker.smtp_url, &settings.worker.receipt_from)?)
+    };
+    let public_base_url = settings.public_base_url(settings.http.port);
+    Ok(Worker::new(pool, Arc::new(processor), public_base_url.into(), settings, mailer))
+}
+
+impl<P: CardProcessor> Worker<P> {
+    /// A worker with the given parts (tests pass their own processor and mailer).
+    pub fn new(
+        pool: PgPool,
+        processor: Arc<P>,
+        public_base_url: Arc<str>,
+        settings: &Settings,
+        mailer: Arc<dyn Mailer>,
+    ) -> Self {
+        let engine =
+            Engine::new(pool.clone(), settings.idempotency.engine_config(), Arc::new(NoObserver));
+        Self {
+            ctx: Context { pool, processor, public_base_url },
+            engine,
+            settings: settings.worker.clone(),
+            retention: Duration::from_secs(u64::from(settings.idempotency.retention_hours) * 3600),
+            mailer,
+        }
+    }
+
+    /// One pass of each loop, stopping between items once `stop` turns true.
+    pub async fn run_once(&self, stop: &watch::Receiver<bool>) -> anyhow::Result<PassReport> {
+        let mut report = PassReport::default();
+        self.complete(stop, &mut report).await?;
+        self.reap(stop, &mut report).await?;
+        self.run_jobs(stop, &mut report).await?;
+        if report.found_work() {
+            tracing::info!(?report, "worker pass");
+        }
+        Ok(report)
+    }
+
+    /// Passes until `stop` turns true, pausing when a pass found nothing. A failed pass (the
+    /// database is away, say) is logged and tried again after the pause.
+    pub async fn run_until(&self, mut stop: watch::Receiver<bool>) {
+        let interval = Duration::from_millis(self.settings.interval_ms);
+        while !*stop.borrow() {
+            let busy = match self.run_once(&stop).await {
+                Ok(report) => report.found_work(),
+                Err(err) => {
+                    tracing::warn!(error = %format!("{err:#}"), "worker pass failed; trying again");
+                    false
+                }
+            };
+            if !busy {
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+        }
+        tracing::info!("worker stopped");
+    }
+
+    /// The completer.
+    pub async fn complete(
+        &self,
+        stop: &watch::Receiver<bool>,
+        report: &mut PassReport,
+    ) -> anyhow::Result<()> {
+        let window = Duration::from_secs(u64::from(self.settings.processor_window_hours) * 3600);
+        for _ in 0..MAX_BATCHES_PER_PASS {
+            if *stop.borrow() {
+                break;
+            }
+            let due = self
+                .engine
+                .take_due(self.settings.batch_size, self.settings.max_attempts, window)
+                .await?;
+            if due.is_empty() {
+                break;
+            }
+            let mut due = due.into_iter();
+            for item in due.by_ref() {
+                match item {
+                    Due::Flagged { .. } => report.flagged += 1,
+                    Due::Lease(lease) => {
+                        let key_id = lease.key_id();
+                        let span =
+                            tracing::info_span!("completer", key_id, operation = lease.operation());
+                        let outcome = tracing::Instrument::instrument(
+                            operations::resume(&self.ctx, lease),
+                            span,
+                        )
+                        .await;
+                        match outcome {
+                            Ok(answer) => {
+                                tracing::info!(
+                                    key_id,
+                                    status = answer.status,
+                                    "completer finished a key"
+                                );
+                                report.completed += 1;
+                            }
+                            Err(Interrupted::LeaseLost) => report.lost += 1,
+                            Err(Interrupted::Transient { .. }) => report.released += 1,
+                        }
+                    }
+                }
+                if *stop.borrow() {
+                    break;
+                }
+            }
+            // Asked to stop mid-batch: give back what was taken and not started.
+            for item in due {
+                if let Due::Lease(lease) = item {
+                    lease.release("worker stopping").await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The reaper.
+    pub async fn reap(
+        &self,
+        stop: &watch::Receiver<bool>,
+        report: &mut PassReport,
+    ) -> anyhow::Result<()> {
+        for _ in 0..MAX_BATCHES_PER_PASS {
+            if *stop.borrow() {
+                break;
+            }
+            let reaped = self.engine.reap(self.settings.batch_size, self.retention).await?;
+            report.reaped += reaped.deleted;
+            report.flagged += reaped.flagged;
+            if reaped.deleted < u64::from(self.settings.batch_size) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The job runner.
+    pub async fn run_jobs(
+        &self,
+        stop: &watch::Receiver<bool>,
+        report: &mut PassReport,
+    ) -> anyhow::Result<()> {
+        for _ in 0..MAX_BATCHES_PER_PASS {
+            if *stop.borrow() {
+                break;
+            }
+            let claimed = jobs::claim(&self.ctx.pool, self.settings.batch_size).await?;
+            if claimed.is_empty() {
+                break;
+            }
+            let mut claimed = claimed.into_iter();
+            for job in claimed.by_ref() {
+                let span = tracing::info_span!("job", job_id = job.id, kind = %job.kind, attempt = job.attempts);
+                let outcome = match job.kind.as_str() {
+                    "receipt" => {
+                        tracing::Instrument::instrument(
+                            jobs::send_receipt(&self.ctx.pool, self.mailer.as_ref(), &job.payload),
+                            span.clone(),
+                        )
+                        .await
+                    }
+                    other => Err(format!("unknown job kind `{other}`")),
+                };
+                match outcome {
+                    Ok(_) => {
+                        jobs::done(&self.ctx.pool, job.id).await?;
+                        report.jobs_done += 1;
+                    }
+                    Err(error) => {
+                        let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
+                            >= self.settings.job_max_attempts;
+                        let exponent =
+                            u32::try_from(job.attempts.saturating_sub(1)).unwrap_or(0).min(16);
+                        let delay = Duration::from_millis(self.settings.job_backoff_base_ms)
+                            .saturating_mul(1 << exponent);
+                        jobs::failed(&self.ctx.pool, job.id, &error, delay, dead).await?;
+                        if dead {
+                            tracing::error!(parent: &span, error, "job dead-lettered");
+                            report.jobs_dead += 1;
+                        } else {
+                            tracing::warn!(parent: &span, error, retry_in_ms = delay.as_millis() as u64, "job failed; will retry");
+                            report.jobs_retried += 1;
+                        }
+                    }
+                }
+                if *stop.borrow() {
+                    break;
+                }
+            }
+            // Jobs claimed and not started are released for the next worker.
+            for job in claimed {
+                jobs::failed(&self.ctx.pool, job.id, "worker stopping", Duration::ZERO, false)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}

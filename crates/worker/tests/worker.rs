@@ -1,0 +1,610 @@
+//! The worker against a real Postgres and the stand-in processor: the completer finishes what
+//! others abandoned, the reaper removes only what it may, and jobs run at least once and effect once.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use idem::{
+    Claim, ClaimRequest, Engine, Fingerprint, IdempotencyKey, NoObserver, Operation, RecoveryPoint,
+    RequestParts,
+};
+use payments_domain::operations::{
+    self, CancelParams, CancelPayment, CaptureParams, CapturePayment, Context, CreatePayment,
+    CreatePaymentParams, CreateRefundOp, RefundParams,
+};
+use payments_domain::payments::{CaptureMethod, CreatePaymentRequest};
+use payments_domain::refunds::CreateRefundRequest;
+use payments_settings::Settings;
+use payments_worker::jobs::{Mailer, Receipt};
+use payments_worker::{PassReport, Worker};
+use provider::sim::{FaultConfig, Simulator};
+use provider::{ProcessorClient, ProcessorConfig};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::sync::watch;
+
+/// Counts receipts; fails while `failures` is above zero.
+#[derive(Default)]
+struct CountingMailer {
+    sent: AtomicUsize,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl Mailer for CountingMailer {
+    fn send<'a>(&'a self, _receipt: &'a Receipt) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            if self.failing.load(Ordering::SeqCst) {
+                return Err("smtp server unreachable".into());
+            }
+            self.sent.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+}
+
+struct Harness {
+    pool: PgPool,
+    sim: String,
+    ctx: Context<ProcessorClient>,
+    engine: Engine,
+    settings: Settings,
+    mailer: Arc<CountingMailer>,
+    account: String,
+}
+
+async fn harness(pool: PgPool) -> Harness {
+    let simulator = Simulator::build("127.0.0.1:0", FaultConfig::default()).await.unwrap();
+    let sim = format!("http://127.0.0.1:{}", simulator.port());
+    tokio::spawn(simulator.run_until(std::future::pending()));
+    let settings = Settings::load_from([
+        ("PAYMENTS__PROCESSOR__BASE_URL".to_owned(), sim.clone()),
+        ("PAYMENTS__WORKER__JOB_MAX_ATTEMPTS".to_owned(), "3".to_owned()),
+    ])
+    .unwrap();
+    let processor = ProcessorClient::new(ProcessorConfig {
+        max_retries: 0,
+        ..settings.processor.client_config()
+    })
+    .unwrap();
+    let ctx = Context {
+        pool: pool.clone(),
+        processor: Arc::new(processor),
+        public_base_url: "http://test".into(),
+    };
+    let engine =
+        Engine::new(pool.clone(), settings.idempotency.engine_config(), Arc::new(NoObserver));
+    let (account, _, _) = payments_domain::accounts::create_account(&pool, "shop").await.unwrap();
+    Harness {
+        pool,
+        sim,
+        ctx,
+        engine,
+        settings,
+        mailer: Arc::default(),
+        account: account.id.to_string(),
+    }
+}
+
+impl Harness {
+    fn worker(&self) -> Worker<ProcessorClient> {
+        Worker::new(
+            self.pool.clone(),
+            self.ctx.processor.clone(),
+            "http://test".into(),
+            &self.settings,
+            self.mailer.clone(),
+        )
+    }
+
+    async fn pass(&self) -> PassReport {
+        let (_stop_tx, stop) = watch::channel(false);
+        self.worker().run_once(&stop).await.unwrap()
+    }
+
+    async fn claim(&self, key: &str, operation: &str, params: &Value) -> Claim {
+        let key = IdempotencyKey::parse(key.as_bytes()).unwrap();
+        let fingerprint = Fingerprint::of(&RequestParts {
+            method: "POST",
+            path: "/test",
+            query: "",
+            media_type: "application/json",
+            version: None,
+            body: params,
+        });
+        self.engine
+            .claim(&ClaimRequest {
+                account_id: &self.account,
+                key: &key,
+                fingerprint,
+                method: "POST",
+                path: "/test",
+                request_id: "req_test",
+                operation,
+                params,
+            })
+            .await
+            .unwrap()
+    }
+
+    /// Runs `op` under a new key up to `stop_at`, then walks away as a crashed process would.
+    async fn abandon<O: Operation>(
+        &self,
+        key: &str,
+        operation: &str,
+        params: &Value,
+        op: O,
+        stop_at: O::Point,
+    ) {
+        let Claim::Acquired(mut lease) = self.claim(key, operation, params).await else {
+            panic!("new key")
+        };
+        while lease.point::<O::Point>().unwrap() != stop_at {
+            let at = lease.point::<O::Point>().unwrap();
+            op.step(&mut lease, at).await.unwrap();
+        }
+        drop(lease);
+        sqlx::query("UPDATE idempotency_keys SET locked_until = now() - interval '1 second' WHERE idempotency_key = $1")
+            .bind(key)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    fn create_params(
+        &self,
+        capture_method: CaptureMethod,
+        email: Option<&str>,
+    ) -> CreatePaymentParams {
+        CreatePaymentParams {
+            account_id: self.account.clone(),
+            request: CreatePaymentRequest {
+                amount: 1000,
+                currency: "usd".into(),
+                payment_method: "pm_card_visa".into(),
+                capture_method,
+                description: None,
+                metadata: None,
+                receipt_email: email.map(str::to_owned),
+            },
+        }
+    }
+
+    /// A payment made in one go; returns its id.
+    async fn paid(&self, key: &str, capture_method: CaptureMethod) -> String {
+        let params = self.create_params(capture_method, None);
+        let Claim::Acquired(lease) = self
+            .claim(key, operations::CREATE_PAYMENT, &serde_json::to_value(&params).unwrap())
+            .await
+        else {
+            panic!("new key")
+        };
+        let answer =
+            idem::drive(&CreatePayment::new(self.ctx.clone(), params), lease).await.unwrap();
+        let body: Value = serde_json::from_slice(&answer.body).unwrap();
+        body["id"].as_str().unwrap().to_owned()
+    }
+
+    async fn stats(&self) -> Value {
+        reqwest::get(format!("{}/_sim/stats", self.sim)).await.unwrap().json().await.unwrap()
+    }
+
+    async fn key_row(&self, key: &str) -> (String, Option<i16>, bool) {
+        sqlx::query_as("SELECT recovery_point, response_status, needs_human_at IS NOT NULL FROM idempotency_keys WHERE idempotency_key = $1")
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// The key finished with `status`, and a client retry now replays exactly that answer.
+    async fn assert_finished_and_replayed(
+        &self,
+        key: &str,
+        operation: &str,
+        params: &Value,
+        status: i16,
+    ) {
+        assert_eq!(self.key_row(key).await, ("finished".into(), Some(status), false), "{key}");
+        let stored: Vec<u8> = sqlx::query_scalar(
+            "SELECT response_body FROM idempotency_keys WHERE idempotency_key = $1",
+        )
+        .bind(key)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap();
+        match self.claim(key, operation, params).await {
+            Claim::Replay(answer) => {
+                assert_eq!((answer.status as i16, answer.body), (status, stored))
+            }
+            other => panic!("expected a replay for {key}, got {other:?}"),
+        }
+    }
+}
+
+fn points<P: RecoveryPoint>(names: &[&str]) -> Vec<P> {
+    names.iter().map(|n| P::from_name(n).unwrap()).collect()
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_payment_abandoned_at_each_recovery_point_is_finished_with_one_charge(pool: PgPool) {
+    let h = harness(pool).await;
+    for (n, point) in points(&["started", "payment_created"]).into_iter().enumerate() {
+        let key = format!("create-{n}");
+        let params = h.create_params(CaptureMethod::Automatic, None);
+        let value = serde_json::to_value(&params).unwrap();
+        h.abandon(
+            &key,
+            operations::CREATE_PAYMENT,
+            &value,
+            CreatePayment::new(h.ctx.clone(), params),
+            point,
+        )
+        .await;
+        let report = h.pass().await;
+        assert_eq!(report.completed, 1, "{key}");
+        h.assert_finished_and_replayed(&key, operations::CREATE_PAYMENT, &value, 201).await;
+    }
+    assert_eq!(h.stats().await["charges_created"], 2, "one charge per payment");
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn captures_cancels_and_refunds_abandoned_at_each_point_are_finished_once(pool: PgPool) {
+    let h = harness(pool).await;
+    for (n, point) in points(&["started", "capture_started"]).into_iter().enumerate() {
+        let payment_id = h.paid(&format!("pay-c{n}"), CaptureMethod::Manual).await;
+        let params =
+            CaptureParams { account_id: h.account.clone(), payment_id, amount_to_capture: None };
+        let value = serde_json::to_value(&params).unwrap();
+        let key = format!("capture-{n}");
+        h.abandon(
+            &key,
+            operations::CAPTURE_PAYMENT,
+            &value,
+            CapturePayment::new(h.ctx.clone(), params),
+            point,
+        )
+        .await;
+        assert_eq!(h.pass().await.completed, 1);
+        h.assert_finished_and_replayed(&key, operations::CAPTURE_PAYMENT, &value, 200).await;
+    }
+    for (n, point) in points(&["started", "cancel_started"]).into_iter().enumerate() {
+        let payment_id = h.paid(&format!("pay-x{n}"), CaptureMethod::Manual).await;
+        let params =
+            CancelParams { account_id: h.account.clone(), payment_id, cancellation_reason: None };
+        let value = serde_json::to_value(&params).unwrap();
+        let key = format!("cancel-{n}");
+        h.abandon(
+            &key,
+            operations::CANCEL_PAYMENT,
+            &value,
+            CancelPayment::new(h.ctx.clone(), params),
+            point,
+        )
+        .await;
+        assert_eq!(h.pass().await.completed, 1);
+        h.assert_finished_and_replayed(&key, operations::CANCEL_PAYMENT, &value, 200).await;
+    }
+    for (n, point) in points(&["started", "refund_created"]).into_iter().enumerate() {
+        let payment_id = h.paid(&format!("pay-r{n}"), CaptureMethod::Automatic).await;
+        let request = CreateRefundRequest { amount: Some(400), ..CreateRefundRequest::default() };
+        let params = RefundParams { account_id: h.account.clone(), payment_id, request };
+        let value = serde_json::to_value(&params).unwrap();
+        let key = format!("refund-{n}");
+        h.abandon(
+            &key,
+            operations::CREATE_REFUND,
+            &value,
+            CreateRefundOp::new(h.ctx.clone(), params),
+            point,
+        )
+        .await;
+        assert_eq!(h.pass().await.completed, 1);
+        h.assert_finished_and_replayed(&key, operations::CREATE_REFUND, &value, 201).await;
+    }
+    let stats = h.stats().await;
+    assert_eq!(stats["captures"], 2);
+    assert_eq!(stats["refunds_created"], 4, "two releases for the cancels, two refunds");
+    let statuses: Vec<(String,)> =
+        sqlx::query_as("SELECT status FROM payments WHERE capture_method = 'manual' ORDER BY seq")
+            .fetch_all(&h.pool)
+            .await
+            .unwrap();
+    let statuses: Vec<&str> = statuses.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(statuses, ["succeeded", "succeeded", "canceled", "canceled"]);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn two_completers_racing_over_a_hundred_keys_process_each_once(pool: PgPool) {
+    let h = harness(pool).await;
+    for n in 0..100 {
+        let params = h.create_params(CaptureMethod::Automatic, None);
+        let value = serde_json::to_value(&params).unwrap();
+        let op = CreatePayment::new(h.ctx.clone(), params);
+        h.abandon(
+            &format!("k{n}"),
+            operations::CREATE_PAYMENT,
+            &value,
+            op,
+            operations::CreatePoint::Started,
+        )
+        .await;
+    }
+    let (a, b) = (h.worker(), h.worker());
+    let (_stop_tx, stop) = watch::channel(false);
+    let (ra, rb) = tokio::join!(a.run_once(&stop), b.run_once(&stop));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(ra.completed + rb.completed, 100, "{ra:?} {rb:?}");
+    assert_eq!(ra.lost + rb.lost, 0);
+    let unfinished: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE completed_at IS NULL")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!(unfinished, 0);
+    let charged: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE action = 'payment.charged'")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!(charged, 100, "each payment was charged by exactly one completer");
+    assert_eq!(h.stats().await["charges_created"], 100);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_key_past_the_processor_window_is_flagged_not_retried(pool: PgPool) {
+    let h = harness(pool).await;
+    let params = h.create_params(CaptureMethod::Automatic, None);
+    let value = serde_json::to_value(&params).unwrap();
+    let op = CreatePayment::new(h.ctx.clone(), params);
+    h.abandon(
+        "old",
+        operations::CREATE_PAYMENT,
+        &value,
+        op,
+        operations::CreatePoint::PaymentCreated,
+    )
+    .await;
+    sqlx::query("UPDATE idempotency_keys SET created_at = now() - interval '21 hours'")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+
+    let report = h.pass().await;
+    assert_eq!((report.completed, report.flagged), (0, 1));
+    assert_eq!(h.key_row("old").await, ("payment_created".into(), None, true));
+    assert_eq!(h.stats().await["requests"], 0, "the processor was never called");
+    assert!(matches!(h.claim("old", operations::CREATE_PAYMENT, &value).await, Claim::NeedsHuman));
+    assert_eq!(h.pass().await, PassReport::default(), "a flagged key is never taken again");
+    let stuck = idem::stuck_keys(&h.pool, 10).await.unwrap();
+    assert_eq!(stuck.len(), 1);
+    assert!(stuck[0].last_error.as_deref().unwrap().contains("idempotency window"));
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_key_that_keeps_failing_is_flagged_after_the_attempt_bound(pool: PgPool) {
+    let h = harness(pool).await;
+    let params = h.create_params(CaptureMethod::Automatic, None);
+    let value = serde_json::to_value(&params).unwrap();
+    let op = CreatePayment::new(h.ctx.clone(), params);
+    h.abandon(
+        "flaky",
+        operations::CREATE_PAYMENT,
+        &value,
+        op,
+        operations::CreatePoint::PaymentCreated,
+    )
+    .await;
+    sqlx::query("UPDATE idempotency_keys SET attempts = $1")
+        .bind(h.settings.worker.max_attempts as i32)
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    assert_eq!(h.pass().await.flagged, 1);
+    assert!(h.key_row("flaky").await.2);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn the_reaper_removes_only_completed_keys_past_retention_and_keeps_payments(pool: PgPool) {
+    let h = harness(pool).await;
+    let old_payment = h.paid("old-done", CaptureMethod::Automatic).await;
+    h.paid("new-done", CaptureMethod::Automatic).await;
+    let params = h.create_params(CaptureMethod::Automatic, None);
+    let value = serde_json::to_value(&params).unwrap();
+    let op = CreatePayment::new(h.ctx.clone(), params);
+    h.abandon(
+        "old-unfinished",
+        operations::CREATE_PAYMENT,
+        &value,
+        op,
+        operations::CreatePoint::Started,
+    )
+    .await;
+    sqlx::query("UPDATE idempotency_keys SET created_at = now() - interval '25 hours', needs_human_at = NULL WHERE idempotency_key LIKE 'old-%'")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    // Keep the completer off the unfinished one: this test is about the reaper alone.
+    sqlx::query("UPDATE idempotency_keys SET next_attempt_at = now() + interval '1 hour' WHERE idempotency_key = 'old-unfinished'")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+
+    let report = h.pass().await;
+    assert_eq!(report.reaped, 1);
+    let keys: Vec<(String,)> =
+        sqlx::query_as("SELECT idempotency_key FROM idempotency_keys ORDER BY idempotency_key")
+            .fetch_all(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        keys.iter().map(|k| k.0.as_str()).collect::<Vec<_>>(),
+        ["new-done", "old-unfinished"]
+    );
+    assert!(
+        h.key_row("old-unfinished").await.2,
+        "an unfinished key past retention is flagged, not deleted"
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM payments WHERE id = $1")
+        .bind(&old_payment)
+        .fetch_one(&h.pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "succeeded", "the payment outlives its key");
+    // A reuse of a reaped key is a new request.
+    assert!(matches!(
+        h.claim("old-done", operations::CREATE_PAYMENT, &json!({"other": 1})).await,
+        Claim::Acquired(_)
+    ));
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_failing_job_is_retried_then_dead_lettered(pool: PgPool) {
+    let h = harness(pool).await;
+    h.mailer.failing.store(true, Ordering::SeqCst);
+    let params = h.create_params(CaptureMethod::Automatic, Some("jo@example.com"));
+    let value = serde_json::to_value(&params).unwrap();
+    let Claim::Acquired(lease) = h.claim("with-receipt", operations::CREATE_PAYMENT, &value).await
+    else {
+        panic!()
+    };
+    idem::drive(&CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
+
+    let mut reports = Vec::new();
+    for _ in 0..3 {
+        reports.push(h.pass().await);
+        // Bring the retry forward instead of sleeping through the back-off.
+        sqlx::query("UPDATE jobs SET run_at = now()").execute(&h.pool).await.unwrap();
+    }
+    assert_eq!(
+        reports.iter().map(|r| (r.jobs_retried, r.jobs_dead)).collect::<Vec<_>>(),
+        [(1, 0), (1, 0), (0, 1)]
+    );
+    let (attempts, dead, error): (i32, bool, String) =
+        sqlx::query_as("SELECT attempts, dead_at IS NOT NULL, last_error FROM jobs")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!((attempts, dead, error.as_str()), (3, true, "smtp server unreachable"));
+    assert_eq!(h.pass().await.jobs_done, 0, "a dead job stays dead");
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_receipt_job_that_runs_twice_sends_one_receipt(pool: PgPool) {
+    let h = harness(pool).await;
+    let params = h.create_params(CaptureMethod::Automatic, Some("jo@example.com"));
+    let value = serde_json::to_value(&params).unwrap();
+    let Claim::Acquired(lease) = h.claim("with-receipt", operations::CREATE_PAYMENT, &value).await
+    else {
+        panic!()
+    };
+    idem::drive(&CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
+
+    assert_eq!(h.pass().await.jobs_done, 1);
+    // As if the worker had died after sending and before marking the job done.
+    sqlx::query("UPDATE jobs SET done_at = NULL, run_at = now()").execute(&h.pool).await.unwrap();
+    assert_eq!(h.pass().await.jobs_done, 1);
+    assert_eq!(h.mailer.sent.load(Ordering::SeqCst), 1);
+    let (receipts, body): (i64, String) =
+        sqlx::query_as("SELECT count(*) OVER (), body FROM receipts")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!(receipts, 1);
+    assert!(body.contains("10.00 USD"), "{body}");
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_stop_mid_pass_finishes_the_item_in_hand_and_gives_back_the_rest(pool: PgPool) {
+    let h = harness(pool).await;
+    for n in 0..5 {
+        let params = h.create_params(CaptureMethod::Automatic, None);
+        let value = serde_json::to_value(&params).unwrap();
+        let op = CreatePayment::new(h.ctx.clone(), params);
+        h.abandon(
+            &format!("k{n}"),
+            operations::CREATE_PAYMENT,
+            &value,
+            op,
+            operations::CreatePoint::Started,
+        )
+        .await;
+    }
+    reqwest::Client::new()
+        .put(format!("{}/_sim/faults", h.sim))
+        .json(&json!({"latency_ms": 300}))
+        .send()
+        .await
+        .unwrap();
+    let (stop_tx, stop) = watch::channel(false);
+    let worker = h.worker();
+    let pass = tokio::spawn(async move { worker.run_once(&stop).await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    stop_tx.send(true).unwrap();
+    let report = pass.await.unwrap().unwrap();
+    assert_eq!(report.completed, 1, "the item in hand was finished: {report:?}");
+    let (finished, leased): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE completed_at IS NOT NULL), count(*) FILTER (WHERE owner_token IS NOT NULL) FROM idempotency_keys",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert_eq!((finished, leased), (1, 0), "nothing is left leased to a stopped worker");
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn sigterm_mid_pass_exits_cleanly_without_losing_the_item(pool: PgPool) {
+    let h = harness(pool).await;
+    let params = h.create_params(CaptureMethod::Automatic, None);
+    let value = serde_json::to_value(&params).unwrap();
+    let op = CreatePayment::new(h.ctx.clone(), params);
+    h.abandon("k", operations::CREATE_PAYMENT, &value, op, operations::CreatePoint::PaymentCreated)
+        .await;
+    reqwest::Client::new()
+        .put(format!("{}/_sim/faults", h.sim))
+        .json(&json!({"latency_ms": 800}))
+        .send()
+        .await
+        .unwrap();
+
+    let options = h.pool.connect_options();
+    let url = format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap()
+    );
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments-worker"))
+        .env("DATABASE_URL", url)
+        .env("PAYMENTS__PROCESSOR__BASE_URL", &h.sim)
+        .env("PAYMENTS__LOG__FILTER", "warn")
+        .env_remove("RUST_LOG")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Wait until the worker is inside the processor call.
+    for _ in 0..100 {
+        if h.stats().await["requests"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(h.stats().await["requests"], 1);
+    let pid = child.id().unwrap().to_string();
+    let killed = tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("it exits")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        h.key_row("k").await,
+        ("finished".into(), Some(201), false),
+        "the item in hand was finished"
+    );
+    assert_eq!(h.stats().await["charges_created"], 1);
+}
