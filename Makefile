@@ -1,9 +1,10 @@
 # The two commands of the quick start are `make run` and `make test`; the rest are helpers.
-.PHONY: run test fmt lint db-up db-down sqlx-prepare clean-db help
+.PHONY: run test proof fmt lint db-up db-down sqlx-prepare help
 
 help:
 	@echo "make run           start Postgres (if needed), the API and friends, print a demo key"
 	@echo "make test          everything CI runs: fmt, clippy, offline build, all tests"
+	@echo "make proof         the fault matrix at a larger scale (PROOF_SCALE=5, PROOF_SEED=…)"
 	@echo "make fmt           format the code"
 	@echo "make sqlx-prepare  refresh .sqlx/ after changing a query (needs a migrated DATABASE_URL)"
 	@echo "make db-up|db-down start or stop the private Postgres cluster under target/"
@@ -13,6 +14,16 @@ run:
 
 test:
 	@scripts/test.sh
+
+# The fault matrix of tests/tests/proof.rs with more requests and another seed. `make test` runs
+# it at scale 1.
+PROOF_SCALE ?= 5
+PROOF_SEED ?= $(shell date +%s)
+proof:
+	SQLX_OFFLINE=true cargo build --workspace --all-targets
+	@eval "$$(scripts/postgres.sh up | sed 's/^/export /')" && \
+	  PROOF_SCALE=$(PROOF_SCALE) PROOF_SEED=$(PROOF_SEED) SQLX_OFFLINE=true \
+	  cargo test -p payments-tests --test proof -- --test-threads 2
 
 fmt:
 	cargo fmt --all

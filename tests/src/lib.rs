@@ -2,6 +2,7 @@
 //! client, and a TCP proxy that can cut the API off from Postgres.
 
 pub mod proxy;
+pub mod system;
 
 use std::sync::Once;
 

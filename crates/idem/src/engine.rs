@@ -612,7 +612,10 @@ pub async fn drive<O: Operation>(
             }
         };
         match operation.step(&mut lease, at).await {
-            Ok(()) => {}
+            Ok(()) => {
+                // Right after a phase committed: the crash tests stop the process here.
+                crate::failpoint(&format!("{}.after_phase.{}", lease.operation, lease.point)).await;
+            }
             Err(Interrupted::LeaseLost) => return Err(Interrupted::LeaseLost),
             Err(transient) => {
                 tracing::warn!(key_id = lease.key_id, recovery_point = at.name(), error = %transient, "operation interrupted; the key stays at its recovery point");

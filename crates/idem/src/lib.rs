@@ -110,6 +110,7 @@
 
 mod engine;
 mod error;
+pub mod failpoint;
 pub mod fingerprint;
 pub mod key;
 mod observe;
@@ -121,6 +122,7 @@ pub use engine::{
     Reaped, RecoveryPoint, STARTED, Step, TransientKind, boxed, drive,
 };
 pub use error::{IdemError, PhaseError, is_retryable};
+pub use failpoint::failpoint;
 pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError};
 pub use observe::{Event, NoObserver, Observer};

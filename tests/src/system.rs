@@ -1,0 +1,548 @@
+//! The system under proof: the real `payments-api`, `payments-worker` and `processor-sim`
+//! binaries as child processes on free ports against a fresh database, a client ledger of every
+//! answer, and the invariant checker.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::Notify;
+
+/// The seed of the processor's faults; `PROOF_SEED` changes it for longer local runs.
+pub fn seed() -> u64 {
+    std::env::var("PROOF_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(42)
+}
+
+/// A multiplier of request counts; `PROOF_SCALE` raises it for longer local runs (`make proof`).
+pub fn scale() -> usize {
+    std::env::var("PROOF_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1).max(1)
+}
+
+/// Where cargo put the binaries: next to the directory of this test executable.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().and_then(|deps| deps.parent()).map(PathBuf::from).unwrap_or_default();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace` first (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// The URL of the database a pool is connected to.
+pub fn database_url(pool: &PgPool) -> String {
+    let options = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default()
+    )
+}
+
+/// A child process whose standard error is collected line by line.
+#[derive(Debug)]
+pub struct Process {
+    child: Child,
+    /// `http://127.0.0.1:{port}`
+    pub url: String,
+    lines: Arc<Mutex<Vec<String>>>,
+    new_line: Arc<Notify>,
+}
+
+impl Process {
+    /// Starts `bin` with `args` and `env`, listening on `port`.
+    pub fn start(bin: &str, args: &[&str], env: &[(&str, String)], port: u16) -> Self {
+        let mut command = Command::new(binary(bin));
+        command
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(err) => panic!("cannot start {bin}: {err}"),
+        };
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let new_line = Arc::new(Notify::new());
+        if let Some(stderr) = child.stderr.take() {
+            let (lines, new_line, bin) = (lines.clone(), new_line.clone(), bin.to_owned());
+            tokio::spawn(async move {
+                let mut reader = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = reader.next_line().await {
+                    if std::env::var_os("TEST_LOG").is_some() {
+                        eprintln!("[{bin}] {line}");
+                    }
+                    lines.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line);
+                    new_line.notify_waiters();
+                }
+            });
+        }
+        Self { child, url: format!("http://127.0.0.1:{port}"), lines, new_line }
+    }
+
+    /// Waits until a line of standard error contains `needle`.
+    pub async fn wait_for(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.new_line.notified();
+            if self
+                .lines
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .any(|l| l.contains(needle))
+            {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Waits until `GET {url}{path}` answers 200.
+    pub async fn wait_ready(&self, path: &str) {
+        let http = reqwest::Client::new();
+        for _ in 0..200 {
+            if let Ok(response) = http.get(format!("{}{path}", self.url)).send().await
+                && response.status().is_success()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("{} never became ready: {:?}", self.url, self.lines.lock().map(|l| l.clone()));
+    }
+
+    /// SIGKILL: the process dies where it stands, as in a crash.
+    pub async fn kill9(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Waits for the process to exit.
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        self.child.wait().await
+    }
+}
+
+/// The answers to one (secret key, request) pair: status and body bytes.
+type Answers = HashMap<(String, String), Vec<(u16, Vec<u8>)>>;
+
+/// Every answer clients received, by (account key, idempotency key).
+#[derive(Debug, Default, Clone)]
+pub struct ClientLedger(Arc<Mutex<Answers>>);
+
+impl ClientLedger {
+    /// Records an answer.
+    pub fn record(&self, secret: &str, key: &str, status: u16, body: Vec<u8>) {
+        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.entry((secret.to_owned(), key.to_owned())).or_default().push((status, body));
+    }
+
+    /// Every status received, in no particular order.
+    pub fn statuses(&self) -> Vec<u16> {
+        let map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.values().flatten().map(|(status, _)| *status).collect()
+    }
+
+    fn snapshot(&self) -> Answers {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+/// A fresh database, the stand-in processor, and the means to start the other binaries.
+#[derive(Debug)]
+pub struct System {
+    /// The test database.
+    pub pool: PgPool,
+    /// Its URL, for the child processes.
+    pub db_url: String,
+    /// The stand-in processor.
+    pub sim: Process,
+    /// Every answer clients received.
+    pub ledger: ClientLedger,
+    /// A client without a timeout of its own.
+    pub http: reqwest::Client,
+}
+
+/// An account: its id and secret key.
+#[derive(Debug, Clone)]
+pub struct Account {
+    /// `acct_…`
+    pub id: String,
+    /// `sk_test_…`
+    pub secret: String,
+}
+
+impl System {
+    /// Starts the stand-in processor with a fresh state over `pool`'s database.
+    pub async fn start(pool: PgPool) -> Self {
+        let port = free_port();
+        let sim = Process::start(
+            "processor-sim",
+            &["--port", &port.to_string(), "--seed", &seed().to_string()],
+            &[],
+            port,
+        );
+        sim.wait_ready("/_sim/stats").await;
+        let db_url = database_url(&pool);
+        Self { pool, db_url, sim, ledger: ClientLedger::default(), http: reqwest::Client::new() }
+    }
+
+    fn common_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("DATABASE_URL", self.db_url.clone()),
+            ("PAYMENTS__PROCESSOR__BASE_URL", self.sim.url.clone()),
+            ("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "1000".into()),
+            ("PAYMENTS__PROCESSOR__MAX_RETRIES", "1".into()),
+            ("PAYMENTS__PROCESSOR__BACKOFF_BASE_MS", "5".into()),
+            ("PAYMENTS__PROCESSOR__BACKOFF_CAP_MS", "20".into()),
+            ("PAYMENTS__PROCESSOR__RETRY_AFTER_CAP_MS", "50".into()),
+            ("PAYMENTS__DATABASE__ACQUIRE_TIMEOUT_MS", "1000".into()),
+            ("PAYMENTS__LOG__FILTER", "warn".into()),
+        ]
+    }
+
+    /// Starts an API process with the given failpoints (`""` for none); waits until it serves.
+    pub async fn api(&self, failpoints: &str) -> Process {
+        let port = free_port();
+        let mut env = self.common_env();
+        env.push(("PAYMENTS__HTTP__PORT", port.to_string()));
+        env.push(("PAYMENTS_FAILPOINTS", failpoints.to_owned()));
+        let api = Process::start("payments-api", &["serve"], &env, port);
+        api.wait_ready("/readyz").await;
+        api
+    }
+
+    /// Runs one pass of the worker as its own process; returns how it exited.
+    pub async fn worker_once(&self) -> ExitStatus {
+        let mut worker = Process::start("payments-worker", &["--once"], &self.common_env(), 0);
+        match tokio::time::timeout(Duration::from_secs(60), worker.wait()).await {
+            Ok(Ok(status)) => status,
+            other => panic!("the worker did not finish: {other:?}"),
+        }
+    }
+
+    /// Creates an account directly in the database.
+    pub async fn account(&self, name: &str) -> Account {
+        match payments_domain::accounts::create_account(&self.pool, name).await {
+            Ok((account, _, secret)) => {
+                Account { id: account.id.to_string(), secret: secret.expose().to_owned() }
+            }
+            Err(err) => panic!("cannot create an account: {err}"),
+        }
+    }
+
+    /// Sets the processor's faults.
+    pub async fn faults(&self, faults: Value) {
+        let response =
+            self.http.put(format!("{}/_sim/faults", self.sim.url)).json(&faults).send().await;
+        assert!(
+            response.is_ok_and(|r| r.status().is_success()),
+            "the processor refused the faults"
+        );
+    }
+
+    /// Moves every live lease into the past, as if its holder had stalled that long.
+    pub async fn expire_leases(&self) {
+        let moved = sqlx::query(
+            "UPDATE idempotency_keys SET locked_until = now() - interval '1 second', next_attempt_at = now() \
+             WHERE locked_until IS NOT NULL",
+        )
+        .execute(&self.pool)
+        .await;
+        assert!(moved.is_ok(), "{moved:?}");
+    }
+
+    /// Makes every released key due for the completer now.
+    pub async fn make_due(&self) {
+        let moved = sqlx::query(
+            "UPDATE idempotency_keys SET next_attempt_at = now() WHERE completed_at IS NULL",
+        )
+        .execute(&self.pool)
+        .await;
+        assert!(moved.is_ok(), "{moved:?}");
+    }
+
+    /// Sends one POST, records the answer in the ledger, and returns it (`None` when the
+    /// connection failed or timed out: the client cannot know what happened).
+    pub async fn post(
+        &self,
+        api: &str,
+        account: &Account,
+        path: &str,
+        key: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Option<(u16, Vec<u8>)> {
+        let sent = self
+            .http
+            .post(format!("{api}{path}"))
+            .bearer_auth(&account.secret)
+            .header("idempotency-key", key)
+            .json(body)
+            .timeout(timeout)
+            .send()
+            .await
+            .ok()?;
+        let status = sent.status().as_u16();
+        let bytes = sent.bytes().await.ok()?.to_vec();
+        self.ledger.record(&account.secret, &format!("{path} {key}"), status, bytes.clone());
+        Some((status, bytes))
+    }
+
+    /// Sends a POST until it has a final answer (anything but 409, 429, 5xx or a broken
+    /// connection), as a well-behaved client does; gives up after `tries`.
+    pub async fn post_until_final(
+        &self,
+        api: &str,
+        account: &Account,
+        path: &str,
+        key: &str,
+        body: &Value,
+        tries: usize,
+    ) -> Option<(u16, Vec<u8>)> {
+        for attempt in 0..tries {
+            if let Some((status, bytes)) =
+                self.post(api, account, path, key, body, Duration::from_secs(10)).await
+                && is_final(status)
+            {
+                return Some((status, bytes));
+            }
+            tokio::time::sleep(Duration::from_millis(20 * (attempt as u64 + 1).min(10))).await;
+        }
+        None
+    }
+
+    /// Every status clients received.
+    pub fn ledger_statuses(&self) -> Vec<u16> {
+        self.ledger.statuses()
+    }
+
+    /// Every charge the processor holds, newest first.
+    pub async fn charges(&self) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut url = format!("{}/v1/charges?limit=100", self.sim.url);
+            if let Some(after) = &after {
+                url.push_str(&format!("&starting_after={after}"));
+            }
+            let page: Value = match self.http.get(url).bearer_auth("sk_test_proof").send().await {
+                Ok(response) => response.json().await.unwrap_or_default(),
+                Err(err) => panic!("cannot list charges: {err}"),
+            };
+            let data = page["data"].as_array().cloned().unwrap_or_default();
+            after = data.last().and_then(|c| c["id"].as_str()).map(str::to_owned);
+            all.extend(data);
+            if page["has_more"] != json!(true) {
+                return all;
+            }
+        }
+    }
+
+    /// The processor's counters.
+    pub async fn sim_stats(&self) -> Value {
+        match self.http.get(format!("{}/_sim/stats", self.sim.url)).send().await {
+            Ok(response) => response.json().await.unwrap_or_default(),
+            Err(err) => panic!("cannot read the processor's stats: {err}"),
+        }
+    }
+
+    /// Checks every invariant of the proof; `completer_ran` adds the ones that hold only after
+    /// the completer and the job runner had their turn. Panics with every violation found.
+    pub async fn check_invariants(&self, completer_ran: bool) -> InvariantReport {
+        let mut violations = Vec::new();
+        let charges = self.charges().await;
+        let payments: Vec<PaymentRow> = sqlx::query_as(
+            "SELECT id, account_id, status, amount_captured, amount_refunded, processor_charge_id, receipt_email FROM payments",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap_or_default();
+        let by_id: HashMap<&str, _> = payments.iter().map(|p| (p.0.as_str(), p)).collect();
+
+        // 1. Exactly one successful charge per payment, and it is the one the payment records.
+        let mut paid: HashMap<String, Vec<&Value>> = HashMap::new();
+        for charge in &charges {
+            let Some(payment_id) = charge["metadata"]["payment_id"].as_str() else {
+                violations.push(format!("charge {} has no payment_id", charge["id"]));
+                continue;
+            };
+            // 2b. Every charge the processor made belongs to a payment row.
+            if !by_id.contains_key(payment_id) {
+                violations
+                    .push(format!("charge {} belongs to no payment ({payment_id})", charge["id"]));
+            }
+            if charge["paid"] == json!(true) {
+                paid.entry(payment_id.to_owned()).or_default().push(charge);
+            }
+            // 4b. No over-refund at the processor.
+            if charge["amount_refunded"].as_i64() > charge["amount"].as_i64() {
+                violations.push(format!("charge {} refunded more than its amount", charge["id"]));
+            }
+        }
+        for (id, _, status, captured, refunded, charge_id, _) in &payments {
+            let made = paid.get(id.as_str()).map(Vec::len).unwrap_or(0);
+            let expected = match status.as_str() {
+                "succeeded" | "requires_capture" | "canceled" => 1,
+                "failed" => 0,
+                _ => made.min(1), // processing: at most one
+            };
+            if made != expected {
+                violations.push(format!("payment {id} ({status}) has {made} successful charges"));
+            }
+            if expected == 1 {
+                let recorded =
+                    paid.get(id.as_str()).and_then(|c| c.first()).and_then(|c| c["id"].as_str());
+                if recorded != charge_id.as_deref() {
+                    violations.push(format!(
+                        "payment {id} records charge {charge_id:?}, the processor made {recorded:?}"
+                    ));
+                }
+            }
+            // 4. No over-refund here.
+            if refunded > captured {
+                violations.push(format!("payment {id} refunded {refunded} of {captured}"));
+            }
+        }
+        let refunded_sums: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT payment_id, coalesce(sum(amount), 0)::bigint FROM refunds WHERE status = 'succeeded' GROUP BY payment_id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap_or_default();
+        for (payment_id, sum) in refunded_sums {
+            if let Some(p) = by_id.get(payment_id.as_str())
+                && sum > p.3
+            {
+                violations.push(format!(
+                    "refunds of {payment_id} add up to {sum}, more than the {} captured",
+                    p.3
+                ));
+            }
+        }
+
+        // 2 and 3. Same key, same answer; every 201 has its payment; 6. no cross-account leak.
+        let secrets: HashMap<String, String> =
+            sqlx::query_as::<_, (String, Vec<u8>)>("SELECT account_id, key_hash FROM api_keys")
+                .fetch_all(&self.pool)
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(account, hash)| (hash.iter().map(|b| format!("{b:02x}")).collect(), account))
+                .collect();
+        let mut answers = 0;
+        for ((secret, key), responses) in self.ledger.snapshot() {
+            let hash: String = payments_domain::accounts::key_digest(&secret)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let account = secrets.get(&hash).cloned().unwrap_or_default();
+            let finals: Vec<&(u16, Vec<u8>)> =
+                responses.iter().filter(|(s, _)| is_final(*s)).collect();
+            answers += finals.len();
+            if let Some(first) = finals.first()
+                && finals.iter().any(|r| r != first)
+            {
+                violations.push(format!("key {key} got different final answers"));
+            }
+            for (status, body) in &finals {
+                let text = String::from_utf8_lossy(body);
+                for id in ids_in(&text, "pay_") {
+                    match by_id.get(id.as_str()) {
+                        None if *status == 201 => violations
+                            .push(format!("a 201 names payment {id}, which does not exist")),
+                        Some(p) if p.1 != account => violations
+                            .push(format!("account {account} was shown payment {id} of {}", p.1)),
+                        _ => {}
+                    }
+                }
+            }
+        }
+
+        if completer_ran {
+            // 2c. Nothing is left unfinished unless a person has to look at it.
+            let unfinished: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM idempotency_keys WHERE completed_at IS NULL AND needs_human_at IS NULL",
+            )
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or(-1);
+            if unfinished != 0 {
+                violations.push(format!("{unfinished} keys are unfinished and not flagged"));
+            }
+            // 5. One receipt per payment that asked for one.
+            let receipts: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
+                "SELECT payment_id, count(*) FROM receipts GROUP BY payment_id",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+            for (id, _, status, _, _, _, email) in &payments {
+                let wanted = email.is_some() && status == "succeeded";
+                let got = receipts.get(id).copied().unwrap_or(0);
+                if wanted && got != 1 {
+                    violations.push(format!("payment {id} has {got} receipts"));
+                }
+            }
+        }
+        assert!(violations.is_empty(), "invariants violated:\n{}", violations.join("\n"));
+        InvariantReport { payments: payments.len(), charges: charges.len(), answers }
+    }
+}
+
+/// id, account, status, captured, refunded, charge, receipt email
+type PaymentRow = (String, String, String, i64, i64, Option<String>, Option<String>);
+
+/// What the checker looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvariantReport {
+    /// Payment rows.
+    pub payments: usize,
+    /// Charges at the processor.
+    pub charges: usize,
+    /// Final answers clients received.
+    pub answers: usize,
+}
+
+/// Whether a status is a final answer (stored and replayed) rather than "try again".
+pub fn is_final(status: u16) -> bool {
+    !(status == 409 || status == 429 || status >= 500)
+}
+
+fn ids_in(text: &str, prefix: &str) -> HashSet<String> {
+    text.match_indices(prefix)
+        .map(|(i, _)| {
+            text[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect::<String>()
+        })
+        .filter(|id| id.len() > prefix.len() + 8)
+        .collect()
+}

@@ -1,0 +1,511 @@
+//! The fault matrix: the real binaries as separate processes against a real Postgres, faults
+//! injected, and the invariants of the proof checked after every scenario.
+//!
+//! Counts are small so that `make test` stays fast; `PROOF_SCALE` and `PROOF_SEED` make longer,
+//! different runs (`make proof`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use payments_tests::system::{Account, System, scale, seed};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recovery {
+    /// The client retries with the same key (after the dead holder's lease expired).
+    ClientRetry,
+    /// The completer finishes it; the client's retry then gets the stored answer.
+    Completer,
+}
+
+fn payment_body(capture_method: &str) -> Value {
+    json!({"amount": 1000, "currency": "usd", "payment_method": "pm_card_visa",
+           "capture_method": capture_method, "receipt_email": "buyer@example.com"})
+}
+
+/// A payment made through a healthy API; returns its id.
+async fn payment(
+    sys: &System,
+    api: &str,
+    account: &Account,
+    key: &str,
+    capture_method: &str,
+) -> String {
+    let (status, body) = sys
+        .post_until_final(api, account, "/v1/payments", key, &payment_body(capture_method), 20)
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    serde_json::from_slice::<Value>(&body).unwrap()["id"].as_str().unwrap().to_owned()
+}
+
+/// Sends a request to an API that stops at `failpoint`, kills it there with SIGKILL, and then
+/// recovers the key the chosen way; returns the final answer's status.
+/// One request as a client sends it.
+struct Request<'a> {
+    path: &'a str,
+    key: &'a str,
+    body: &'a Value,
+}
+
+async fn crash_and_recover(
+    sys: &System,
+    healthy_api: &str,
+    account: &Account,
+    request: &Request<'_>,
+    failpoint: &str,
+    recovery: Recovery,
+) -> u16 {
+    let Request { path, key, body } = *request;
+    let mut doomed = sys.api(&format!("{failpoint}=pause")).await;
+    let pending = {
+        let (url, account, path, key, body) =
+            (doomed.url.clone(), account.clone(), path.to_owned(), key.to_owned(), body.clone());
+        let http = sys.http.clone();
+        tokio::spawn(async move {
+            http.post(format!("{url}{path}"))
+                .bearer_auth(&account.secret)
+                .header("idempotency-key", key)
+                .json(&body)
+                .timeout(Duration::from_secs(20))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    assert!(
+        doomed.wait_for(&format!("FAILPOINT {failpoint}"), Duration::from_secs(20)).await,
+        "{failpoint} was never reached"
+    );
+    doomed.kill9().await;
+    assert!(pending.await.unwrap().is_err(), "the client of a killed process gets no answer");
+
+    // Time passes: the dead holder's lease runs out.
+    sys.expire_leases().await;
+    if recovery == Recovery::Completer {
+        assert!(sys.worker_once().await.success());
+        let finished: bool = sqlx::query_scalar(
+            "SELECT completed_at IS NOT NULL FROM idempotency_keys WHERE idempotency_key = $1",
+        )
+        .bind(key)
+        .fetch_one(&sys.pool)
+        .await
+        .unwrap();
+        assert!(finished, "the completer finished {key} after a crash at {failpoint}");
+    }
+    let (status, _) =
+        sys.post_until_final(healthy_api, account, path, key, body, 30).await.unwrap();
+    status
+}
+
+async fn crash_matrix(pool: PgPool, operation: &str, recovery: Recovery) {
+    let sys = System::start(pool).await;
+    let api = sys.api("").await;
+    let account = sys.account("crash").await;
+    let (first_point, points) = match operation {
+        "payments.create" => ("payment_created", 201),
+        "payments.capture" => ("capture_started", 200),
+        "payments.cancel" => ("cancel_started", 200),
+        "refunds.create" => ("refund_created", 201),
+        other => panic!("{other}"),
+    };
+    let failpoints = [
+        format!("{operation}.after_phase.{first_point}"),
+        format!("{operation}.before_call"),
+        format!("{operation}.after_call"),
+        format!("{operation}.after_phase.finished"),
+    ];
+    for (n, failpoint) in failpoints.iter().enumerate() {
+        let key = format!("{operation}-{n}");
+        let (path, body) = match operation {
+            "payments.create" => ("/v1/payments".to_owned(), payment_body("automatic")),
+            "payments.capture" => {
+                let id = payment(&sys, &api.url, &account, &format!("setup-{n}"), "manual").await;
+                (format!("/v1/payments/{id}/capture"), json!({"amount_to_capture": 700}))
+            }
+            "payments.cancel" => {
+                let id = payment(&sys, &api.url, &account, &format!("setup-{n}"), "manual").await;
+                (format!("/v1/payments/{id}/cancel"), json!({}))
+            }
+            _ => {
+                let id =
+                    payment(&sys, &api.url, &account, &format!("setup-{n}"), "automatic").await;
+                (format!("/v1/payments/{id}/refunds"), json!({"amount": 400}))
+            }
+        };
+        let status = crash_and_recover(
+            &sys,
+            &api.url,
+            &account,
+            &Request { path: &path, key: &key, body: &body },
+            failpoint,
+            recovery,
+        )
+        .await;
+        assert_eq!(status, points, "{failpoint}");
+    }
+    // The job runner sends the receipts; then everything must hold.
+    sys.make_due().await;
+    assert!(sys.worker_once().await.success());
+    let report = sys.check_invariants(true).await;
+    assert!(report.payments >= failpoints.len());
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_create_killed_at_every_failpoint_is_finished_by_the_client_retry(pool: PgPool) {
+    crash_matrix(pool, "payments.create", Recovery::ClientRetry).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_create_killed_at_every_failpoint_is_finished_by_the_completer(pool: PgPool) {
+    crash_matrix(pool, "payments.create", Recovery::Completer).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_capture_killed_at_every_failpoint_is_finished_by_the_client_retry(pool: PgPool) {
+    crash_matrix(pool, "payments.capture", Recovery::ClientRetry).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_capture_killed_at_every_failpoint_is_finished_by_the_completer(pool: PgPool) {
+    crash_matrix(pool, "payments.capture", Recovery::Completer).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_cancel_killed_at_every_failpoint_is_finished_by_the_client_retry(pool: PgPool) {
+    crash_matrix(pool, "payments.cancel", Recovery::ClientRetry).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_cancel_killed_at_every_failpoint_is_finished_by_the_completer(pool: PgPool) {
+    crash_matrix(pool, "payments.cancel", Recovery::Completer).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_refund_killed_at_every_failpoint_is_finished_by_the_client_retry(pool: PgPool) {
+    crash_matrix(pool, "refunds.create", Recovery::ClientRetry).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_refund_killed_at_every_failpoint_is_finished_by_the_completer(pool: PgPool) {
+    crash_matrix(pool, "refunds.create", Recovery::Completer).await;
+}
+
+/// Clients that retry with the same key until they have a final answer.
+async fn load(
+    sys: &Arc<System>,
+    apis: &[String],
+    accounts: &[Account],
+    clients: usize,
+    per_client: usize,
+    timeout: Duration,
+) {
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (sys, apis, account) =
+            (sys.clone(), apis.to_vec(), accounts[c % accounts.len()].clone());
+        tasks.push(tokio::spawn(async move {
+            for n in 0..per_client {
+                let key = format!("client{c}-payment{n}");
+                let body = json!({"amount": 100 + n, "currency": "usd", "payment_method": "pm_card_visa",
+                                  "receipt_email": "buyer@example.com"});
+                for attempt in 0..40 {
+                    let api = &apis[(c + attempt) % apis.len()];
+                    if let Some((status, _)) = sys.post(api, &account, "/v1/payments", &key, &body, timeout).await
+                        && payments_tests::system::is_final(status)
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+async fn finish_and_check(sys: &System) -> payments_tests::system::InvariantReport {
+    sys.faults(json!({})).await;
+    sys.expire_leases().await;
+    sys.make_due().await;
+    assert!(sys.worker_once().await.success());
+    sys.check_invariants(true).await
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn lost_processor_responses_never_charge_twice(pool: PgPool) {
+    let sys = Arc::new(System::start(pool).await);
+    sys.faults(json!({"seed": seed(), "lost_response_rate": 0.3})).await;
+    let api = sys.api("").await;
+    let accounts = [sys.account("a").await, sys.account("b").await];
+    load(&sys, std::slice::from_ref(&api.url), &accounts, 4, 5 * scale(), Duration::from_secs(10))
+        .await;
+    assert!(sys.sim_stats().await["faults_injected"].as_u64().unwrap() > 0, "faults were injected");
+    let report = finish_and_check(&sys).await;
+    assert_eq!(report.payments, 20 * scale());
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn processor_errors_rate_limits_timeouts_and_slow_answers_never_charge_twice(pool: PgPool) {
+    let sys = Arc::new(System::start(pool).await);
+    sys.faults(
+        json!({"seed": seed(), "error_rate": 0.15, "rate_limit_rate": 0.1, "drop_rate": 0.1,
+                      "latency_ms": 5, "jitter_ms": 20}),
+    )
+    .await;
+    let api = sys.api("").await;
+    let accounts = [sys.account("a").await];
+    load(&sys, std::slice::from_ref(&api.url), &accounts, 4, 5 * scale(), Duration::from_secs(10))
+        .await;
+    assert!(sys.sim_stats().await["faults_injected"].as_u64().unwrap() > 0);
+    finish_and_check(&sys).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_slow_holder_that_lost_its_lease_is_fenced_off(pool: PgPool) {
+    let sys = System::start(pool).await;
+    let account = sys.account("race").await;
+    // The first holder stalls for 1.5 s right after the charge, before recording it.
+    let slow = sys.api("payments.create.after_call=sleep(1500)").await;
+    let body = payment_body("automatic");
+    let first = {
+        let (url, account, body, http) =
+            (slow.url.clone(), account.clone(), body.clone(), sys.http.clone());
+        tokio::spawn(async move {
+            let response = http
+                .post(format!("{url}/v1/payments"))
+                .bearer_auth(&account.secret)
+                .header("idempotency-key", "race")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (response.status().as_u16(), response.bytes().await.unwrap().to_vec())
+        })
+    };
+    assert!(slow.wait_for("FAILPOINT payments.create.after_call", Duration::from_secs(10)).await);
+    // Its lease runs out while it stalls; a retry on another process takes the key over.
+    sys.expire_leases().await;
+    let fast = sys.api("").await;
+    let (status, winner) =
+        sys.post_until_final(&fast.url, &account, "/v1/payments", "race", &body, 10).await.unwrap();
+    assert_eq!(status, 201);
+
+    let (late_status, _) = first.await.unwrap();
+    assert_eq!(late_status, 409, "the late holder's commit was refused by the fence");
+    let stored: Vec<u8> = sqlx::query_scalar("SELECT response_body FROM idempotency_keys")
+        .fetch_one(&sys.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, winner, "the stored answer is the new holder's");
+    let audit: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE action = 'payment.charged'")
+            .fetch_one(&sys.pool)
+            .await
+            .unwrap();
+    assert_eq!(audit, 1, "the late phase left nothing behind");
+    assert_eq!(sys.sim_stats().await["charges_created"], 1);
+    sys.check_invariants(false).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn duplicate_storms_across_two_api_processes_make_one_payment_per_key(pool: PgPool) {
+    let sys = Arc::new(System::start(pool).await);
+    let (a, b) = (sys.api("").await, sys.api("").await);
+    let account = sys.account("storm").await;
+    let keys = 5 * scale();
+    let mut tasks = Vec::new();
+    for k in 0..keys {
+        for r in 0..10 {
+            let (sys, url, account) = (
+                sys.clone(),
+                if r % 2 == 0 { a.url.clone() } else { b.url.clone() },
+                account.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let body =
+                    json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
+                sys.post_until_final(
+                    &url,
+                    &account,
+                    "/v1/payments",
+                    &format!("storm-{k}"),
+                    &body,
+                    50,
+                )
+                .await
+            }));
+        }
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap().map(|(s, _)| s), Some(201));
+    }
+    let report = sys.check_invariants(false).await;
+    assert_eq!(report.payments, keys);
+    assert_eq!(sys.sim_stats().await["charges_created"], keys as u64);
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn two_workers_at_once_finish_every_abandoned_key_once(pool: PgPool) {
+    let sys = Arc::new(System::start(pool).await);
+    let account = sys.account("abandoned").await;
+    // An API that stops every payment right before the processor call, then dies.
+    let mut doomed = sys.api("payments.create.before_call=pause").await;
+    let count = 10 * scale();
+    for n in 0..count {
+        let (sys, url, account) = (sys.clone(), doomed.url.clone(), account.clone());
+        tokio::spawn(async move {
+            sys.post(
+                &url,
+                &account,
+                "/v1/payments",
+                &format!("k{n}"),
+                &payment_body("automatic"),
+                Duration::from_secs(30),
+            )
+            .await
+        });
+    }
+    for _ in 0..200 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM idempotency_keys WHERE recovery_point = 'payment_created'",
+        )
+        .fetch_one(&sys.pool)
+        .await
+        .unwrap();
+        if waiting == count as i64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    doomed.kill9().await;
+    sys.expire_leases().await;
+    let (one, two) = tokio::join!(sys.worker_once(), sys.worker_once());
+    assert!(one.success() && two.success());
+    let report = sys.check_invariants(true).await;
+    assert_eq!(report.payments, count);
+    assert_eq!(sys.sim_stats().await["charges_created"], count as u64);
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn clients_that_hang_up_still_get_their_payment(pool: PgPool) {
+    let sys = Arc::new(System::start(pool).await);
+    sys.faults(json!({"latency_ms": 400})).await;
+    let api = sys.api("").await;
+    let account = sys.account("impatient").await;
+    let count = 5 * scale();
+    for n in 0..count {
+        let gone = sys
+            .post(
+                &api.url,
+                &account,
+                "/v1/payments",
+                &format!("k{n}"),
+                &payment_body("automatic"),
+                Duration::from_millis(100),
+            )
+            .await;
+        assert!(gone.is_none(), "the client hung up before the answer");
+    }
+    // The work goes on without the clients; their retries find it done.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    sys.faults(json!({})).await;
+    for n in 0..count {
+        let response = sys
+            .http
+            .post(format!("{}/v1/payments", api.url))
+            .bearer_auth(&account.secret)
+            .header("idempotency-key", format!("k{n}"))
+            .json(&payment_body("automatic"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        assert_eq!(
+            response.headers()["idempotent-replayed"],
+            "true",
+            "finished while nobody was listening"
+        );
+    }
+    assert_eq!(sys.sim_stats().await["charges_created"], count as u64);
+    finish_and_check(&sys).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_database_outage_under_load_is_survived_and_loses_nothing(pool: PgPool) {
+    let sys = Arc::new(System::start(pool).await);
+    let api = sys.api("").await;
+    let accounts = [sys.account("a").await];
+    let database = sys.db_url.rsplit('/').next().unwrap().to_owned();
+    let outage = {
+        let sys = sys.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            // The database goes away: no new connections, and every open one is cut.
+            let admin =
+                sqlx::PgPool::connect(&sys.db_url.replace(&format!("/{database}"), "/postgres"))
+                    .await
+                    .unwrap();
+            sqlx::query(&format!("ALTER DATABASE \"{database}\" ALLOW_CONNECTIONS false"))
+                .execute(&admin)
+                .await
+                .unwrap();
+            sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()")
+                .bind(&database)
+                .execute(&admin)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            sqlx::query(&format!("ALTER DATABASE \"{database}\" ALLOW_CONNECTIONS true"))
+                .execute(&admin)
+                .await
+                .unwrap();
+        })
+    };
+    load(&sys, std::slice::from_ref(&api.url), &accounts, 4, 5 * scale(), Duration::from_secs(10))
+        .await;
+    outage.await.unwrap();
+    let statuses: Vec<u16> = sys.ledger_statuses();
+    assert!(
+        statuses.iter().all(|s| [201, 500, 503].contains(s)),
+        "only 201, 500 or 503: {statuses:?}"
+    );
+    let ready = sys.http.get(format!("{}/readyz", api.url)).send().await.unwrap();
+    assert_eq!(ready.status(), 200, "the API recovered by itself");
+    finish_and_check(&sys).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn the_invariant_checker_catches_a_second_charge(pool: PgPool) {
+    let sys = Arc::new(System::start(pool).await);
+    let api = sys.api("").await;
+    let account = sys.account("victim").await;
+    let id = payment(&sys, &api.url, &account, "k", "automatic").await;
+    sys.check_invariants(false).await;
+
+    // A second charge for the same payment, made behind the system's back.
+    sys.http
+        .post(format!("{}/v1/charges", sys.sim.url))
+        .bearer_auth("sk_test_intruder")
+        .header("idempotency-key", "double")
+        .form(&[
+            ("amount", "1000"),
+            ("currency", "usd"),
+            ("source", "pm_card_visa"),
+            ("metadata[payment_id]", id.as_str()),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let checked = tokio::spawn({
+        let sys = sys.clone();
+        async move { sys.check_invariants(false).await }
+    });
+    let panic = checked.await.unwrap_err().into_panic();
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains("has 2 successful charges"), "a double charge is caught: {message}");
+}
