@@ -183,6 +183,22 @@ mod tests {
     }
 
     proptest! {
+        /// A fuzz corpus in the small: any bytes a client may send as a body either fail to parse
+        /// or fingerprint without panicking, deterministically.
+        #[test]
+        fn any_body_bytes_fingerprint_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
+                prop_assert_eq!(base(&value), base(&value));
+            }
+        }
+
+        #[test]
+        fn any_json_text_fingerprints_without_panicking(text in "[\\[\\]{}:,\"0-9a-z.eE+ -]{0,64}") {
+            if let Ok(value) = serde_json::from_str::<Value>(&text) {
+                prop_assert_eq!(base(&value), base(&value));
+            }
+        }
+
         #[test]
         fn reordering_members_or_reformatting_never_changes_it(value in json_value()) {
             let reparsed: Value = serde_json::from_str(&reformat(&value)).unwrap();
