@@ -13,7 +13,7 @@ use axum::Router;
 use axum::extract::OriginalUri;
 use axum::http::Method;
 use axum::routing::{get, post};
-use idem::{Engine, NoObserver};
+use idem::Engine;
 use payments_domain::operations::Context;
 use provider::ProcessorClient;
 use sqlx::PgPool;
@@ -38,6 +38,8 @@ pub struct AppState {
     pub runner: Runner,
     /// What the payment operations need: the pool, the processor, the public base URL.
     pub operations: Context<ProcessorClient>,
+    /// Per-account request rates; `None` when off.
+    pub rate_limiter: Option<Arc<crate::auth::AccountLimiter>>,
 }
 
 /// A bound, not yet serving, API server.
@@ -70,9 +72,14 @@ impl Application {
             body_limit_bytes: settings.http.body_limit_bytes,
         };
         let shutdown_grace = Duration::from_millis(settings.http.shutdown_grace_ms);
+        // Install the metrics recorder before anything records.
+        let _ = payments_settings::telemetry::metrics();
         let tasks = TaskTracker::new();
-        let engine =
-            Engine::new(pool.clone(), settings.idempotency.engine_config(), Arc::new(NoObserver));
+        let engine = Engine::new(
+            pool.clone(),
+            settings.idempotency.engine_config(),
+            Arc::new(crate::metrics::IdemMetrics),
+        );
         let runner = Runner::new(engine, tasks.clone());
         let processor = ProcessorClient::new(settings.processor.client_config())?;
         let operations = Context {
@@ -80,7 +87,9 @@ impl Application {
             processor: Arc::new(processor),
             public_base_url: edge.public_base_url.clone(),
         };
-        let state = AppState { pool, settings: Arc::new(settings), runner, operations };
+        let rate_limiter = crate::auth::rate_limiter(&settings.rate_limit);
+        let state =
+            AppState { pool, settings: Arc::new(settings), runner, operations, rate_limiter };
         let router = edge::wrap(router(state), edge);
         Ok(Self { listener, router, shutdown_grace, tasks })
     }
@@ -148,6 +157,7 @@ fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(routes::health::healthz))
         .route("/readyz", get(routes::health::readyz))
+        .route("/metrics", get(crate::metrics::render))
         .route("/problems/{code}", get(routes::problems::show))
         .route("/v1/payments", get(routes::payments::list).post(routes::payments::create))
         .route("/v1/payments/{id}", get(routes::payments::retrieve).patch(routes::payments::update))
@@ -158,6 +168,7 @@ fn router(state: AppState) -> Router {
             get(routes::refunds::list).post(routes::refunds::create),
         )
         .route("/v1/refunds/{id}", get(routes::refunds::retrieve))
+        .route_layer(axum::middleware::from_fn(crate::metrics::track))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

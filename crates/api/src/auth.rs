@@ -4,16 +4,33 @@
 //! or revoked is `401 invalid_api_key`. A key that does not even look like one of ours is refused
 //! without a database round trip.
 
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use governor::Quota;
+use governor::clock::DefaultClock;
 use payments_domain::AccountId;
 use payments_domain::accounts::{self, SECRET_KEY_PREFIX};
 
 use crate::app::AppState;
 use crate::error::{ApiError, ProblemCode};
+
+/// Request rates, per account.
+pub type AccountLimiter = governor::DefaultKeyedRateLimiter<String>;
+
+/// The limiter the settings describe, or `None` when the limit is off.
+pub fn rate_limiter(
+    settings: &payments_settings::RateLimitSettings,
+) -> Option<Arc<AccountLimiter>> {
+    let per_second = NonZeroU32::new(settings.per_second)?;
+    let burst = NonZeroU32::new(settings.burst).unwrap_or(per_second);
+    Some(Arc::new(governor::RateLimiter::keyed(Quota::per_second(per_second).allow_burst(burst))))
+}
 
 /// The account a request acts for.
 #[derive(Debug, Clone)]
@@ -30,6 +47,26 @@ impl FromRequestParts<AppState> for Authenticated {
         let account =
             accounts::authenticate(&state.pool, &presented).await?.ok_or_else(invalid_api_key)?;
         tracing::Span::current().record("account_id", account.as_str());
+        if let Some(limiter) = &state.rate_limiter
+            && limiter.len() > 100_000
+        {
+            // Forget accounts that have been quiet long enough to have their full burst again.
+            limiter.retain_recent();
+        }
+        if let Some(limiter) = &state.rate_limiter
+            && let Err(not_until) = limiter.check_key(&account.to_string())
+        {
+            let wait =
+                not_until.wait_time_from(governor::clock::Clock::now(&DefaultClock::default()));
+            metrics::counter!("rate_limited_total").increment(1);
+            let seconds = u32::try_from(wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
+                .unwrap_or(u32::MAX);
+            return Err(ApiError::new(
+                ProblemCode::RateLimited,
+                "This account is sending requests faster than its rate limit. Retry after the number of seconds in Retry-After, with the same Idempotency-Key.",
+            )
+            .with_retry_after(seconds));
+        }
         Ok(Self(account))
     }
 }

@@ -81,6 +81,12 @@ impl ApiError {
         self
     }
 
+    /// Sets `Retry-After`, in whole seconds.
+    pub fn with_retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after_seconds = Some(seconds.max(1));
+        self
+    }
+
     /// Adds a response header.
     pub fn with_header(mut self, name: header::HeaderName, value: HeaderValue) -> Self {
         self.headers.push((name, value));

@@ -11,6 +11,7 @@ pub mod edge;
 pub mod error;
 pub mod extract;
 pub mod idempotency;
+pub mod metrics;
 pub mod routes;
 pub use payments_settings as settings;
 pub use payments_settings::telemetry;

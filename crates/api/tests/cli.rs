@@ -101,3 +101,49 @@ async fn migrate_creates_a_missing_database_and_is_idempotent(pool: PgPool) {
     assert_eq!(tables, 1);
     sqlx::query(&format!("DROP DATABASE {fresh} WITH (FORCE)")).execute(&pool).await.unwrap();
 }
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn json_logs_carry_the_request_and_account_ids_and_never_the_key(pool: PgPool) {
+    let url = database_url(&pool);
+    let (account, _, secret) =
+        payments_domain::accounts::create_account(&pool, "shop").await.unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let server = Command::new(env!("CARGO_BIN_EXE_payments-api"))
+        .arg("serve")
+        .env("DATABASE_URL", &url)
+        .env("PAYMENTS__HTTP__PORT", port.to_string())
+        .env("PAYMENTS__LOG__FORMAT", "json")
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = reqwest::Client::new();
+    let mut answered = None;
+    for _ in 0..100 {
+        if let Ok(response) = http
+            .get(format!("http://127.0.0.1:{port}/v1/payments"))
+            .bearer_auth(secret.expose())
+            .send()
+            .await
+        {
+            answered = Some(response.headers()["request-id"].to_str().unwrap().to_owned());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let request_id = answered.expect("the server answered");
+    let pid = server.id().unwrap().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().await.unwrap();
+    let output = server.wait_with_output().await.unwrap();
+    let logs = String::from_utf8(output.stderr).unwrap();
+    let line = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["message"] == "answered")
+        .expect("an access log line in JSON");
+    assert_eq!(line["span"]["request_id"], request_id.as_str());
+    assert_eq!(line["span"]["account_id"], account.id.as_str());
+    assert!(!logs.contains(&secret.expose()[8..]), "the secret key never reaches a log");
+    assert!(!logs.to_lowercase().contains("bearer"), "nor does the Authorization header");
+}

@@ -202,7 +202,19 @@ impl ProcessorClient {
         loop {
             let started = std::time::Instant::now();
             let (result, retry_after) = self.call_once(method.clone(), path, form, key).await;
-            let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+            let elapsed = started.elapsed().as_secs_f64();
+            let elapsed_ms = elapsed * 1000.0;
+            let outcome = match &result {
+                Ok(_) => "ok",
+                Err(err) => match err.class() {
+                    ErrorClass::Final => "final",
+                    ErrorClass::Transient => "transient",
+                    ErrorClass::UnknownOutcome => "unknown_outcome",
+                },
+            };
+            metrics::counter!("processor_calls_total", "path" => metric_path(path), "outcome" => outcome).increment(1);
+            metrics::histogram!("processor_call_duration_seconds", "path" => metric_path(path))
+                .record(elapsed);
             match result {
                 Ok(value) => {
                     tracing::debug!(%method, path, key = key.map(DownstreamKey::as_str), retries, elapsed_ms, "processor call succeeded");
@@ -279,6 +291,16 @@ impl ProcessorClient {
             return (parsed, retry_after);
         }
         (Err(status_error(status, &body)), retry_after)
+    }
+}
+
+/// A path without ids, as a metric label.
+fn metric_path(path: &str) -> &'static str {
+    match path {
+        "/v1/charges" => "/v1/charges",
+        "/v1/refunds" => "/v1/refunds",
+        p if p.ends_with("/capture") => "/v1/charges/{id}/capture",
+        _ => "/v1/charges/{id}",
     }
 }
 

@@ -27,6 +27,8 @@ pub struct Settings {
     pub http: HttpSettings,
     /// The Postgres connection pool.
     pub database: DatabaseSettings,
+    /// Per-account request rates.
+    pub rate_limit: RateLimitSettings,
     /// The idempotency engine.
     pub idempotency: IdempotencySettings,
     /// The card processor.
@@ -51,6 +53,16 @@ pub struct HttpSettings {
     pub body_limit_bytes: usize,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
+}
+
+/// `[rate_limit]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSettings {
+    /// Sustained requests per second per account; 0 turns the limit off.
+    pub per_second: u32,
+    /// Requests an account may make at once.
+    pub burst: u32,
 }
 
 /// `[database]`
@@ -156,6 +168,8 @@ pub struct WorkerSettings {
     pub smtp_url: String,
     /// The sender of receipts.
     pub receipt_from: String,
+    /// The worker's own `/metrics` port on 127.0.0.1; 0 turns it off.
+    pub metrics_port: u16,
 }
 
 /// `[log]`
@@ -243,6 +257,12 @@ impl Settings {
         }
         if self.database.acquire_timeout_ms == 0 {
             return Err(invalid("database.acquire_timeout_ms", "must be at least 1".into()));
+        }
+        if self.rate_limit.per_second > 0 && self.rate_limit.burst == 0 {
+            return Err(invalid(
+                "rate_limit.burst",
+                "must be at least 1 when a rate is set".into(),
+            ));
         }
         if self.idempotency.lease_ms < 1000 {
             return Err(invalid("idempotency.lease_ms", "must be at least 1000".into()));

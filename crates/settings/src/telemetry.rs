@@ -1,6 +1,9 @@
 //! Logging: pretty text for people, JSON lines for machines, always to standard error (standard
 //! output belongs to commands such as `accounts create`).
 
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use crate::{LogFormat, LogSettings};
@@ -13,7 +16,12 @@ pub fn init(settings: &LogSettings) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _already_installed = match settings.format {
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
         LogFormat::Pretty => builder.try_init(),
     };
 }
@@ -40,4 +48,22 @@ pub async fn shutdown_signal() {
         () = ctrl_c => {},
         () = terminate => {},
     }
+}
+
+/// The process's Prometheus recorder, installed on first use; `render()` is the `/metrics` body.
+/// One per process, so tests that start several servers in one process share it.
+pub fn metrics() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let seconds =
+            [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &seconds)
+            .unwrap_or_else(|_| PrometheusBuilder::new());
+        match builder.install_recorder() {
+            Ok(handle) => handle,
+            // Another recorder is installed already: keep a private one, so rendering still works.
+            Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+        }
+    })
 }

@@ -53,6 +53,22 @@ pub struct PassReport {
 }
 
 impl PassReport {
+    /// Adds the pass to the worker's counters.
+    fn count(&self) {
+        for (name, value) in [
+            ("worker_keys_completed_total", self.completed),
+            ("worker_keys_released_total", self.released),
+            ("worker_keys_lost_total", self.lost),
+            ("worker_keys_flagged_total", self.flagged),
+            ("worker_keys_reaped_total", self.reaped),
+            ("worker_jobs_done_total", self.jobs_done),
+            ("worker_jobs_retried_total", self.jobs_retried),
+            ("worker_jobs_dead_total", self.jobs_dead),
+        ] {
+            metrics::counter!(name).increment(value);
+        }
+    }
+
     /// Whether the pass found any work.
     pub fn found_work(&self) -> bool {
         *self != Self::default()
@@ -119,6 +135,7 @@ impl<P: CardProcessor> Worker<P> {
         if report.found_work() {
             tracing::info!(?report, "worker pass");
         }
+        report.count();
         Ok(report)
     }
 
