@@ -21,9 +21,7 @@ use idem::{
     Interrupted, Lease, Operation, PhaseError, RecoveryPoint, Step, StoredResponse, TransientKind,
     boxed,
 };
-use provider::{
-    CardProcessor, ChargeRequest, DownstreamKey, ErrorClass, ProcessorError, RefundRequest,
-};
+use provider::{CardProcessor, ChargeRequest, DownstreamKey, ProcessorError, RefundRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -485,6 +483,23 @@ async fn open_gate(
     Ok(Gate::Open)
 }
 
+/// After the processor finally refused a capture or a cancel: the payment awaits capture again,
+/// and the refusal is the answer.
+async fn reopen(
+    tx: &mut PgConnection,
+    payment: &Payment,
+    info: &LeaseInfo,
+    problem: &Problem,
+    public_base_url: &str,
+    action: &str,
+) -> Result<StoredResponse, DomainError> {
+    let changes = Changes { status: Some(PaymentStatus::RequiresCapture), ..Changes::default() };
+    payments::update(tx, &payment.id, &changes).await?;
+    record(tx, &payment.account_id, &payment.id, action, info, json!({"detail": problem.detail}))
+        .await?;
+    Ok(problem_answer(problem, &info.request_id, public_base_url))
+}
+
 async fn locked_payment(
     pool: &PgPool,
     account_id: &str,
@@ -588,10 +603,7 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                                 }
                                 (None, problem) => {
                                     let problem = problem.unwrap_or_else(|| Problem::new(ProblemCode::InvalidRequest, "The card processor refused the capture."));
-                                    let changes = Changes { status: Some(PaymentStatus::RequiresCapture), ..Changes::default() };
-                                    payments::update(tx, &payment.id, &changes).await?;
-                                    record(tx, &payment.account_id, &payment.id, "payment.capture_refused", &info, json!({"detail": problem.detail})).await?;
-                                    Step::Finish(problem_answer(&problem, &info.request_id, &base))
+                                    Step::Finish(reopen(tx, &payment, &info, &problem, &base, "payment.capture_refused").await?)
                                 }
                             };
                             Ok::<_, PhaseError<DomainError>>(step)
@@ -715,23 +727,17 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                                         200, &payment, false,
                                     ))
                                 }
-                                Some(problem) => {
-                                    let changes = Changes {
-                                        status: Some(PaymentStatus::RequiresCapture),
-                                        ..Changes::default()
-                                    };
-                                    payments::update(tx, &payment.id, &changes).await?;
-                                    record(
+                                Some(problem) => Step::Finish(
+                                    reopen(
                                         tx,
-                                        &payment.account_id,
-                                        &payment.id,
-                                        "payment.cancel_refused",
+                                        &payment,
                                         &info,
-                                        json!({"detail": problem.detail}),
+                                        &problem,
+                                        &base,
+                                        "payment.cancel_refused",
                                     )
-                                    .await?;
-                                    Step::Finish(problem_answer(&problem, &info.request_id, &base))
-                                }
+                                    .await?,
+                                ),
                             };
                             Ok::<_, PhaseError<DomainError>>(step)
                         })
@@ -917,9 +923,4 @@ pub async fn resume<P: CardProcessor>(
             Err(internal(detail))
         }
     }
-}
-
-/// Whether a processor error class leaves the key resumable.
-pub fn is_resumable(class: ErrorClass) -> bool {
-    class != ErrorClass::Final
 }

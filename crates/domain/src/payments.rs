@@ -610,13 +610,19 @@ pub async fn list(
             created: r.created.unwrap_or_default(),
         })?);
     }
+    Ok(Some(finish_page(payments, limit, before.is_some())))
+}
+
+/// A page read with one row more than `limit`: trimmed, with whether there is more, newest
+/// first (a page read backwards, oldest first, is turned around).
+pub(crate) fn finish_page<T>(mut items: Vec<T>, limit: i64, backwards: bool) -> (Vec<T>, bool) {
     let limit = usize::try_from(limit).unwrap_or(0);
-    let has_more = payments.len() > limit;
-    payments.truncate(limit);
-    if before.is_some() {
-        payments.reverse();
+    let has_more = items.len() > limit;
+    items.truncate(limit);
+    if backwards {
+        items.reverse();
     }
-    Ok(Some((payments, has_more)))
+    (items, has_more)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
 use crate::money::AMOUNT_MAX;
-use crate::payments::{Cursor, validate_metadata};
+use crate::payments::{Cursor, finish_page, validate_metadata};
 
 /// Why a refund was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -335,11 +335,5 @@ pub async fn list(
             created: r.created.unwrap_or_default(),
         })?);
     }
-    let limit = usize::try_from(limit).unwrap_or(0);
-    let has_more = refunds.len() > limit;
-    refunds.truncate(limit);
-    if before.is_some() {
-        refunds.reverse();
-    }
-    Ok(Some((refunds, has_more)))
+    Ok(Some(finish_page(refunds, limit, before.is_some())))
 }

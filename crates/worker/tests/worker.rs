@@ -541,7 +541,10 @@ async fn a_stop_mid_pass_finishes_the_item_in_hand_and_gives_back_the_rest(pool:
     let (stop_tx, stop) = watch::channel(false);
     let worker = h.worker();
     let pass = tokio::spawn(async move { worker.run_once(&stop).await });
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Stop once the first item is in hand: inside its processor call.
+    while h.stats().await["requests"].as_u64().unwrap_or(0) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     stop_tx.send(true).unwrap();
     let report = pass.await.unwrap().unwrap();
     assert_eq!(report.completed, 1, "the item in hand was finished: {report:?}");

@@ -10,6 +10,8 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+use idem::{IdempotencyKey, Operation};
+use payments_domain::AccountId;
 use payments_domain::operations::{
     self, CancelParams, CancelPayment, CancellationReason, CaptureParams, CapturePayment,
     CreatePayment, CreatePaymentParams,
@@ -22,6 +24,7 @@ use serde_json::value::RawValue;
 use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::{ApiError, ProblemCode};
+use crate::extract::JsonMediaType;
 use crate::extract::{ApiQuery, JsonBody};
 use crate::idempotency::{Attempt, RequestMeta, RequiredKey, stored_response};
 
@@ -116,7 +119,8 @@ pub fn payment_response(payment: &Payment) -> Response {
     stored_response(operations::payment_answer(200, payment, false), false)
 }
 
-fn no_such_payment(id: &str) -> ApiError {
+/// The 404 for a payment that does not exist or is another account's.
+pub(crate) fn no_such_payment(id: &str) -> ApiError {
     ApiError::resource_missing(format!("No such payment: '{id}'.")).with_param("id")
 }
 
@@ -129,25 +133,46 @@ pub async fn create(
     body: JsonBody<CreatePaymentRequest>,
 ) -> Result<Response, ApiError> {
     body.value.validate()?;
-    let raw: Value = parse_raw(&body)?;
-    let params = CreatePaymentParams { account_id: account.to_string(), request: body.value };
-    let stored = serde_json::to_value(&params).map_err(|err| ApiError::internal(&err))?;
-    let attempt = Attempt {
-        account_id: account.as_str(),
-        key: &key,
-        meta: &meta,
-        media_type: body.media_type,
-        body: &raw,
-        operation: operations::CREATE_PAYMENT,
-        params: &stored,
-    };
-    state.runner.run(attempt, CreatePayment::new(state.operations.clone(), params)).await
+    let JsonBody { media_type, raw, value } = body;
+    let params = CreatePaymentParams { account_id: account.to_string(), request: value };
+    let call = Idempotent { account: &account, key: &key, meta: &meta, media_type, raw: &raw };
+    let operation = CreatePayment::new(state.operations.clone(), params.clone());
+    call.run(&state, operations::CREATE_PAYMENT, &params, operation).await
 }
 
-/// The body as JSON, for the fingerprint (the typed value has defaults filled in).
-pub fn parse_raw<T>(body: &JsonBody<T>) -> Result<Value, ApiError> {
-    serde_json::from_slice(&body.raw)
-        .map_err(|err| ApiError::invalid_request("body", err.to_string()))
+/// What a money-moving handler hands to the idempotency runner once its own checks passed.
+pub(crate) struct Idempotent<'a> {
+    pub(crate) account: &'a AccountId,
+    pub(crate) key: &'a IdempotencyKey,
+    pub(crate) meta: &'a RequestMeta,
+    pub(crate) media_type: JsonMediaType,
+    /// The body as sent: the fingerprint is over it, not over the typed value with its defaults.
+    pub(crate) raw: &'a [u8],
+}
+
+impl Idempotent<'_> {
+    /// Claims the key and runs `operation` (stored as `name` with `params` for the completer).
+    pub(crate) async fn run<O: Operation + 'static>(
+        self,
+        state: &AppState,
+        name: &str,
+        params: &impl Serialize,
+        operation: O,
+    ) -> Result<Response, ApiError> {
+        let body: Value = serde_json::from_slice(self.raw)
+            .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
+        let params = serde_json::to_value(params).map_err(|err| ApiError::internal(&err))?;
+        let attempt = Attempt {
+            account_id: self.account.as_str(),
+            key: self.key,
+            meta: self.meta,
+            media_type: self.media_type,
+            body: &body,
+            operation: name,
+            params: &params,
+        };
+        state.runner.run(attempt, operation).await
+    }
 }
 
 /// `GET /v1/payments/{id}`
@@ -308,23 +333,20 @@ pub async fn capture(
     payments::find(&state.pool, account.as_str(), &id)
         .await?
         .ok_or_else(|| no_such_payment(&id))?;
-    let raw = parse_raw(&body)?;
     let params = CaptureParams {
         account_id: account.to_string(),
         payment_id: id,
         amount_to_capture: body.value.amount_to_capture,
     };
-    let stored = serde_json::to_value(&params).map_err(|err| ApiError::internal(&err))?;
-    let attempt = Attempt {
-        account_id: account.as_str(),
+    let call = Idempotent {
+        account: &account,
         key: &key,
         meta: &meta,
         media_type: body.media_type,
-        body: &raw,
-        operation: operations::CAPTURE_PAYMENT,
-        params: &stored,
+        raw: &body.raw,
     };
-    state.runner.run(attempt, CapturePayment::new(state.operations.clone(), params)).await
+    let operation = CapturePayment::new(state.operations.clone(), params.clone());
+    call.run(&state, operations::CAPTURE_PAYMENT, &params, operation).await
 }
 
 /// `POST /v1/payments/{id}/cancel`
@@ -347,23 +369,20 @@ pub async fn cancel(
     payments::find(&state.pool, account.as_str(), &id)
         .await?
         .ok_or_else(|| no_such_payment(&id))?;
-    let raw = parse_raw(&body)?;
     let params = CancelParams {
         account_id: account.to_string(),
         payment_id: id,
         cancellation_reason: body.value.cancellation_reason,
     };
-    let stored = serde_json::to_value(&params).map_err(|err| ApiError::internal(&err))?;
-    let attempt = Attempt {
-        account_id: account.as_str(),
+    let call = Idempotent {
+        account: &account,
         key: &key,
         meta: &meta,
         media_type: body.media_type,
-        body: &raw,
-        operation: operations::CANCEL_PAYMENT,
-        params: &stored,
+        raw: &body.raw,
     };
-    state.runner.run(attempt, CancelPayment::new(state.operations.clone(), params)).await
+    let operation = CancelPayment::new(state.operations.clone(), params.clone());
+    call.run(&state, operations::CANCEL_PAYMENT, &params, operation).await
 }
 
 impl IntoResponse for List {

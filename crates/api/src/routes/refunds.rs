@@ -11,12 +11,10 @@ use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiQuery, JsonBody};
-use crate::idempotency::{Attempt, RequestMeta, RequiredKey, stored_response};
-use crate::routes::payments::{List, ListParams, cursor_missing, parse_raw, raw_items};
-
-fn no_such_payment(id: &str) -> ApiError {
-    ApiError::resource_missing(format!("No such payment: '{id}'.")).with_param("id")
-}
+use crate::idempotency::{RequestMeta, RequiredKey, stored_response};
+use crate::routes::payments::{
+    Idempotent, List, ListParams, cursor_missing, no_such_payment, raw_items,
+};
 
 /// `POST /v1/payments/{id}/refunds`
 pub async fn create(
@@ -31,20 +29,11 @@ pub async fn create(
     payments::find(&state.pool, account.as_str(), &id)
         .await?
         .ok_or_else(|| no_such_payment(&id))?;
-    let raw = parse_raw(&body)?;
-    let params =
-        RefundParams { account_id: account.to_string(), payment_id: id, request: body.value };
-    let stored = serde_json::to_value(&params).map_err(|err| ApiError::internal(&err))?;
-    let attempt = Attempt {
-        account_id: account.as_str(),
-        key: &key,
-        meta: &meta,
-        media_type: body.media_type,
-        body: &raw,
-        operation: operations::CREATE_REFUND,
-        params: &stored,
-    };
-    state.runner.run(attempt, CreateRefundOp::new(state.operations.clone(), params)).await
+    let JsonBody { media_type, raw, value } = body;
+    let params = RefundParams { account_id: account.to_string(), payment_id: id, request: value };
+    let call = Idempotent { account: &account, key: &key, meta: &meta, media_type, raw: &raw };
+    let operation = CreateRefundOp::new(state.operations.clone(), params.clone());
+    call.run(&state, operations::CREATE_REFUND, &params, operation).await
 }
 
 /// `GET /v1/refunds/{id}`
