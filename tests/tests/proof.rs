@@ -521,3 +521,53 @@ async fn the_invariant_checker_catches_a_second_charge(pool: PgPool) {
     let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(message.contains("has 2 successful charges"), "a double charge is caught: {message}");
 }
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn processor_timeouts_are_unknown_outcomes_that_resume_without_a_second_charge(pool: PgPool) {
+    let sys = Arc::new(System::start(pool).await);
+    // Slower than the API's 1 s processor timeout: the charge happens (the stand-in finishes what
+    // it received), but the API stops waiting for the answer.
+    sys.faults(json!({"latency_ms": 1300})).await;
+    let api = sys.api("").await;
+    let account = sys.account("patient").await;
+    let mut timed_out = Vec::new();
+    for n in 0..3 {
+        let (sys, url, account) = (sys.clone(), api.url.clone(), account.clone());
+        timed_out.push(tokio::spawn(async move {
+            sys.post(
+                &url,
+                &account,
+                "/v1/payments",
+                &format!("t{n}"),
+                &payment_body("automatic"),
+                Duration::from_secs(20),
+            )
+            .await
+        }));
+    }
+    for request in timed_out {
+        let (status, _) = request.await.unwrap().unwrap();
+        assert_eq!(status, 503, "a timeout is not an answer");
+    }
+    // The processor did charge; the retries, under the same downstream keys, find those charges.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sys.faults(json!({})).await;
+    for n in 0..3 {
+        let (status, _) = sys
+            .post_until_final(
+                &api.url,
+                &account,
+                "/v1/payments",
+                &format!("t{n}"),
+                &payment_body("automatic"),
+                10,
+            )
+            .await
+            .unwrap();
+        assert_eq!(status, 201);
+    }
+    let stats = sys.sim_stats().await;
+    assert_eq!(stats["charges_created"], 3, "{stats}");
+    assert!(stats["idempotent_replays"].as_u64().unwrap() >= 3, "{stats}");
+    finish_and_check(&sys).await;
+}

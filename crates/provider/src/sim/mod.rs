@@ -100,19 +100,39 @@ async fn inject_faults(State(sim): State<Sim>, request: Request, next: Next) -> 
         }
         plan
     };
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
-    }
     match fault {
-        Fault::None => next.run(request).await,
-        Fault::Drop => broken_answer(),
-        Fault::ServerError => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "api_error",
-            None,
-            "An injected processor error.",
-        ),
+        Fault::None | Fault::LostResponse => {
+            // A request that arrived is processed to the end, as at a real processor, even if
+            // the caller stops waiting: the latency is in the answer's way back. So a caller
+            // that times out does not know whether the charge happened; it did.
+            let processed = tokio::spawn(next.run(request));
+            let response = match processed.await {
+                Ok(response) => response,
+                Err(_) => error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "api_error",
+                    None,
+                    "The processor failed.",
+                ),
+            };
+            pause(delay).await;
+            if fault == Fault::LostResponse { broken_answer() } else { response }
+        }
+        Fault::Drop => {
+            pause(delay).await;
+            broken_answer()
+        }
+        Fault::ServerError => {
+            pause(delay).await;
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "api_error",
+                None,
+                "An injected processor error.",
+            )
+        }
         Fault::RateLimit => {
+            pause(delay).await;
             let mut response = error(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
@@ -122,11 +142,12 @@ async fn inject_faults(State(sim): State<Sim>, request: Request, next: Next) -> 
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             response
         }
-        Fault::LostResponse => {
-            // The work happens; its answer never arrives.
-            let _processed = next.run(request).await;
-            broken_answer()
-        }
+    }
+}
+
+async fn pause(delay: Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
 }
 
