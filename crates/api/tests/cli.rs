@@ -147,3 +147,32 @@ async fn json_logs_carry_the_request_and_account_ids_and_never_the_key(pool: PgP
     assert!(!logs.contains(&secret.expose()[8..]), "the secret key never reaches a log");
     assert!(!logs.to_lowercase().contains("bearer"), "nor does the Authorization header");
 }
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn keys_stuck_lists_the_keys_that_wait_for_a_person(pool: PgPool) {
+    let url = database_url(&pool);
+    sqlx::query(
+        "INSERT INTO idempotency_keys (account_id, idempotency_key, fingerprint, request_method, request_path, \
+         request_id, operation, request_params, recovery_point, needs_human_at, last_error) \
+         VALUES ('acct_x', 'order-7', decode(repeat('00', 32), 'hex'), 'POST', '/v1/payments', 'req_x', \
+         'payments.create', '{}', 'payment_created', now(), 'older than the processor''s idempotency window'), \
+         ('acct_x', 'fine', decode(repeat('00', 32), 'hex'), 'POST', '/v1/payments', 'req_y', \
+         'payments.create', '{}', 'payment_created', NULL, NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let output = payments_api(&["keys", "stuck", "--json"], &[("DATABASE_URL", &url)]).await;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "only the flagged key: {lines:?}");
+    assert_eq!(lines[0]["idempotency_key"], "order-7");
+    assert_eq!(lines[0]["recovery_point"], "payment_created");
+    assert!(lines[0]["last_error"].as_str().unwrap().contains("idempotency window"));
+    let table = payments_api(&["keys", "stuck"], &[("DATABASE_URL", &url)]).await;
+    assert!(String::from_utf8_lossy(&table.stdout).contains("order-7"));
+}

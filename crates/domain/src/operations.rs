@@ -500,7 +500,7 @@ async fn reopen(
     Ok(problem_answer(problem, &info.request_id, public_base_url))
 }
 
-async fn locked_payment(
+async fn current_payment(
     pool: &PgPool,
     account_id: &str,
     payment_id: &str,
@@ -562,7 +562,7 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                     .await?;
             }
             CapturePoint::CaptureStarted => {
-                let payment = locked_payment(
+                let payment = current_payment(
                     &self.ctx.pool,
                     &self.params.account_id,
                     &self.params.payment_id,
@@ -667,7 +667,7 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                     .await?;
             }
             CancelPoint::CancelStarted => {
-                let payment = locked_payment(
+                let payment = current_payment(
                     &self.ctx.pool,
                     &self.params.account_id,
                     &self.params.payment_id,
@@ -837,7 +837,7 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                         internal("the key is past `refund_created` but has no refund")
                     })?;
                 let payment =
-                    locked_payment(&self.ctx.pool, &self.params.account_id, &refund.payment_id)
+                    current_payment(&self.ctx.pool, &self.params.account_id, &refund.payment_id)
                         .await?;
                 let charge_id = payment
                     .processor_charge_id
