@@ -299,9 +299,9 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                     capture: payment.capture_method == CaptureMethod::Automatic,
                     description: payment.description.clone(),
                 };
-                idem::failpoint(&format!("{CREATE_PAYMENT}.before_call")).await;
+                idem::failpoint(|| format!("{CREATE_PAYMENT}.before_call")).await;
                 let outcome = self.ctx.processor.create_charge(&charge, &key).await;
-                idem::failpoint(&format!("{CREATE_PAYMENT}.after_call")).await;
+                idem::failpoint(|| format!("{CREATE_PAYMENT}.after_call")).await;
                 let base = self.ctx.public_base_url.clone();
                 match outcome {
                     Ok(charge) => {
@@ -573,13 +573,13 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                     .clone()
                     .ok_or_else(|| internal("an authorized payment without a charge"))?;
                 let key = DownstreamKey::capture(&payment.id);
-                idem::failpoint(&format!("{CAPTURE_PAYMENT}.before_call")).await;
+                idem::failpoint(|| format!("{CAPTURE_PAYMENT}.before_call")).await;
                 let outcome = self
                     .ctx
                     .processor
                     .capture_charge(&charge_id, self.params.amount_to_capture, &key)
                     .await;
-                idem::failpoint(&format!("{CAPTURE_PAYMENT}.after_call")).await;
+                idem::failpoint(|| format!("{CAPTURE_PAYMENT}.after_call")).await;
                 let problem = match &outcome {
                     Ok(_) => None,
                     Err(err) => {
@@ -685,9 +685,9 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                     amount: None,
                     reason: None,
                 };
-                idem::failpoint(&format!("{CANCEL_PAYMENT}.before_call")).await;
+                idem::failpoint(|| format!("{CANCEL_PAYMENT}.before_call")).await;
                 let outcome = self.ctx.processor.create_refund(&release, &key).await;
-                idem::failpoint(&format!("{CANCEL_PAYMENT}.after_call")).await;
+                idem::failpoint(|| format!("{CANCEL_PAYMENT}.after_call")).await;
                 let problem = match &outcome {
                     Ok(_) => None,
                     Err(err) => {
@@ -851,9 +851,9 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                     amount: Some(refund.amount),
                     reason: refund.reason.clone(),
                 };
-                idem::failpoint(&format!("{CREATE_REFUND}.before_call")).await;
+                idem::failpoint(|| format!("{CREATE_REFUND}.before_call")).await;
                 let outcome = self.ctx.processor.create_refund(&request, &key).await;
-                idem::failpoint(&format!("{CREATE_REFUND}.after_call")).await;
+                idem::failpoint(|| format!("{CREATE_REFUND}.after_call")).await;
                 let problem = match &outcome {
                     Ok(_) => None,
                     Err(err) => Some((

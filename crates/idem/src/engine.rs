@@ -614,7 +614,8 @@ pub async fn drive<O: Operation>(
         match operation.step(&mut lease, at).await {
             Ok(()) => {
                 // Right after a phase committed: the crash tests stop the process here.
-                crate::failpoint(&format!("{}.after_phase.{}", lease.operation, lease.point)).await;
+                crate::failpoint(|| format!("{}.after_phase.{}", lease.operation, lease.point))
+                    .await;
             }
             Err(Interrupted::LeaseLost) => return Err(Interrupted::LeaseLost),
             Err(transient) => {

@@ -7,10 +7,13 @@
 //! separated by `;`. A failpoint that fires writes `FAILPOINT <name>` to standard error first, so
 //! a harness can kill the process (SIGKILL) right there, or act while it sleeps.
 
-/// Passes the failpoint called `name`.
+/// Passes the failpoint whose name `name` builds. Without the `failpoints` feature the name is
+/// never built, so a failpoint on a hot path costs nothing.
 #[cfg(feature = "failpoints")]
-pub async fn failpoint(name: &str) {
+pub async fn failpoint(name: impl FnOnce() -> String) {
     use std::io::Write;
+    let name = name();
+    let name = name.as_str();
     let Some(action) = configured().iter().find(|(n, _)| n == name).map(|(_, a)| *a) else {
         return;
     };
@@ -28,7 +31,7 @@ pub async fn failpoint(name: &str) {
 /// Without the `failpoints` feature a failpoint is nothing at all.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub async fn failpoint(_name: &str) {}
+pub async fn failpoint(_name: impl FnOnce() -> String) {}
 
 #[cfg(feature = "failpoints")]
 #[derive(Debug, Clone, Copy)]
