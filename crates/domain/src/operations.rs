@@ -437,6 +437,18 @@ enum Gate {
     Refused(Problem),
 }
 
+impl Gate {
+    /// The phase's step: on to `next`, or the refusal stored as the final answer.
+    fn into_step<P>(self, next: P, info: &LeaseInfo, public_base_url: &str) -> Step<P> {
+        match self {
+            Gate::Open => Step::Next(next),
+            Gate::Refused(problem) => {
+                Step::Finish(problem_answer(&problem, &info.request_id, public_base_url))
+            }
+        }
+    }
+}
+
 /// Locks the payment; refuses unless it awaits capture; marks it `processing`.
 async fn open_gate(
     tx: &mut PgConnection,
@@ -538,7 +550,7 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                         let (params, info, base) =
                             (self.params.clone(), info.clone(), base.clone());
                         boxed(async move {
-                            match open_gate(
+                            let gate = open_gate(
                                 tx,
                                 &params.account_id,
                                 &params.payment_id,
@@ -546,17 +558,12 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                                 "captured",
                                 &info,
                             )
-                            .await?
-                            {
-                                Gate::Open => Ok::<_, PhaseError<DomainError>>(Step::Next(
-                                    CapturePoint::CaptureStarted,
-                                )),
-                                Gate::Refused(problem) => Ok(Step::Finish(problem_answer(
-                                    &problem,
-                                    &info.request_id,
-                                    &base,
-                                ))),
-                            }
+                            .await?;
+                            Ok::<_, PhaseError<DomainError>>(gate.into_step(
+                                CapturePoint::CaptureStarted,
+                                &info,
+                                &base,
+                            ))
                         })
                     })
                     .await?;
@@ -643,7 +650,7 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                         let (params, info, base) =
                             (self.params.clone(), info.clone(), base.clone());
                         boxed(async move {
-                            match open_gate(
+                            let gate = open_gate(
                                 tx,
                                 &params.account_id,
                                 &params.payment_id,
@@ -651,17 +658,12 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                                 "canceled",
                                 &info,
                             )
-                            .await?
-                            {
-                                Gate::Open => Ok::<_, PhaseError<DomainError>>(Step::Next(
-                                    CancelPoint::CancelStarted,
-                                )),
-                                Gate::Refused(problem) => Ok(Step::Finish(problem_answer(
-                                    &problem,
-                                    &info.request_id,
-                                    &base,
-                                ))),
-                            }
+                            .await?;
+                            Ok::<_, PhaseError<DomainError>>(gate.into_step(
+                                CancelPoint::CancelStarted,
+                                &info,
+                                &base,
+                            ))
                         })
                     })
                     .await?;

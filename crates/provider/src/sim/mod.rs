@@ -185,6 +185,11 @@ fn api_key(headers: &HeaderMap) -> Result<String, Answer> {
         })
 }
 
+/// Answers a read with `read`'s answer if the request carries a key, else with the 401.
+fn authorized(headers: &HeaderMap, read: impl FnOnce() -> Answer) -> Response {
+    into_response(api_key(headers).map_or_else(|refused| refused, |_| read()))
+}
+
 fn idempotency_key(headers: &HeaderMap) -> Option<String> {
     headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
@@ -252,10 +257,7 @@ async fn retrieve_charge(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(answer) = api_key(&headers) {
-        return into_response(answer);
-    }
-    into_response(sim.lock().ledger.retrieve_charge(&id))
+    authorized(&headers, || sim.lock().ledger.retrieve_charge(&id))
 }
 
 /// `limit` and `starting_after`, as Stripe's lists take them.
@@ -270,10 +272,9 @@ async fn list_charges(
     Query(query): Query<ListQuery>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(answer) = api_key(&headers) {
-        return into_response(answer);
-    }
-    into_response(sim.lock().ledger.list_charges(query.limit, query.starting_after.as_deref()))
+    authorized(&headers, || {
+        sim.lock().ledger.list_charges(query.limit, query.starting_after.as_deref())
+    })
 }
 
 async fn list_refunds(
@@ -281,10 +282,9 @@ async fn list_refunds(
     Query(query): Query<ListQuery>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(answer) = api_key(&headers) {
-        return into_response(answer);
-    }
-    into_response(sim.lock().ledger.list_refunds(query.limit, query.starting_after.as_deref()))
+    authorized(&headers, || {
+        sim.lock().ledger.list_refunds(query.limit, query.starting_after.as_deref())
+    })
 }
 
 async fn get_faults(State(sim): State<Sim>) -> Json<FaultConfig> {
