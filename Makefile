@@ -1,10 +1,11 @@
 # The two commands of the quick start are `make run` and `make test`; the rest are helpers.
-.PHONY: run test proof fmt lint db-up db-down sqlx-prepare help
+.PHONY: run test proof bench fmt lint db-up db-down sqlx-prepare help
 
 help:
 	@echo "make run           start Postgres (if needed), the API and friends, print a demo key"
 	@echo "make test          everything CI runs: fmt, clippy, offline build, all tests"
 	@echo "make proof         the fault matrix at a larger scale (PROOF_SCALE=5, PROOF_SEED=…)"
+	@echo "make bench         throughput, latency, statements and memory against the pgbench floor"
 	@echo "make fmt           format the code"
 	@echo "make sqlx-prepare  refresh .sqlx/ after changing a query (needs a migrated DATABASE_URL)"
 	@echo "make db-up|db-down start or stop the private Postgres cluster under target/"
@@ -24,6 +25,11 @@ proof:
 	@eval "$$(scripts/postgres.sh up | sed 's/^/export /')" && \
 	  PROOF_SCALE=$(PROOF_SCALE) PROOF_SEED=$(PROOF_SEED) SQLX_OFFLINE=true \
 	  cargo test -p payments-tests --test proof -- --test-threads 2
+
+# Never part of `make test`. A private PostgreSQL server with pg_stat_statements, release builds,
+# one table on standard output and in target/bench/results.md. ARGS go to payments-bench.
+bench:
+	@scripts/bench.sh $(ARGS)
 
 fmt:
 	cargo fmt --all

@@ -6,7 +6,10 @@
 #   4. otherwise, a message saying what to install.
 #
 # Usage: scripts/postgres.sh up     prints `DATABASE_URL=…` and `PG_STARTED=cluster|compose|` on stdout
+#        scripts/postgres.sh cluster   the private cluster only (what `make bench` uses)
 #        scripts/postgres.sh down   stops the private cluster or the Compose service it started
+# PAYMENTS_PG_DIR, PAYMENTS_PG_PORT and PAYMENTS_PG_OPTIONS (extra server options, `-c name=value`)
+# change the private cluster's directory, port and settings.
 # Messages go to standard error. Initdb and postgres refuse to run as root, so as root the private
 # cluster runs as the `postgres` system user (via runuser) on a directory that user owns.
 set -euo pipefail
@@ -83,7 +86,7 @@ start_cluster() {
   if ! as_owner "$pg_ctl" -D "$dir" status >/dev/null 2>&1; then
     say "starting the private cluster on 127.0.0.1:$CLUSTER_PORT"
     as_owner "$pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 \
-      -o "-p $CLUSTER_PORT -k $dir -c listen_addresses=127.0.0.1" start >/dev/null
+      -o "-p $CLUSTER_PORT -k $dir -c listen_addresses=127.0.0.1 ${PAYMENTS_PG_OPTIONS:-}" start >/dev/null
     echo "PG_STARTED=cluster"
   fi
   echo "DATABASE_URL=postgres://postgres@127.0.0.1:$CLUSTER_PORT/payments"
@@ -134,6 +137,7 @@ down() {
 
 case ${1:-} in
   up) up ;;
+  cluster) start_cluster ;;
   down) down "${2:-cluster}" ;;
-  *) echo "usage: $0 up | down [cluster|compose]" >&2; exit 2 ;;
+  *) echo "usage: $0 up | cluster | down [cluster|compose]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,82 @@
+-- The floor of `new`: the statements of one new payment, as payments-api sends them (the texts
+-- are copied from crates/domain and crates/idem, in the order the engine runs them), without the
+-- HTTP, the JSON and the processor call. The only differences are what pgbench needs: plain
+-- column aliases (its \gset takes no `"id!"`), ids made from a random number (it has no string
+-- variables), and literal values of the same size where the API computes them.
+--
+-- Variables: account, key_hash (set by payments-bench).
+\set n random(1000000000, 9223372036854775806)
+
+-- Authentication.
+SELECT account_id FROM api_keys WHERE key_hash = :key_hash AND revoked_at IS NULL;
+
+-- The claim: one statement inserts the key or reads the existing one.
+WITH inserted AS (
+    INSERT INTO idempotency_keys
+        (account_id, idempotency_key, fingerprint, request_method, request_path,
+         request_id, operation, request_params, owner_token, locked_until)
+    VALUES (:account, :n, '\x48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0', 'POST', '/v1/payments', 'req_e8oJXKStH4I7DzCaPcWXJdX9', 'payments.create', '{"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}', 'c0a80101-0000-4000-8000-000000000001', now() + 60000 * interval '1 millisecond')
+    ON CONFLICT (account_id, idempotency_key) DO NOTHING
+    RETURNING id
+)
+SELECT id AS key_id, true AS inserted, '\x00'::bytea AS fingerprint,
+       'POST'::text AS request_method, '/v1/payments'::text AS request_path, 'req'::text AS request_id,
+       'payments.create'::text AS operation, '{}'::jsonb AS request_params, 'c0a80101-0000-4000-8000-000000000001'::uuid AS owner_token, true AS lease_active,
+       false AS needs_human, NULL::smallint AS response_status,
+       NULL::jsonb AS response_headers, NULL::bytea AS response_body
+  FROM inserted
+UNION ALL
+SELECT k.id, false, k.fingerprint, k.request_method, k.request_path, k.request_id,
+       k.operation, k.request_params, k.owner_token,
+       coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
+       k.response_status, k.response_headers, k.response_body
+  FROM idempotency_keys k
+ WHERE k.account_id = :account AND k.idempotency_key = :n::text
+   AND NOT EXISTS (SELECT 1 FROM inserted)
+\gset
+
+-- Phase 1 (started → payment_created): the payment row, its audit record, the fence.
+BEGIN;
+INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
+                      capture_method, payment_method, description, metadata, receipt_email)
+VALUES ('pay_' || :n, :account, :key_id, 1000, 'usd', 'processing', 'automatic', 'pm_card_visa', NULL, '{}', NULL)
+RETURNING id, account_id, amount, currency, status, capture_method, amount_captured,
+          amount_refunded, payment_method, description, metadata, receipt_email,
+          processor_charge_id, failure_code, failure_message, cancellation_reason,
+          extract(epoch FROM created_at)::bigint AS created;
+INSERT INTO audit_events (account_id, object_id, action, request_id, idempotency_key_id, detail)
+ VALUES (:account, 'pay_' || :n, 'payment.created', 'req_e8oJXKStH4I7DzCaPcWXJdX9', :key_id, '{"amount": 1000, "currency": "usd"}');
+UPDATE idempotency_keys
+   SET recovery_point = 'payment_created', locked_until = now() + 60000 * interval '1 millisecond',
+       last_run_at = now()
+ WHERE id = :key_id AND owner_token = 'c0a80101-0000-4000-8000-000000000001' AND recovery_point = 'started';
+COMMIT;
+
+-- (payments-api calls the processor here.)
+
+-- Phase 2 (payment_created → finished): the processor's answer and the stored response.
+BEGIN;
+UPDATE payments
+   SET status = coalesce('succeeded', status),
+       amount_captured = coalesce(1000, amount_captured),
+       amount_refunded = amount_refunded + 0,
+       processor_charge_id = coalesce('ch_' || :n, processor_charge_id),
+       failure_code = coalesce(NULL, failure_code),
+       failure_message = coalesce(NULL, failure_message),
+       cancellation_reason = coalesce(NULL, cancellation_reason),
+       description = CASE WHEN false THEN NULL ELSE description END,
+       metadata = coalesce(NULL, metadata),
+       updated_at = now()
+ WHERE id = 'pay_' || :n
+RETURNING id, account_id, amount, currency, status, capture_method, amount_captured,
+          amount_refunded, payment_method, description, metadata, receipt_email,
+          processor_charge_id, failure_code, failure_message, cancellation_reason,
+          extract(epoch FROM created_at)::bigint AS created;
+INSERT INTO audit_events (account_id, object_id, action, request_id, idempotency_key_id, detail)
+ VALUES (:account, 'pay_' || :n, 'payment.charged', 'req_e8oJXKStH4I7DzCaPcWXJdX9', :key_id, '{"charge": "ch_jTSo8sJMqW8JXUKh6cdKllwH", "status": "succeeded", "downstream_key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge"}');
+UPDATE idempotency_keys
+   SET recovery_point = 'finished', owner_token = NULL, locked_until = NULL,
+       response_status = 201, response_headers = '[["content-type", "application/json"], ["etag", "\"963d41e78ce44c886e7cfd57\""], ["location", "/v1/payments/pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]', response_body = convert_to(repeat('x', 443), 'UTF8'),
+       completed_at = now(), last_run_at = now(), last_error = NULL
+ WHERE id = :key_id AND owner_token = 'c0a80101-0000-4000-8000-000000000001' AND recovery_point = 'payment_created';
+COMMIT;

@@ -1,0 +1,267 @@
+//! `payments-bench`: what idempotency costs, measured against the floor the database sets.
+//!
+//! It starts the real `payments-api`, `payments-worker` and `processor-sim` (no added latency)
+//! against a fresh database, drives three scenarios over 1, 8 and 32 keep-alive connections, and
+//! right beside each run sends the same scenario's SQL through `pgbench` at the same concurrency:
+//!
+//! - `new`: a fresh key per request, the whole flow (claim, two phases, a processor call);
+//! - `replay`: a completed key per request, answered from the stored response;
+//! - `storm`: `--fanout` requests per key at once (one creates, the rest wait or replay).
+//!
+//! Then it counts, with `pg_stat_statements` and the database's transaction counter, the SQL
+//! statements and transactions one request costs, and reads the processes' peak memory. `make
+//! bench` runs it against a private PostgreSQL server it starts with `pg_stat_statements`
+//! loaded; see BENCHMARKS.md.
+
+mod floor;
+mod load;
+mod report;
+mod server;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use sha2::{Digest, Sha256};
+
+use crate::floor::Floor;
+use crate::load::{Budget, Keys, Target};
+use crate::report::{Counted, Report, Row};
+use crate::server::{API_ROLE, Database, FLOOR_ROLE, Process, WORKER_ROLE};
+
+/// A benchmark scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// A fresh key per request: the whole flow.
+    New,
+    /// A completed key per request: the stored answer.
+    Replay,
+    /// Many concurrent requests per key.
+    Storm,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::New => "new",
+            Self::Replay => "replay",
+            Self::Storm => "storm",
+        }
+    }
+}
+
+/// Measures the payments API against the floor pgbench sets with the same SQL.
+#[derive(Debug, Parser)]
+#[command(name = "payments-bench", version, about)]
+struct Args {
+    /// A PostgreSQL server that preloads pg_stat_statements, trust authentication, as a
+    /// superuser; the database it names is dropped and created afresh.
+    #[arg(long, env = "BENCH_DATABASE_URL")]
+    database_url: String,
+    /// Where payments-api, payments-worker and processor-sim are (default: beside this program).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Where logs, pgbench scripts and results go.
+    #[arg(long, default_value = "target/bench")]
+    work_dir: PathBuf,
+    /// Seconds each measured run lasts (each side).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Seconds of unmeasured load before each of the API's runs.
+    #[arg(long, default_value_t = 2)]
+    warmup: u64,
+    /// Connection counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 32])]
+    connections: Vec<usize>,
+    /// Scenarios, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values = ["new", "replay", "storm"])]
+    scenarios: Vec<Scenario>,
+    /// Requests per scenario in the statement-counting pass (over 8 connections).
+    #[arg(long, default_value_t = 2000)]
+    count: u64,
+    /// Completed keys that `replay` cycles through.
+    #[arg(long, default_value_t = 2000)]
+    replay_keys: u64,
+    /// Requests per key in `storm`.
+    #[arg(long, default_value_t = 8)]
+    fanout: u64,
+    /// Charges sent straight to processor-sim at the end, to measure what holding them costs.
+    #[arg(long, default_value_t = 100_000)]
+    sim_charges: u64,
+    /// Threads of the load generator and of pgbench (the same for both).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
+    let bin_dir = args.bin_dir.clone().unwrap_or_else(server::own_dir);
+    let logs = args.work_dir.join("logs");
+    std::fs::create_dir_all(&logs)?;
+
+    eprintln!("bench: preparing a fresh database");
+    let db = Database::fresh(&args.database_url).await?;
+    let admin_env = [("DATABASE_URL", db.url()), ("PAYMENTS__LOG__FILTER", "warn".to_owned())];
+    server::run_to_end(&bin_dir, "payments-api", &["migrate"], &admin_env)?;
+    let secret = server::run_to_end(
+        &bin_dir,
+        "payments-api",
+        &["accounts", "create", "--name", "bench"],
+        &admin_env,
+    )?;
+    let key_hash = Sha256::digest(secret.as_bytes());
+    let account: String = sqlx::query_scalar("SELECT account_id FROM api_keys WHERE key_hash = $1")
+        .bind(&key_hash[..])
+        .fetch_one(&db.pool)
+        .await
+        .context("the account the new key belongs to")?;
+
+    let sim_port = server::free_port()?;
+    let sim =
+        Process::start(&bin_dir, &logs, "processor-sim", &["--port", &sim_port.to_string()], &[])?;
+    let sim_url = format!("http://127.0.0.1:{sim_port}");
+    server::wait_ready(&format!("{sim_url}/_sim/stats")).await?;
+
+    let common = |role: &str| {
+        vec![
+            ("DATABASE_URL", db.url_as(role)),
+            ("PAYMENTS__PROCESSOR__BASE_URL", sim_url.clone()),
+            ("PAYMENTS__RATE_LIMIT__PER_SECOND", "0".to_owned()),
+            ("PAYMENTS__WORKER__METRICS_PORT", "0".to_owned()),
+            ("PAYMENTS__LOG__FILTER", "warn".to_owned()),
+        ]
+    };
+    let api_port = server::free_port()?;
+    let mut api_env = common(API_ROLE);
+    api_env.push(("PAYMENTS__HTTP__PORT", api_port.to_string()));
+    let mut api = Process::start(&bin_dir, &logs, "payments-api", &["serve"], &api_env)?;
+    let base = format!("http://127.0.0.1:{api_port}");
+    server::wait_ready(&format!("{base}/readyz")).await?;
+    let mut worker = Process::start(&bin_dir, &logs, "payments-worker", &[], &common(WORKER_ROLE))?;
+
+    let target = Target { url: format!("{base}/v1/payments"), secret };
+    eprintln!("bench: creating {} completed payments for `replay`", args.replay_keys);
+    load::preload(&target, args.replay_keys).await?;
+
+    let floor = Floor::new(
+        &args.work_dir,
+        db.url_as(FLOOR_ROLE),
+        &account,
+        &hex(&key_hash),
+        args.replay_keys,
+        args.fanout,
+        args.threads,
+    )?;
+    let keys = |scenario: Scenario, run: String| Keys {
+        scenario,
+        run,
+        replay_keys: args.replay_keys,
+        fanout: args.fanout,
+    };
+
+    let mut report = Report::new(&db.pool, args.seconds, args.fanout).await?;
+    for &scenario in &args.scenarios {
+        for &connections in &args.connections {
+            eprintln!("bench: {} at {connections} connection(s)", scenario.name());
+            let floor_run =
+                floor.run(scenario, connections, Budget::Time(secs(args.seconds))).await?;
+            let run = format!("{}-{connections}", scenario.name());
+            load::run(
+                &target,
+                &keys(scenario, format!("{run}-warmup")),
+                connections,
+                Budget::Time(secs(args.warmup)),
+            )
+            .await?;
+            let api_run = load::run(
+                &target,
+                &keys(scenario, run),
+                connections,
+                Budget::Time(secs(args.seconds)),
+            )
+            .await?;
+            api.check_alive()?;
+            worker.check_alive()?;
+            report.rows.push(Row { scenario, connections, api: api_run, floor: floor_run });
+        }
+    }
+
+    // The counting pass: the worker is stopped so that the database's transaction counter holds
+    // only the API's (or pgbench's) transactions.
+    for &scenario in &args.scenarios {
+        eprintln!("bench: counting the statements of {}", scenario.name());
+        worker.signal("STOP")?;
+        // Whatever ran before has reported its transactions once every backend has been idle.
+        stats::settle().await;
+        stats::reset(&db.pool).await?;
+        let before = stats::transactions(&db.pool).await?;
+        let counted = load::run(
+            &target,
+            &keys(scenario, format!("{}-count", scenario.name())),
+            8,
+            Budget::Requests(args.count),
+        )
+        .await?;
+        stats::settle().await;
+        let after_api = stats::transactions(&db.pool).await?;
+        let floor_count = floor.run(scenario, 8, Budget::Requests(args.count)).await?;
+        stats::settle().await;
+        let after_floor = stats::transactions(&db.pool).await?;
+        worker.signal("CONT")?;
+        report.counts.push(Counted {
+            scenario,
+            requests: counted.requests,
+            api: stats::calls(&db.pool, API_ROLE).await?,
+            api_transactions: after_api - before,
+            floor_transactions: floor_count.transactions,
+            floor: stats::calls(&db.pool, FLOOR_ROLE).await?,
+            floor_server_transactions: after_floor - after_api,
+        });
+    }
+
+    report.memory.api_peak_kib = api.peak_rss_kib();
+    report.memory.worker_peak_kib = worker.peak_rss_kib();
+    drop((api, worker));
+    eprintln!("bench: {} more charges straight to processor-sim, for its memory", args.sim_charges);
+    let (held_before, rss_before) = (sim_charges(&sim_url).await?, sim.rss_kib());
+    load::charges(&sim_url, args.sim_charges).await?;
+    let (held_after, rss_after) = (sim_charges(&sim_url).await?, sim.rss_kib());
+    report.memory.sim_peak_kib = sim.peak_rss_kib();
+    report.memory.sim_charges = held_after;
+    report.memory.sim_kib_per_100k = rss_before.zip(rss_after).map(|(before, after)| {
+        after.saturating_sub(before) * 100_000 / held_after.saturating_sub(held_before).max(1)
+    });
+    drop(sim);
+
+    let text = report.render();
+    println!("{text}");
+    let out = args.work_dir.join("results.md");
+    std::fs::write(&out, &text)?;
+    eprintln!("bench: wrote {}", out.display());
+    Ok(())
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// How many charges the stand-in holds.
+async fn sim_charges(sim_url: &str) -> anyhow::Result<u64> {
+    let stats: serde_json::Value =
+        reqwest::get(format!("{sim_url}/_sim/stats")).await?.error_for_status()?.json().await?;
+    stats["charges_created"].as_u64().context("charges_created in /_sim/stats")
+}
