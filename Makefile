@@ -1,11 +1,12 @@
 # The two commands of the quick start are `make run` and `make test`; the rest are helpers.
-.PHONY: run test proof bench fmt lint db-up db-down sqlx-prepare help
+.PHONY: run test proof bench fuzz-api fmt lint db-up db-down sqlx-prepare help
 
 help:
 	@echo "make run           start Postgres (if needed), the API and friends, print a demo key"
 	@echo "make test          everything CI runs: fmt, clippy, offline build, all tests"
 	@echo "make proof         the fault matrix at a larger scale (PROOF_SCALE=5, PROOF_SEED=…)"
 	@echo "make bench         throughput, latency, statements and memory against the pgbench floor"
+	@echo "make fuzz-api      schemathesis against /openapi.json (FUZZ_EXAMPLES=200 for a long run)"
 	@echo "make fmt           format the code"
 	@echo "make sqlx-prepare  refresh .sqlx/ after changing a query (needs a migrated DATABASE_URL)"
 	@echo "make db-up|db-down start or stop the private Postgres cluster under target/"
@@ -30,6 +31,12 @@ proof:
 # one table on standard output and in target/bench/results.md. ARGS go to payments-bench.
 bench:
 	@scripts/bench.sh $(ARGS)
+
+# schemathesis (installed into target/fuzz-venv) against the live server's document: no 5xx, and
+# every answer as documented. `make test` runs it with 10 examples per operation and a fixed seed.
+FUZZ_EXAMPLES ?= 100
+fuzz-api:
+	@FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) scripts/fuzz-api.sh
 
 fmt:
 	cargo fmt --all

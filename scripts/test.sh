@@ -27,3 +27,6 @@ if [ -n "$PG_STARTED" ]; then trap 'scripts/postgres.sh down "$PG_STARTED"' EXIT
 
 step "tests"
 cargo test --workspace --locked --no-fail-fast
+
+step "schema-driven fuzz run against /openapi.json (make fuzz-api, small and seeded)"
+FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-10} FUZZ_SEED=${FUZZ_SEED:-1} scripts/fuzz-api.sh

@@ -179,3 +179,41 @@ async fn readiness_fails_while_migrations_are_missing(pool: PgPool) {
     payments_api::MIGRATOR.run(&pool).await.unwrap();
     assert_eq!(app.send(app.http.get(app.url("/readyz"))).await.status(), 200);
 }
+
+/// Every operation of the OpenAPI document is served, and its path serves no other method.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn the_openapi_document_and_the_router_agree(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let (_, key) = app.create_account("shop").await;
+    let response = app.send(app.http.get(app.url("/openapi.json"))).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let document = json(response).await;
+    assert!(document["openapi"].as_str().unwrap().starts_with("3.1"));
+    let paths = document["paths"].as_object().unwrap();
+    assert!(paths.len() >= 13, "{paths:?}");
+    for (template, item) in paths {
+        let path = template
+            .replace("{id}", if template.starts_with("/v1/refunds") { "re_x" } else { "pay_x" })
+            .replace("{code}", "card_declined");
+        let documented: Vec<&str> = item.as_object().unwrap().keys().map(String::as_str).collect();
+        for method in ["get", "post", "patch", "put", "delete"] {
+            let request = app
+                .http
+                .request(method.to_uppercase().parse().unwrap(), app.url(&path))
+                .bearer_auth(&key)
+                .header("Idempotency-Key", format!("probe-{method}-{path}"))
+                .header("Content-Type", "application/json")
+                .body("{}");
+            let response = app.send(request).await;
+            let status = response.status().as_u16();
+            let body = response.text().await.unwrap();
+            if documented.contains(&method) {
+                assert_ne!(status, 405, "{method} {template} is documented but not served");
+                assert!(!body.contains("Unrecognized request URL"), "{method} {template}: {body}");
+            } else {
+                assert_eq!(status, 405, "{method} {template} is served but not documented: {body}");
+            }
+        }
+    }
+}

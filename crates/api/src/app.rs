@@ -40,6 +40,8 @@ pub struct AppState {
     pub operations: Context<ProcessorClient>,
     /// Per-account request rates; `None` when off.
     pub rate_limiter: Option<Arc<crate::auth::AccountLimiter>>,
+    /// The OpenAPI document, rendered once.
+    pub openapi: axum::body::Bytes,
 }
 
 /// A bound, not yet serving, API server.
@@ -88,8 +90,15 @@ impl Application {
             public_base_url: edge.public_base_url.clone(),
         };
         let rate_limiter = crate::auth::rate_limiter(&settings.rate_limit);
-        let state =
-            AppState { pool, settings: Arc::new(settings), runner, operations, rate_limiter };
+        let openapi = crate::openapi::json(&settings, &edge.public_base_url).into();
+        let state = AppState {
+            pool,
+            settings: Arc::new(settings),
+            runner,
+            operations,
+            rate_limiter,
+            openapi,
+        };
         let router = edge::wrap(router(state), edge);
         Ok(Self { listener, router, shutdown_grace, tasks })
     }
@@ -158,6 +167,7 @@ fn router(state: AppState) -> Router {
         .route("/healthz", get(routes::health::healthz))
         .route("/readyz", get(routes::health::readyz))
         .route("/metrics", get(crate::metrics::render))
+        .route("/openapi.json", get(crate::openapi::serve))
         .route("/problems/{code}", get(routes::problems::show))
         .route("/v1/payments", get(routes::payments::list).post(routes::payments::create))
         .route("/v1/payments/{id}", get(routes::payments::retrieve).patch(routes::payments::update))

@@ -12,6 +12,7 @@ pub mod error;
 pub mod extract;
 pub mod idempotency;
 pub mod metrics;
+pub mod openapi;
 pub mod routes;
 pub use payments_settings as settings;
 pub use payments_settings::telemetry;

@@ -394,7 +394,7 @@ pub struct CaptureParams {
 }
 
 /// Why a payment was canceled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CancellationReason {
     /// A duplicate.

@@ -28,7 +28,7 @@ pub const METADATA_KEY_MAX_CHARS: usize = 40;
 pub const METADATA_VALUE_MAX_CHARS: usize = 500;
 
 /// Where a payment is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PaymentStatus {
     /// Between recovery points: a request or the completer is working on it.
@@ -64,7 +64,7 @@ impl PaymentStatus {
 }
 
 /// When the money moves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CaptureMethod {
     /// Captured with the authorization.
@@ -85,25 +85,31 @@ impl CaptureMethod {
 }
 
 /// `POST /v1/payments`, as the client sends it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreatePaymentRequest {
-    /// Minor units.
+    /// In the currency's minor unit (cents).
+    #[schema(minimum = 1, maximum = 99_999_999)]
     pub amount: i64,
     /// Lower-case ISO 4217.
+    #[schema(pattern = "^[a-z]{3}$", example = "usd")]
     pub currency: String,
-    /// A test token.
+    /// A test token: `pm_card_visa`, `pm_card_mastercard`, `pm_card_chargeDeclined`,
+    /// `pm_card_chargeDeclinedInsufficientFunds` or `pm_card_chargeDeclinedExpiredCard`.
+    #[schema(example = "pm_card_visa")]
     pub payment_method: String,
     /// Default automatic.
     #[serde(default)]
     pub capture_method: CaptureMethod,
-    /// Free text.
+    /// Free text, at most 1,000 characters.
     #[serde(default)]
+    #[schema(max_length = 1000)]
     pub description: Option<String>,
-    /// String pairs.
+    /// At most 50 string pairs; keys of at most 40 characters without `[` or `]`, values of at
+    /// most 500.
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
-    /// Where to send the receipt.
+    /// Where the worker sends the receipt once the payment succeeds.
     #[serde(default)]
     pub receipt_email: Option<String>,
 }
@@ -196,6 +202,48 @@ fn validate_email(email: &str) -> Result<(), DomainError> {
     }
 }
 
+/// A payment as the API shows it (the OpenAPI document's `Payment` is derived from this).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = Payment)]
+pub struct Representation<'a> {
+    /// `pay_…`
+    #[schema(pattern = "^pay_")]
+    id: &'a str,
+    /// Always `payment`.
+    #[schema(pattern = "^payment$")]
+    object: &'static str,
+    /// In the currency's minor unit.
+    amount: i64,
+    /// Lower-case ISO 4217.
+    currency: &'a str,
+    status: PaymentStatus,
+    capture_method: CaptureMethod,
+    /// 0 until captured.
+    amount_captured: i64,
+    /// Refunded, or reserved by refunds in flight.
+    amount_refunded: i64,
+    /// Everything captured has been refunded.
+    refunded: bool,
+    /// The test token.
+    payment_method: &'a str,
+    description: Option<&'a str>,
+    #[schema(value_type = BTreeMap<String, String>)]
+    metadata: &'a BTreeMap<String, String>,
+    receipt_email: Option<&'a str>,
+    /// The processor's charge, `ch_…`.
+    processor_charge_id: Option<&'a str>,
+    /// The decline code of a `failed` payment.
+    failure_code: Option<&'a str>,
+    /// The decline message of a `failed` payment.
+    failure_message: Option<&'a str>,
+    /// Why a `canceled` payment was canceled.
+    cancellation_reason: Option<&'a str>,
+    /// Unix seconds.
+    created: i64,
+    /// Always false (test mode).
+    livemode: bool,
+}
+
 /// A payment as stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Payment {
@@ -238,28 +286,6 @@ pub struct Payment {
 impl Payment {
     /// The public representation, byte for byte, members in the documented order.
     pub fn to_json(&self) -> Vec<u8> {
-        #[derive(Serialize)]
-        struct Representation<'a> {
-            id: &'a str,
-            object: &'static str,
-            amount: i64,
-            currency: &'a str,
-            status: PaymentStatus,
-            capture_method: CaptureMethod,
-            amount_captured: i64,
-            amount_refunded: i64,
-            refunded: bool,
-            payment_method: &'a str,
-            description: Option<&'a str>,
-            metadata: &'a BTreeMap<String, String>,
-            receipt_email: Option<&'a str>,
-            processor_charge_id: Option<&'a str>,
-            failure_code: Option<&'a str>,
-            failure_message: Option<&'a str>,
-            cancellation_reason: Option<&'a str>,
-            created: i64,
-            livemode: bool,
-        }
         let representation = Representation {
             id: &self.id,
             object: "payment",

@@ -10,7 +10,7 @@ use crate::money::AMOUNT_MAX;
 use crate::payments::{Cursor, finish_page, validate_metadata};
 
 /// Why a refund was made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RefundReason {
     /// A duplicate charge.
@@ -33,11 +33,12 @@ impl RefundReason {
 }
 
 /// `POST /v1/payments/{id}/refunds`, as the client sends it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRefundRequest {
     /// Default: what remains refundable.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 99_999_999)]
     pub amount: Option<i64>,
     /// Why.
     #[serde(default)]
@@ -63,6 +64,32 @@ impl CreateRefundRequest {
         }
         Ok(())
     }
+}
+
+/// A refund as the API shows it (the OpenAPI document's `Refund` is derived from this).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = Refund)]
+pub struct Representation<'a> {
+    /// `re_…`
+    #[schema(pattern = "^re_")]
+    id: &'a str,
+    /// Always `refund`.
+    #[schema(pattern = "^refund$")]
+    object: &'static str,
+    /// The refunded payment, `pay_…`.
+    payment: &'a str,
+    /// In the currency's minor unit.
+    amount: i64,
+    currency: &'a str,
+    /// `pending`, `succeeded` or `failed`.
+    status: &'a str,
+    reason: Option<&'a str>,
+    #[schema(value_type = BTreeMap<String, String>)]
+    metadata: &'a BTreeMap<String, String>,
+    /// The processor's refund, `re_…`.
+    processor_refund_id: Option<&'a str>,
+    /// Unix seconds.
+    created: i64,
 }
 
 /// A refund as stored.
@@ -93,19 +120,6 @@ pub struct Refund {
 impl Refund {
     /// The public representation, members in the documented order.
     pub fn to_json(&self) -> Vec<u8> {
-        #[derive(Serialize)]
-        struct Representation<'a> {
-            id: &'a str,
-            object: &'static str,
-            payment: &'a str,
-            amount: i64,
-            currency: &'a str,
-            status: &'a str,
-            reason: Option<&'a str>,
-            metadata: &'a BTreeMap<String, String>,
-            processor_refund_id: Option<&'a str>,
-            created: i64,
-        }
         serde_json::to_vec(&Representation {
             id: &self.id,
             object: "refund",

@@ -226,7 +226,7 @@ pub fn cursor_missing(page: &Page, what: &str) -> ApiError {
 }
 
 /// `PATCH /v1/payments/{id}`: a JSON Merge Patch (RFC 7386) of `description` and `metadata`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PaymentPatch {
     /// `null` removes it.
@@ -304,7 +304,7 @@ pub async fn update(
 }
 
 /// `POST /v1/payments/{id}/capture`
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CaptureBody {
     /// Default: the whole authorized amount.
@@ -350,9 +350,10 @@ pub async fn capture(
 }
 
 /// `POST /v1/payments/{id}/cancel`
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelBody {
+    /// Why (optional).
     #[serde(default)]
     cancellation_reason: Option<CancellationReason>,
 }

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# `make fuzz-api`: schemathesis against the live server's /openapi.json, with authentication.
+# Every response must be documented (status, media type, headers, schema) and none may be a 5xx.
+#
+# It starts processor-sim and payments-api on free ports against a database of its own
+# (payments_fuzz on the server scripts/postgres.sh finds), and installs schemathesis into
+# target/fuzz-venv the first time. FUZZ_EXAMPLES (default 25) sets the test cases per operation;
+# FUZZ_SEED fixes the run (make test uses a fixed seed; by hand it is random).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+EXAMPLES=${FUZZ_EXAMPLES:-25}
+VENV=$ROOT/target/fuzz-venv
+say() { echo "fuzz-api: $*" >&2; }
+
+if ! "$VENV/bin/schemathesis" --version >/dev/null 2>&1; then
+  say "installing schemathesis into $VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r scripts/fuzz-requirements.txt
+fi
+
+SQLX_OFFLINE=true cargo build --quiet --workspace --bins
+BIN=$ROOT/target/debug
+
+eval "$(scripts/postgres.sh up | sed 's/^/export /')"
+STARTED=${PG_STARTED:-}
+export DATABASE_URL=${DATABASE_URL%/*}/payments_fuzz
+export PAYMENTS__LOG__FILTER=${PAYMENTS__LOG__FILTER:-warn}
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  [ -n "$STARTED" ] && scripts/postgres.sh down "$STARTED"
+  return 0
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_for() {
+  for _ in $(seq 1 200); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  say "$1 did not answer"; return 1
+}
+
+"$BIN/payments-api" migrate
+KEY=$("$BIN/payments-api" accounts create --name fuzz)
+SIM_PORT=$(free_port)
+"$BIN/processor-sim" --port "$SIM_PORT" >target/fuzz-sim.log 2>&1 &
+PIDS+=($!)
+wait_for "http://127.0.0.1:$SIM_PORT/_sim/stats"
+API_PORT=$(free_port)
+PAYMENTS__HTTP__PORT=$API_PORT PAYMENTS__PROCESSOR__BASE_URL=http://127.0.0.1:$SIM_PORT \
+  PAYMENTS__RATE_LIMIT__PER_SECOND=0 PAYMENTS__WORKER__METRICS_PORT=0 \
+  "$BIN/payments-api" serve >target/fuzz-api.log 2>&1 &
+PIDS+=($!)
+wait_for "http://127.0.0.1:$API_PORT/readyz"
+
+SEED_ARGS=()
+[ -n "${FUZZ_SEED:-}" ] && SEED_ARGS=(--seed "$FUZZ_SEED")
+say "$EXAMPLES examples per operation against http://127.0.0.1:$API_PORT/openapi.json"
+status=0
+"$VENV/bin/schemathesis" run "http://127.0.0.1:$API_PORT/openapi.json" \
+  --header "Authorization: Bearer $KEY" \
+  --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
+  --max-examples "$EXAMPLES" --workers 2 --generation-database none --no-color \
+  --report junit --report-dir target/fuzz-report "${SEED_ARGS[@]}" || status=$?
+if [ "$status" != 0 ]; then
+  say "failed; the server's log is target/fuzz-api.log"
+  tail -n 20 target/fuzz-api.log >&2 || true
+fi
+exit "$status"
