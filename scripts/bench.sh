@@ -21,4 +21,5 @@ if [ -z "${BENCH_DATABASE_URL:-}" ]; then
   BENCH_DATABASE_URL=postgres://postgres@127.0.0.1:$PAYMENTS_PG_PORT/payments_bench
 fi
 export BENCH_DATABASE_URL
-target/release/payments-bench --bin-dir target/release "$@"
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+"$BIN/payments-bench" --bin-dir "$BIN" "$@"
