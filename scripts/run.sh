@@ -39,6 +39,9 @@ PORT=${PAYMENTS__HTTP__PORT:-8080}
 SIM_PORT=${SIM_PORT:-12111}
 BASE=http://127.0.0.1:$PORT
 export PAYMENTS__PROCESSOR__BASE_URL=${PAYMENTS__PROCESSOR__BASE_URL:-http://127.0.0.1:$SIM_PORT}
+# The inspector, with a fresh operator token unless one is given.
+export PAYMENTS__INSPECTOR__ENABLED=${PAYMENTS__INSPECTOR__ENABLED:-true}
+export PAYMENTS__INSPECTOR__TOKEN=${PAYMENTS__INSPECTOR__TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 
 "$BIN/processor-sim" --port "$SIM_PORT" &
 children+=($!)
@@ -60,6 +63,9 @@ cat >&2 <<MSG
       -H "Idempotency-Key: order-1" -H "Content-Type: application/json" \\
       -d '{"amount":500,"currency":"usd","payment_method":"pm_card_visa"}'
     curl -s $BASE/v1/payments -H "Authorization: Bearer $KEY"
+
+  Watch the keys and their phases in the inspector (read-only; the link carries its token):
+    $BASE/inspector?token=$PAYMENTS__INSPECTOR__TOKEN
 
   Ctrl-C stops everything that \`make run\` started.
 

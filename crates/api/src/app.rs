@@ -163,7 +163,7 @@ pub fn pool(settings: &Settings) -> anyhow::Result<PgPool> {
 }
 
 fn router(state: AppState) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/healthz", get(routes::health::healthz))
         .route("/readyz", get(routes::health::readyz))
         .route("/metrics", get(crate::metrics::render))
@@ -177,7 +177,11 @@ fn router(state: AppState) -> Router {
             "/v1/payments/{id}/refunds",
             get(routes::refunds::list).post(routes::refunds::create),
         )
-        .route("/v1/refunds/{id}", get(routes::refunds::retrieve))
+        .route("/v1/refunds/{id}", get(routes::refunds::retrieve));
+    // The operator's page is not part of the API (nor of its OpenAPI document), and off by default.
+    let routes =
+        if state.settings.inspector.enabled { api.merge(crate::inspector::router()) } else { api };
+    routes
         .route_layer(axum::middleware::from_fn(crate::metrics::track))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)

@@ -11,6 +11,7 @@ pub mod edge;
 pub mod error;
 pub mod extract;
 pub mod idempotency;
+pub mod inspector;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;

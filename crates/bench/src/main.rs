@@ -173,8 +173,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     for &scenario in &args.scenarios {
         for &connections in &args.connections {
             eprintln!("bench: {} at {connections} connection(s)", scenario.name());
+            let cpu = || server::Cpu::now(api.pid(), sim.pid());
+            let before = cpu();
             let floor_run =
                 floor.run(scenario, connections, Budget::Time(secs(args.seconds))).await?;
+            let floor_cpu = before.until(cpu());
             let run = format!("{}-{connections}", scenario.name());
             load::run(
                 &target,
@@ -183,6 +186,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 Budget::Time(secs(args.warmup)),
             )
             .await?;
+            let before = cpu();
             let api_run = load::run(
                 &target,
                 &keys(scenario, run),
@@ -190,9 +194,17 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 Budget::Time(secs(args.seconds)),
             )
             .await?;
+            let api_cpu = before.until(cpu());
             api.check_alive()?;
             worker.check_alive()?;
-            report.rows.push(Row { scenario, connections, api: api_run, floor: floor_run });
+            report.rows.push(Row {
+                scenario,
+                connections,
+                api: api_run,
+                floor: floor_run,
+                api_cpu,
+                floor_cpu,
+            });
         }
     }
 

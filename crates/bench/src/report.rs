@@ -8,6 +8,7 @@ use sqlx::PgPool;
 use crate::Scenario;
 use crate::floor::FloorRun;
 use crate::load::Outcome;
+use crate::server::Cpu;
 use crate::stats::RoleCalls;
 
 /// One scenario at one concurrency: the API's run and pgbench's beside it.
@@ -17,6 +18,10 @@ pub struct Row {
     pub connections: usize,
     pub api: Outcome,
     pub floor: FloorRun,
+    /// CPU spent during the API's run.
+    pub api_cpu: Cpu,
+    /// CPU spent during pgbench's run.
+    pub floor_cpu: Cpu,
 }
 
 /// The counting pass of one scenario.
@@ -121,6 +126,33 @@ impl Report {
                 100.0 * row.api.per_second() / row.floor.per_second.max(1e-9),
                 api_p99 / floor_p99.max(1e-9),
                 answers(&row.api, row.floor.failed),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\n## Where the CPU goes (µs of CPU per request or pgbench transaction)\n"
+        );
+        let _ = writeln!(
+            out,
+            "| scenario | conns | API: payments-api | API: load generator | API: processor-sim \
+             | API: postgres | floor: pgbench | floor: postgres |"
+        );
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        for row in &self.rows {
+            let per = |ticks: u64, n: u64| ticks as f64 * 10_000.0 / n.max(1) as f64;
+            let (a, f) = (&row.api_cpu, &row.floor_cpu);
+            let (requests, transactions) = (row.api.requests, row.floor.transactions);
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+                row.scenario.name(),
+                row.connections,
+                per(a.api, requests),
+                per(a.load, requests),
+                per(a.sim, requests),
+                per(a.postgres, requests),
+                per(f.pgbench, transactions),
+                per(f.postgres, transactions),
             );
         }
         let _ =

@@ -205,3 +205,65 @@ pub fn free_port() -> anyhow::Result<u16> {
 pub fn own_dir() -> PathBuf {
     std::env::current_exe().ok().and_then(|exe| exe.parent().map(PathBuf::from)).unwrap_or_default()
 }
+
+/// CPU time spent so far, in clock ticks (1/100 s on Linux), by the parties of a run.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Cpu {
+    /// payments-api.
+    pub api: u64,
+    /// processor-sim.
+    pub sim: u64,
+    /// This process: the load generator.
+    pub load: u64,
+    /// This process's waited-for children: pgbench.
+    pub pgbench: u64,
+    /// Every `postgres` process of the machine (the server's backends).
+    pub postgres: u64,
+}
+
+impl Cpu {
+    /// Reads the counters now.
+    pub fn now(api: u32, sim: u32) -> Self {
+        let own = stat_fields(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default());
+        let field = |fields: &[u64], i: usize| fields.get(i).copied().unwrap_or(0);
+        let mut postgres = 0;
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+            if stat.contains("(postgres)") {
+                let fields = stat_fields(&stat);
+                postgres += field(&fields, 0) + field(&fields, 1);
+            }
+        }
+        let of = |pid: u32| {
+            let fields = stat_fields(
+                &std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default(),
+            );
+            field(&fields, 0) + field(&fields, 1)
+        };
+        Self {
+            api: of(api),
+            sim: of(sim),
+            load: field(&own, 0) + field(&own, 1),
+            pgbench: field(&own, 2) + field(&own, 3),
+            postgres,
+        }
+    }
+
+    /// What was spent between `self` and `later`.
+    pub fn until(self, later: Self) -> Self {
+        Self {
+            api: later.api.saturating_sub(self.api),
+            sim: later.sim.saturating_sub(self.sim),
+            load: later.load.saturating_sub(self.load),
+            pgbench: later.pgbench.saturating_sub(self.pgbench),
+            postgres: later.postgres.saturating_sub(self.postgres),
+        }
+    }
+}
+
+/// utime, stime, cutime, cstime of a `/proc/<pid>/stat` line (fields 14 to 17; the command name
+/// in parentheses may hold spaces, so counting starts after the last `)`).
+fn stat_fields(stat: &str) -> Vec<u64> {
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse().ok()).collect()
+}

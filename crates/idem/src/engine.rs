@@ -204,7 +204,10 @@ impl Engine {
                 return Ok(Claim::InUse);
             }
             let taken = self
-                .retrying(|| store::take_over(&self.pool, row.id, row.owner_token, token, lease_ms))
+                .retrying(|| {
+                    let owner = row.owner_token;
+                    store::take_over(&self.pool, row.id, owner, token, lease_ms, request.request_id)
+                })
                 .await?;
             if let Some((point, attempts)) = taken {
                 let event =

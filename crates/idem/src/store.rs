@@ -105,29 +105,38 @@ pub(crate) async fn insert_or_read(
 }
 
 /// Takes the lease of an unfinished key whose lease is free or expired, if nobody changed the
-/// owner since `observed` was read (compare and swap). Returns the recovery point and attempts.
+/// owner since `observed` was read (compare and swap), and records the attempt for `request_id`.
+/// Returns the recovery point and attempts.
 pub(crate) async fn take_over(
     executor: impl PgExecutor<'_>,
     key_id: i64,
     observed: Option<Uuid>,
     token: Uuid,
     lease_ms: i64,
+    request_id: &str,
 ) -> Result<Option<(String, i32)>, IdemError> {
     let row = sqlx::query!(
         r#"
-        UPDATE idempotency_keys
-           SET owner_token = $3, locked_until = now() + $4 * interval '1 millisecond',
-               attempts = attempts + 1, last_run_at = now()
-         WHERE id = $1
-           AND owner_token IS NOT DISTINCT FROM $2
-           AND completed_at IS NULL AND needs_human_at IS NULL
-           AND (locked_until IS NULL OR locked_until <= now())
-        RETURNING recovery_point, attempts
+        WITH taken AS (
+            UPDATE idempotency_keys
+               SET owner_token = $3, locked_until = now() + $4 * interval '1 millisecond',
+                   attempts = attempts + 1, last_run_at = now()
+             WHERE id = $1
+               AND owner_token IS NOT DISTINCT FROM $2
+               AND completed_at IS NULL AND needs_human_at IS NULL
+               AND (locked_until IS NULL OR locked_until <= now())
+            RETURNING id, recovery_point, attempts
+        ), logged AS (
+            INSERT INTO idempotency_attempts (key_id, attempt, request_id, took_over, recovery_point)
+            SELECT id, attempts, $5, $2::uuid IS NOT NULL, recovery_point FROM taken
+        )
+        SELECT recovery_point AS "recovery_point!", attempts AS "attempts!" FROM taken
         "#,
         key_id,
         observed,
         token,
         lease_ms as f64,
+        request_id,
     )
     .fetch_optional(executor)
     .await?;
@@ -267,22 +276,31 @@ pub(crate) async fn take_due(
     let rows = sqlx::query!(
         r#"
         WITH due AS (
-            SELECT id FROM idempotency_keys
+            SELECT id, owner_token IS NOT NULL AS took_over FROM idempotency_keys
              WHERE completed_at IS NULL AND needs_human_at IS NULL AND next_attempt_at <= now()
                AND (locked_until IS NULL OR locked_until <= now())
              ORDER BY next_attempt_at
              LIMIT $1
              FOR UPDATE SKIP LOCKED
+        ), taken AS (
+            UPDATE idempotency_keys k
+               SET owner_token = gen_random_uuid(),
+                   locked_until = now() + $2 * interval '1 millisecond',
+                   attempts = k.attempts + 1, last_run_at = now()
+              FROM due
+             WHERE k.id = due.id
+            RETURNING k.id, k.owner_token, k.recovery_point, k.attempts, k.operation,
+                      k.request_params, k.request_id, k.created_at, due.took_over
+        ), logged AS (
+            -- The completer's attempts have no request id.
+            INSERT INTO idempotency_attempts (key_id, attempt, request_id, took_over, recovery_point)
+            SELECT id, attempts, NULL, took_over, recovery_point FROM taken
         )
-        UPDATE idempotency_keys k
-           SET owner_token = gen_random_uuid(),
-               locked_until = now() + $2 * interval '1 millisecond',
-               attempts = k.attempts + 1, last_run_at = now()
-          FROM due
-         WHERE k.id = due.id
-        RETURNING k.id, k.owner_token AS "owner_token!", k.recovery_point, k.attempts,
-                  k.operation, k.request_params, k.request_id,
-                  k.created_at < now() - $3 * interval '1 millisecond' AS "too_old!"
+        SELECT id AS "id!", owner_token AS "owner_token!", recovery_point AS "recovery_point!",
+               attempts AS "attempts!", operation AS "operation!",
+               request_params AS "request_params!", request_id AS "request_id!",
+               created_at < now() - $3 * interval '1 millisecond' AS "too_old!"
+          FROM taken
         "#,
         limit,
         lease_ms as f64,

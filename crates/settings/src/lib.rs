@@ -37,7 +37,28 @@ pub struct Settings {
     pub worker: WorkerSettings,
     /// Logging.
     pub log: LogSettings,
+    /// The operator's read-only web page of keys, phases and jobs.
+    pub inspector: InspectorSettings,
 }
+
+/// `[inspector]`
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InspectorSettings {
+    /// Serve `/inspector`.
+    pub enabled: bool,
+    /// The operator token the page asks for. Never logged.
+    pub token: String,
+}
+
+impl std::fmt::Debug for InspectorSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InspectorSettings").field("enabled", &self.enabled).finish_non_exhaustive()
+    }
+}
+
+/// The shortest operator token accepted.
+pub const INSPECTOR_TOKEN_MIN_CHARS: usize = 16;
 
 /// `[http]`
 #[derive(Debug, Clone, Deserialize)]
@@ -305,6 +326,17 @@ impl Settings {
             && !["smtp://", "smtps://"].iter().any(|s| self.worker.smtp_url.starts_with(s))
         {
             return Err(invalid("worker.smtp_url", "must start with smtp:// or smtps://".into()));
+        }
+        if self.inspector.enabled
+            && self.inspector.token.chars().count() < INSPECTOR_TOKEN_MIN_CHARS
+        {
+            return Err(invalid(
+                "inspector.token",
+                format!(
+                    "must be at least {INSPECTOR_TOKEN_MIN_CHARS} characters when the inspector is \
+                     enabled (make run generates one)"
+                ),
+            ));
         }
         if self.idempotency.retention_hours == 0 {
             return Err(invalid("idempotency.retention_hours", "must be at least 1".into()));

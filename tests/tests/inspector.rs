@@ -1,0 +1,194 @@
+//! The inspector, end to end: the pages as a real headless browser (Debian's `chromium`) renders
+//! them, after a test created the keys they show. `make test` installs chromium when it is missing
+//! and sets PAYMENTS_REQUIRE_BROWSER=1; without a browser and without that variable the browser
+//! test says so and passes, so that `cargo test` works on a laptop without one.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use payments_tests::{TestApp, spawn_with_sim};
+use serde_json::json;
+use sqlx::PgPool;
+
+const TOKEN: &str = "operator-token-for-tests-0123";
+
+async fn app(pool: PgPool) -> (TestApp, String) {
+    spawn_with_sim(
+        pool,
+        &[
+            ("PAYMENTS__INSPECTOR__ENABLED", "true"),
+            ("PAYMENTS__INSPECTOR__TOKEN", TOKEN),
+            ("PAYMENTS__PROCESSOR__MAX_RETRIES", "0"),
+        ],
+    )
+    .await
+}
+
+/// Chromium or Chrome, if this machine has one.
+fn browser() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("CHROMIUM") {
+        return Some(PathBuf::from(path));
+    }
+    let names = ["chromium", "chromium-browser", "google-chrome", "google-chrome-stable"];
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .flat_map(|dir| names.iter().map(move |name| dir.join(name)))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+/// The DOM of `url` once a fresh headless browser profile has loaded it (following redirects and
+/// keeping the cookies they set). Asynchronous: the server under test runs on this runtime.
+async fn render(browser: &PathBuf, url: &str) -> String {
+    let profile = std::env::temp_dir().join(format!("inspector-browser-{}", uuid::Uuid::new_v4()));
+    let output = tokio::process::Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--virtual-time-budget=1000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--dump-dom")
+        .arg(url)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("the browser runs");
+    let _ = std::fs::remove_dir_all(&profile);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn position(page: &str, needle: &str) -> usize {
+    page.find(needle).unwrap_or_else(|| panic!("`{needle}` is not on the page:\n{page}"))
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_browser_sees_the_keys_a_test_created_and_their_phases_in_order(pool: PgPool) {
+    let Some(browser) = browser() else {
+        assert!(
+            std::env::var_os("PAYMENTS_REQUIRE_BROWSER").is_none(),
+            "no chromium on this machine, and PAYMENTS_REQUIRE_BROWSER is set"
+        );
+        eprintln!("skipped: no chromium (make test installs it)");
+        return;
+    };
+    let (app, _sim) = app(pool.clone()).await;
+    let (_, secret) = app.create_account("Corner Shop").await;
+    let body = json!({"amount": 1250, "currency": "usd", "payment_method": "pm_card_visa"});
+    let created = app.post("/v1/payments", &secret, Some("order-7731"), &body).await;
+    assert_eq!(created.status(), 201);
+    let key_id: i64 =
+        sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idempotency_key = 'order-7731'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+
+    let refused = render(&browser, &app.url("/inspector")).await;
+    assert!(refused.contains("Operator token required"), "{refused}");
+    assert!(!refused.contains("order-7731"), "{refused}");
+    let wrong = render(&browser, &app.url("/inspector?token=not-the-token-at-all")).await;
+    assert!(wrong.contains("not the operator token") && !wrong.contains("order-7731"), "{wrong}");
+
+    // The token in the URL becomes a cookie, and the browser follows the redirect with it.
+    let overview = render(&browser, &app.url(&format!("/inspector?token={TOKEN}"))).await;
+    assert!(overview.contains("Corner Shop"), "{overview}");
+    assert!(overview.contains(&format!("/inspector/keys/{key_id}")), "{overview}");
+    assert!(overview.contains("order-7731") && overview.contains("answered 201"), "{overview}");
+
+    let page = render(&browser, &app.url(&format!("/inspector/keys/{key_id}?token={TOKEN}"))).await;
+    let claimed = position(&page, "claimed (attempt 1)");
+    let created = position(&page, "payment.created");
+    let charged = position(&page, "payment.charged");
+    let stored = position(&page, "answer stored: 201");
+    assert!(claimed < created && created < charged && charged < stored, "{page}");
+    assert!(page.contains("/charge</code>"), "the processor call's derived key: {page}");
+    assert!(page.contains("pm_card_…") && !page.contains("pm_card_visa"), "{page}");
+    for page in [&overview, &page] {
+        assert!(!page.contains(&secret) && !page.contains(TOKEN), "a secret is on the page");
+    }
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_retry_shows_as_a_second_attempt_and_a_key_in_flight_refreshes(pool: PgPool) {
+    let (app, sim) = app(pool.clone()).await;
+    let (_, secret) = app.create_account("shop").await;
+    let http = reqwest::Client::new();
+    let faults = |value: serde_json::Value| {
+        let request = http.put(format!("{sim}/_sim/faults")).json(&value);
+        async move { assert!(request.send().await.unwrap().status().is_success()) }
+    };
+    let body = json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
+
+    // The processor fails: the key is released at its recovery point; the retry resumes it.
+    faults(json!({"error_rate": 1.0})).await;
+    assert_eq!(app.post("/v1/payments", &secret, Some("retried"), &body).await.status(), 503);
+    faults(json!({})).await;
+    assert_eq!(app.post("/v1/payments", &secret, Some("retried"), &body).await.status(), 201);
+    let key_id: i64 =
+        sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idempotency_key = 'retried'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let page = |path: String| {
+        let request = http.get(app.url(&path)).bearer_auth(TOKEN);
+        async move {
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            response.text().await.unwrap()
+        }
+    };
+    let retried = page(format!("/inspector/keys/{key_id}")).await;
+    let second = position(&retried, "attempt 2");
+    assert!(position(&retried, "claimed (attempt 1)") < second, "{retried}");
+    assert!(retried.contains("resumed a key released after a transient failure"), "{retried}");
+    assert!(second < position(&retried, "payment.charged"), "{retried}");
+    assert!(!retried.contains("http-equiv=\"refresh\""), "a finished key does not refresh");
+
+    // A slow processor keeps the next key in flight: its page refreshes itself.
+    faults(json!({"latency_ms": 3000})).await;
+    let slow = {
+        let request = app
+            .http
+            .post(app.url("/v1/payments"))
+            .bearer_auth(&secret)
+            .header("Idempotency-Key", "slow")
+            .json(&body);
+        tokio::spawn(request.send())
+    };
+    let mut in_flight = None;
+    for _ in 0..100 {
+        if let Some(id) = sqlx::query_scalar::<_, i64>(
+            "SELECT id FROM idempotency_keys WHERE idempotency_key = 'slow'",
+        )
+        .fetch_optional(&pool)
+        .await
+        .unwrap()
+        {
+            in_flight = Some(id);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let live = page(format!("/inspector/keys/{}", in_flight.expect("the slow key exists"))).await;
+    assert!(live.contains("http-equiv=\"refresh\"") && live.contains("In flight"), "{live}");
+    let overview = page("/inspector".to_owned()).await;
+    assert!(overview.contains("in flight") && overview.contains("http-equiv=\"refresh\""));
+    assert_eq!(slow.await.unwrap().unwrap().status(), 201);
+
+    // Without the token: refused, and nothing about the keys.
+    let refused = http.get(app.url("/inspector")).send().await.unwrap();
+    assert_eq!(refused.status(), 401);
+    assert!(!refused.text().await.unwrap().contains("retried"));
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn the_inspector_is_off_by_default(pool: PgPool) {
+    let (app, _sim) = spawn_with_sim(pool, &[]).await;
+    let response = reqwest::get(app.url("/inspector")).await.unwrap();
+    assert_eq!(response.status(), 404);
+}
