@@ -246,6 +246,18 @@ async fn a_payment_abandoned_at_each_recovery_point_is_finished_with_one_charge(
         let report = h.pass().await;
         assert_eq!(report.completed, 1, "{key}");
         h.assert_finished_and_replayed(&key, operations::CREATE_PAYMENT, &value, 201).await;
+        // The completer's attempt is on record: the second, by no request, taking over an
+        // expired lease at the point where the crashed process stopped.
+        let attempt: (i32, Option<String>, bool, String) = sqlx::query_as(
+            "SELECT a.attempt, a.request_id, a.took_over, a.recovery_point
+               FROM idempotency_attempts a JOIN idempotency_keys k ON k.id = a.key_id
+              WHERE k.idempotency_key = $1",
+        )
+        .bind(&key)
+        .fetch_one(&h.pool)
+        .await
+        .unwrap();
+        assert_eq!(attempt, (2, None, true, point.name().to_owned()), "{key}");
     }
     assert_eq!(h.stats().await["charges_created"], 2, "one charge per payment");
 }
