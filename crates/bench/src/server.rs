@@ -217,7 +217,8 @@ pub struct Cpu {
     pub load: u64,
     /// This process's waited-for children: pgbench.
     pub pgbench: u64,
-    /// Every `postgres` process of the machine (the server's backends).
+    /// Every `postgres` process of the machine: the backends, and through the postmasters'
+    /// children's time, the backends that have exited (pgbench's, at the end of its run).
     pub postgres: u64,
 }
 
@@ -230,8 +231,8 @@ impl Cpu {
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
             let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
             if stat.contains("(postgres)") {
-                let fields = stat_fields(&stat);
-                postgres += field(&fields, 0) + field(&fields, 1);
+                // A backend that has exited counts in its postmaster's children's time.
+                postgres += stat_fields(&stat).iter().sum::<u64>();
             }
         }
         let of = |pid: u32| {
