@@ -17,7 +17,6 @@ use idem::Engine;
 use payments_domain::operations::Context;
 use provider::ProcessorClient;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
@@ -155,11 +154,7 @@ impl Application {
 
 /// The pool the settings describe, connecting lazily.
 pub fn pool(settings: &Settings) -> anyhow::Result<PgPool> {
-    let options = settings.database.connect_options()?;
-    Ok(PgPoolOptions::new()
-        .max_connections(settings.database.max_connections)
-        .acquire_timeout(settings.database.acquire_timeout())
-        .connect_lazy_with(options))
+    Ok(settings.database.pool()?)
 }
 
 fn router(state: AppState) -> Router {
