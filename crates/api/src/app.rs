@@ -17,6 +17,7 @@ use idem::Engine;
 use payments_domain::operations::Context;
 use provider::ProcessorClient;
 use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
@@ -154,7 +155,11 @@ impl Application {
 
 /// The pool the settings describe, connecting lazily.
 pub fn pool(settings: &Settings) -> anyhow::Result<PgPool> {
-    Ok(settings.database.pool()?)
+    let options = settings.database.connect_options()?;
+    Ok(PgPoolOptions::new()
+        .max_connections(settings.database.max_connections)
+        .acquire_timeout(settings.database.acquire_timeout())
+        .connect_lazy_with(options))
 }
 
 fn router(state: AppState) -> Router {
