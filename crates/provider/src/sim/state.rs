@@ -63,11 +63,23 @@ impl Answer {
     }
 }
 
+/// What the stand-in keeps per idempotency key, compactly: it holds one per charge, and a
+/// test run makes hundreds of thousands.
 #[derive(Debug)]
 struct IdempotencyRecord {
-    path: String,
-    params: Vec<(String, String)>,
-    answer: Answer,
+    /// The path and the sorted parameters, `path?k=v&k=v`: a retry must match them exactly.
+    request: String,
+    status: StatusCode,
+    /// The answer's body as sent.
+    body: Box<str>,
+}
+
+/// `path?k=v&k=v` of a request whose parameters are sorted (`=` and `&` inside them escaped).
+fn request_line(path: &str, sorted: &[(String, String)]) -> String {
+    let escape = |s: &str| s.replace('%', "%25").replace('&', "%26").replace('=', "%3D");
+    let params: Vec<String> =
+        sorted.iter().map(|(k, v)| format!("{}={}", escape(k), escape(v))).collect();
+    format!("{path}?{}", params.join("&"))
 }
 
 #[derive(Debug, Clone)]
@@ -209,9 +221,10 @@ impl Ledger {
         let Some(key) = key else { return run(self, params) };
         let mut sorted = params.to_vec();
         sorted.sort();
+        let request = request_line(path, &sorted);
         let slot = (api_key.to_owned(), key);
         if let Some(record) = self.idempotency.get(&slot) {
-            if record.path != path || record.params != sorted {
+            if record.request != request {
                 return Answer::error(
                     StatusCode::BAD_REQUEST,
                     "idempotency_error",
@@ -221,14 +234,14 @@ impl Ledger {
                 );
             }
             self.stats.idempotent_replays += 1;
-            return Answer { replayed: true, ..record.answer.clone() };
+            let body = serde_json::from_str(&record.body).unwrap_or(Value::Null);
+            return Answer { status: record.status, body, replayed: true };
         }
         let answer = run(self, params);
         if answer.is_kept() {
-            self.idempotency.insert(
-                slot,
-                IdempotencyRecord { path: path.to_owned(), params: sorted, answer: answer.clone() },
-            );
+            let body = answer.body.to_string().into_boxed_str();
+            self.idempotency
+                .insert(slot, IdempotencyRecord { request, status: answer.status, body });
         }
         answer
     }
