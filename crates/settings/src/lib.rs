@@ -327,6 +327,14 @@ impl Settings {
         {
             return Err(invalid("worker.smtp_url", "must start with smtp:// or smtps://".into()));
         }
+        if !self.inspector.token.chars().all(|c| c.is_ascii_alphanumeric() || "-_.~".contains(c)) {
+            return Err(invalid(
+                "inspector.token",
+                "may hold only letters, digits, `-`, `_`, `.` and `~` (it travels in a URL and a \
+                 cookie)"
+                    .into(),
+            ));
+        }
         if self.inspector.enabled
             && self.inspector.token.chars().count() < INSPECTOR_TOKEN_MIN_CHARS
         {
@@ -398,6 +406,21 @@ mod tests {
 
     fn load(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
         Settings::load_from(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn the_inspector_needs_a_long_plain_token_when_enabled() {
+        let on = ("PAYMENTS__INSPECTOR__ENABLED", "true");
+        let refused = |vars: &[(&str, &str)]| match load(vars) {
+            Err(err) => err.to_string(),
+            Ok(_) => String::new(),
+        };
+        assert!(refused(&[on]).contains("PAYMENTS__INSPECTOR__TOKEN"));
+        assert!(refused(&[on, ("PAYMENTS__INSPECTOR__TOKEN", "short")]).contains("16"));
+        let spaced = refused(&[on, ("PAYMENTS__INSPECTOR__TOKEN", "a token; with spaces")]);
+        assert!(spaced.contains("letters, digits"), "{spaced}");
+        assert!(load(&[on, ("PAYMENTS__INSPECTOR__TOKEN", "0123456789abcdef-_.~")]).is_ok());
+        assert!(load(&[]).is_ok_and(|s| !s.inspector.enabled));
     }
 
     #[test]
