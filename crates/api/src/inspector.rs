@@ -472,7 +472,14 @@ async fn key_page(
         ("lease", lease),
         ("attempts", key.attempts.to_string()),
         ("created (UTC)", esc(&key.created)),
-        ("next completer attempt (UTC)", esc(key.next_attempt.as_deref().unwrap_or("—"))),
+        (
+            "next completer attempt (UTC)",
+            if in_flight {
+                esc(key.next_attempt.as_deref().unwrap_or("—"))
+            } else {
+                "—".into()
+            },
+        ),
         ("last error", esc(key.last_error.as_deref().unwrap_or("—"))),
     ];
     out.push_str("<table class=\"facts\">");
