@@ -57,7 +57,8 @@ impl Scenario {
 #[command(name = "payments-bench", version, about)]
 struct Args {
     /// A PostgreSQL server that preloads pg_stat_statements, trust authentication, as a
-    /// superuser; the database it names is dropped and created afresh.
+    /// superuser. Its database `payments_bench` is dropped and created afresh (only that one,
+    /// whatever database the URL names).
     #[arg(long, env = "BENCH_DATABASE_URL")]
     database_url: String,
     /// Where payments-api, payments-worker and processor-sim are (default: beside this program).

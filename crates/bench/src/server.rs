@@ -12,6 +12,9 @@ use anyhow::{Context as _, bail};
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
+/// The database the benchmark makes, and drops at its next run.
+pub const DATABASE: &str = "payments_bench";
+
 /// The roles the parties connect as. Each is a superuser of the benchmark's own server.
 pub const API_ROLE: &str = "bench_api";
 pub const WORKER_ROLE: &str = "bench_worker";
@@ -25,11 +28,12 @@ pub struct Database {
 }
 
 impl Database {
-    /// Drops and recreates the database `url` names, makes the roles and checks that
-    /// `pg_stat_statements` is loaded.
+    /// Drops and recreates the database [`DATABASE`] on the server `url` names (whatever
+    /// database the URL names, so that a mistyped URL cannot drop anything else), makes the
+    /// roles and checks that `pg_stat_statements` is loaded.
     pub async fn fresh(url: &str) -> anyhow::Result<Self> {
         let options = PgConnectOptions::from_str(url).context("BENCH_DATABASE_URL")?;
-        let name = options.get_database().unwrap_or("payments_bench").to_owned();
+        let name = DATABASE;
         let admin = PgPoolOptions::new()
             .max_connections(1)
             .connect_with(options.clone().database("postgres"))
@@ -61,7 +65,7 @@ impl Database {
             }
         }
         admin.close().await;
-        let options = options.database(&name);
+        let options = options.database(name);
         let pool = PgPoolOptions::new().max_connections(2).connect_with(options.clone()).await?;
         sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&pool).await?;
         Ok(Self { options, pool })
