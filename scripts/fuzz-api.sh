@@ -61,11 +61,14 @@ SEED_ARGS=()
 [ -n "${FUZZ_SEED:-}" ] && SEED_ARGS=(--seed "$FUZZ_SEED")
 say "$EXAMPLES examples per operation against http://127.0.0.1:$API_PORT/openapi.json"
 status=0
-# schemathesis keeps a cache of past failures in .schemathesis/ of its working directory.
+# schemathesis keeps a cache of past failures in .schemathesis/ of its working directory. One
+# worker: with two threads, hypothesis parses lambdas' source concurrently and CPython 3.11's ast
+# module can fail with "AST constructor recursion depth mismatch" (an error of the tool, not of
+# the server, seen here once in four runs).
 (cd target && "$VENV/bin/schemathesis" run "http://127.0.0.1:$API_PORT/openapi.json" \
   --header "Authorization: Bearer $KEY" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
-  --max-examples "$EXAMPLES" --workers 2 --generation-database none --no-color \
+  --max-examples "$EXAMPLES" --workers 1 --generation-database none --no-color \
   --report junit --report-dir fuzz-report "${SEED_ARGS[@]}") || status=$?
 if [ "$status" != 0 ]; then
   say "failed; the server's log is target/fuzz-api.log"
