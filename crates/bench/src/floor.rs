@@ -95,10 +95,12 @@ impl Floor {
             Scenario::New => command.arg(format!("--file={}", new.display())),
             Scenario::Replay => command.arg(format!("--file={}", replay.display())),
             // One request in `fanout` creates the payment; the others find its key.
+            // With one request per key, a storm is `new`.
+            Scenario::Storm if self.fanout <= 1 => command.arg(format!("--file={}", new.display())),
             Scenario::Storm => command.arg(format!("--file={}@1", new.display())).arg(format!(
                 "--file={}@{}",
                 replay.display(),
-                self.fanout.saturating_sub(1).max(1)
+                self.fanout - 1
             )),
         };
         for (name, value) in &self.vars {
