@@ -113,3 +113,116 @@ async fn each_account_sees_an_answer_for_its_own_key(pool: PgPool) {
         assert_eq!(body["object"], "list");
     }
 }
+
+/// A key this server has seen and then revoked: the next money-moving request does not look it up
+/// first (its account is known), so each way of answering before or at the claim must still
+/// notice the revocation.
+async fn seen_then_revoked(app: &TestApp, name: &str) -> (String, String) {
+    let (account, key) = app.create_account(name).await;
+    let body =
+        serde_json::json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
+    assert_eq!(app.post("/v1/payments", &key, Some("before"), &body).await.status(), 201);
+    sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE account_id = $1")
+        .bind(&account)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    (account, key)
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_key_revoked_after_use_is_refused_first_on_every_money_moving_path(pool: PgPool) {
+    let (app, _sim) = payments_tests::spawn_with_sim(pool.clone(), &[]).await;
+    let body =
+        serde_json::json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
+
+    // The claim checks the key: no replay of the answer stored before the revocation…
+    let (_, key) = seen_then_revoked(&app, "replay").await;
+    let replay = app.post("/v1/payments", &key, Some("before"), &body).await;
+    assert!(replay.headers().get("idempotent-replayed").is_none());
+    assert_problem(replay, 401, "invalid_api_key").await;
+
+    // …and no new key claimed.
+    let (account, key) = seen_then_revoked(&app, "new").await;
+    assert_problem(
+        app.post("/v1/payments", &key, Some("after"), &body).await,
+        401,
+        "invalid_api_key",
+    )
+    .await;
+    let keys: Vec<String> =
+        sqlx::query_scalar("SELECT idempotency_key FROM idempotency_keys WHERE account_id = $1")
+            .bind(&account)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(keys, ["before"], "a refused request stores nothing");
+
+    // Every refusal before the claim answers 401 rather than what else is wrong.
+    let (_, key) = seen_then_revoked(&app, "no idempotency key").await;
+    assert_problem(app.post("/v1/payments", &key, None, &body).await, 401, "invalid_api_key").await;
+
+    let (_, key) = seen_then_revoked(&app, "media type").await;
+    let request = app
+        .http
+        .post(app.url("/v1/payments"))
+        .bearer_auth(&key)
+        .header("idempotency-key", "m")
+        .header("content-type", "text/plain")
+        .body("amount=500");
+    assert_problem(app.send(request).await, 401, "invalid_api_key").await;
+
+    let (_, key) = seen_then_revoked(&app, "unparsable").await;
+    let unparsable = serde_json::json!({"amount": "five hundred"});
+    assert_problem(
+        app.post("/v1/payments", &key, Some("u"), &unparsable).await,
+        401,
+        "invalid_api_key",
+    )
+    .await;
+
+    let (_, key) = seen_then_revoked(&app, "invalid").await;
+    let invalid =
+        serde_json::json!({"amount": -5, "currency": "usd", "payment_method": "pm_card_visa"});
+    assert_problem(
+        app.post("/v1/payments", &key, Some("i"), &invalid).await,
+        401,
+        "invalid_api_key",
+    )
+    .await;
+
+    let (_, key) = seen_then_revoked(&app, "bad capture").await;
+    let capture = serde_json::json!({"amount_to_capture": 0});
+    let path = "/v1/payments/pay_nope/capture";
+    assert_problem(app.post(path, &key, Some("c"), &capture).await, 401, "invalid_api_key").await;
+
+    for path in [
+        "/v1/payments/pay_nope/capture",
+        "/v1/payments/pay_nope/cancel",
+        "/v1/payments/pay_nope/refunds",
+    ] {
+        let (_, key) = seen_then_revoked(&app, path).await;
+        let empty = serde_json::json!({});
+        assert_problem(app.post(path, &key, Some("p"), &empty).await, 401, "invalid_api_key").await;
+    }
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_key_revoked_after_use_is_refused_before_its_rate_limit(pool: PgPool) {
+    let sim = payments_tests::start_sim(Default::default()).await;
+    let app = TestApp::spawn_with(
+        pool.clone(),
+        pool,
+        &[
+            ("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str()),
+            ("PAYMENTS__RATE_LIMIT__PER_SECOND", "1"),
+            ("PAYMENTS__RATE_LIMIT__BURST", "1"),
+        ],
+    )
+    .await;
+    let (_, key) = seen_then_revoked(&app, "limited").await;
+    let body =
+        serde_json::json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
+    assert_problem(app.post("/v1/payments", &key, Some("l"), &body).await, 401, "invalid_api_key")
+        .await;
+}

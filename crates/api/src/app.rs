@@ -40,6 +40,8 @@ pub struct AppState {
     pub operations: Context<ProcessorClient>,
     /// Per-account request rates; `None` when off.
     pub rate_limiter: Option<Arc<crate::auth::AccountLimiter>>,
+    /// The accounts of the API keys seen lately.
+    pub known_keys: Arc<crate::auth::KnownKeys>,
     /// The OpenAPI document, rendered once.
     pub openapi: axum::body::Bytes,
 }
@@ -97,6 +99,7 @@ impl Application {
             runner,
             operations,
             rate_limiter,
+            known_keys: Arc::default(),
             openapi,
         };
         let router = edge::wrap(router(state), edge);

@@ -1,6 +1,7 @@
 //! The HTTP side of the idempotency engine: what every money-moving handler goes through.
 //!
-//! `RequiredKey` parses the `Idempotency-Key` header (400 when missing or malformed). `Runner::run`
+//! `IdempotentPost` takes a money-moving POST apart in the contract's order; `RequiredKey` parses
+//! the `Idempotency-Key` header (400 when missing or malformed). `Runner::run`
 //! fingerprints the request, claims the key, and either replays the stored answer (with
 //! `Idempotent-Replayed: true`), refuses (409 with `Retry-After`, 422), or runs the operation on a
 //! task of its own: axum drops a handler's future when the client hangs up, and an operation cut
@@ -8,7 +9,7 @@
 //! is in whatever the client does, and graceful shutdown waits for it.
 
 use axum::body::Body;
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::Response;
@@ -16,12 +17,17 @@ use idem::{
     Claim, ClaimRequest, Engine, Fingerprint, IdempotencyKey, Interrupted, Operation, RequestParts,
     StoredResponse, TransientKind,
 };
+use payments_domain::AccountId;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::task::TaskTracker;
 
+use crate::app::AppState;
+use crate::auth::{Caller, invalid_api_key};
 use crate::edge::RequestId;
 use crate::error::{ApiError, ProblemCode};
-use crate::extract::JsonMediaType;
+use crate::extract::{JsonBody, JsonMediaType};
 
 /// The header a replayed answer carries.
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -95,11 +101,90 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestMeta {
     }
 }
 
+/// A money-moving POST up to its claim: the caller, the request line, the key and the body, each
+/// checked in the contract's order (authentication, key syntax, media type, body), so that the
+/// first failure answers. The handler checks its own rules with `admit`, then `run`s.
+#[derive(Debug)]
+pub struct IdempotentPost<T> {
+    /// Who sends it.
+    pub caller: Caller,
+    /// The request line and headers.
+    pub meta: RequestMeta,
+    /// The `Idempotency-Key`.
+    pub key: IdempotencyKey,
+    /// The body.
+    pub body: JsonBody<T>,
+}
+
+impl<T: DeserializeOwned + Send> FromRequest<AppState> for IdempotentPost<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let (mut parts, body) = request.into_parts();
+        let caller = Caller::from_request_parts(&mut parts, state).await?;
+        let rest = async {
+            let meta = RequestMeta::from_request_parts(&mut parts, state).await?;
+            let RequiredKey(key) = RequiredKey::from_request_parts(&mut parts, state).await?;
+            let body = JsonBody::from_request(Request::from_parts(parts, body), state).await?;
+            Ok((meta, key, body))
+        };
+        let (meta, key, body) = caller.admit(state, rest.await).await?;
+        Ok(Self { caller, meta, key, body })
+    }
+}
+
+impl<T> IdempotentPost<T> {
+    /// The account the request acts for.
+    pub fn account(&self) -> &AccountId {
+        self.caller.account()
+    }
+
+    /// `result`, or `401` instead of its error when the caller's key turns out to be dead.
+    pub async fn admit<U>(
+        &self,
+        state: &AppState,
+        result: Result<U, impl Into<ApiError>>,
+    ) -> Result<U, ApiError> {
+        self.caller.admit(state, result.map_err(Into::into)).await
+    }
+
+    /// Claims the key and runs `operation` (stored as `name` with `params` for the completer).
+    pub async fn run<O: Operation + 'static>(
+        &self,
+        state: &AppState,
+        name: &str,
+        params: &impl Serialize,
+        operation: O,
+    ) -> Result<Response, ApiError> {
+        // The fingerprint is over the body as sent, not over the typed value with its defaults.
+        let body: Value = serde_json::from_slice(&self.body.raw)
+            .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
+        let params = serde_json::to_value(params).map_err(|err| ApiError::internal(&err))?;
+        let attempt = Attempt {
+            account_id: self.account().as_str(),
+            credential: self.caller.credential(),
+            key: &self.key,
+            meta: &self.meta,
+            media_type: self.body.media_type,
+            body: &body,
+            operation: name,
+            params: &params,
+        };
+        let answer = state.runner.run(attempt, operation).await;
+        if matches!(&answer, Err(err) if err.code() == ProblemCode::InvalidApiKey) {
+            self.caller.refused(state);
+        }
+        answer
+    }
+}
+
 /// One attempt at an idempotent operation.
 #[derive(Debug)]
 pub struct Attempt<'a> {
     /// The account the key is scoped to.
     pub account_id: &'a str,
+    /// The API key's digest, when the claim must check it (`Caller::credential`).
+    pub credential: Option<&'a [u8]>,
     /// The key.
     pub key: &'a IdempotencyKey,
     /// The request line and headers.
@@ -150,6 +235,7 @@ impl Runner {
             .engine
             .claim(&ClaimRequest {
                 account_id: attempt.account_id,
+                credential: attempt.credential,
                 key: attempt.key,
                 fingerprint,
                 method: attempt.meta.method.as_str(),
@@ -178,6 +264,7 @@ impl Runner {
                     attempt.key
                 ),
             )),
+            Claim::Unauthenticated => Err(invalid_api_key()),
             Claim::NeedsHuman => Err(ApiError::new(
                 ProblemCode::InternalError,
                 format!(

@@ -113,6 +113,7 @@ async fn create_thing(
 ) -> Result<Response, ApiError> {
     let attempt = Attempt {
         account_id: "acct_test",
+        credential: None,
         key: &key,
         meta: &meta,
         media_type: body.media_type,

@@ -1,38 +1,50 @@
 -- The floor of `new`: the statements of one new payment, as payments-api sends them (the texts
 -- are copied from crates/domain and crates/idem, in the order the engine runs them), without the
--- HTTP, the JSON and the processor call. The only differences are what pgbench needs: plain
--- column aliases (its \gset takes no `"id!"`), ids made from a random number (it has no string
--- variables), and literal values of the same size where the API computes them.
+-- HTTP, the JSON and the processor call. (The API looks an API key up on its own only the first
+-- time it sees it; from then on the claim checks it, as here.) The only differences are what
+-- pgbench needs: plain column aliases (its \gset takes no `"id!"`), ids made from a random number
+-- (it has no string variables), and literal values of the same size where the API computes them.
 --
 -- Variables: account, key_hash (set by payments-bench).
 \set n random(1000000000, 9223372036854775806)
 
--- Authentication.
-SELECT account_id FROM api_keys WHERE key_hash = :key_hash AND revoked_at IS NULL;
-
--- The claim: one statement inserts the key or reads the existing one.
-WITH inserted AS (
+-- The claim: one statement checks the API key, then inserts the key or reads the existing one.
+WITH principal AS (
+    SELECT 1 AS live
+     WHERE :key_hash::bytea IS NULL
+        OR EXISTS (SELECT 1 FROM api_keys
+                    WHERE key_hash = :key_hash AND account_id = :account AND revoked_at IS NULL)
+), inserted AS (
     INSERT INTO idempotency_keys
         (account_id, idempotency_key, fingerprint, request_method, request_path,
          request_id, operation, request_params, owner_token, locked_until)
-    VALUES (:account, :n, '\x48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0', 'POST', '/v1/payments', 'req_e8oJXKStH4I7DzCaPcWXJdX9', 'payments.create', '{"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}', 'c0a80101-0000-4000-8000-000000000001', now() + 60000 * interval '1 millisecond')
+    SELECT :account, :n, '\x48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0'::bytea, 'POST', '/v1/payments', 'req_e8oJXKStH4I7DzCaPcWXJdX9', 'payments.create', '{"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}'::jsonb, 'c0a80101-0000-4000-8000-000000000001'::uuid,
+           now() + 60000 * interval '1 millisecond'
+      FROM principal
     ON CONFLICT (account_id, idempotency_key) DO NOTHING
     RETURNING id
 )
-SELECT id AS key_id, true AS inserted, '\x00'::bytea AS fingerprint,
-       'POST'::text AS request_method, '/v1/payments'::text AS request_path, 'req'::text AS request_id,
-       'payments.create'::text AS operation, '{}'::jsonb AS request_params, 'c0a80101-0000-4000-8000-000000000001'::uuid AS owner_token, true AS lease_active,
-       false AS needs_human, NULL::smallint AS response_status,
-       NULL::jsonb AS response_headers, NULL::bytea AS response_body
-  FROM inserted
-UNION ALL
-SELECT k.id, false, k.fingerprint, k.request_method, k.request_path, k.request_id,
-       k.operation, k.request_params, k.owner_token,
-       coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
-       k.response_status, k.response_headers, k.response_body
-  FROM idempotency_keys k
- WHERE k.account_id = :account AND k.idempotency_key = :n::text
-   AND NOT EXISTS (SELECT 1 FROM inserted)
+SELECT k.id AS key_id, k.inserted, k.fingerprint, k.request_method, k.request_path,
+       k.request_id, k.operation, k.request_params, k.owner_token, k.lease_active,
+       k.needs_human, k.response_status, k.response_headers, k.response_body
+  FROM principal
+  LEFT JOIN LATERAL (
+    SELECT id, true AS inserted, '\x00'::bytea AS fingerprint, 'POST'::text AS request_method,
+           '/v1/payments'::text AS request_path, 'req'::text AS request_id,
+           'payments.create'::text AS operation, '{}'::jsonb AS request_params,
+           'c0a80101-0000-4000-8000-000000000001'::uuid AS owner_token, true AS lease_active,
+           false AS needs_human, NULL::smallint AS response_status,
+           NULL::jsonb AS response_headers, NULL::bytea AS response_body
+      FROM inserted
+    UNION ALL
+    SELECT k.id, false, k.fingerprint, k.request_method, k.request_path, k.request_id,
+           k.operation, k.request_params, k.owner_token,
+           coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
+           k.response_status, k.response_headers, k.response_body
+      FROM idempotency_keys k
+     WHERE k.account_id = :account AND k.idempotency_key = :n::text
+       AND NOT EXISTS (SELECT 1 FROM inserted)
+  ) k ON true
 \gset
 
 -- Phase 1 (started → payment_created): the payment row, its audit record, the fence.

@@ -207,9 +207,17 @@ pub async fn authenticate(
     executor: impl PgExecutor<'_>,
     presented: &str,
 ) -> Result<Option<AccountId>, DomainError> {
+    authenticate_digest(executor, &key_digest(presented)).await
+}
+
+/// `authenticate`, for a key already digested (`key_digest`).
+pub async fn authenticate_digest(
+    executor: impl PgExecutor<'_>,
+    digest: &[u8; 32],
+) -> Result<Option<AccountId>, DomainError> {
     let account = sqlx::query_scalar!(
         "SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
-        &key_digest(presented)[..]
+        &digest[..]
     )
     .fetch_optional(executor)
     .await?;

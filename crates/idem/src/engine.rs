@@ -16,7 +16,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::observe::{Event, Observer};
 use crate::response::StoredResponse;
-use crate::store::{self, NewKey};
+use crate::store::{self, NewKey, Seen};
 
 /// The recovery point every new key starts at.
 pub const STARTED: &str = "started";
@@ -91,6 +91,11 @@ impl EngineConfig {
 pub struct ClaimRequest<'a> {
     /// The scope of the key.
     pub account_id: &'a str,
+    /// The SHA-256 digest of the API key the request presents, when the caller has not checked
+    /// it yet: the claim checks, in the same statement, that it is a live key of `account_id`,
+    /// and claims and reads nothing when it is not (`Claim::Unauthenticated`). `None` when the
+    /// caller authenticated the request itself.
+    pub credential: Option<&'a [u8]>,
     /// The key.
     pub key: &'a IdempotencyKey,
     /// The request's fingerprint.
@@ -125,6 +130,9 @@ pub enum Claim {
     },
     /// The key is unfinished and waits for a person; it is never resumed automatically.
     NeedsHuman,
+    /// The request's credential is not a live API key of the account (revoked since the caller
+    /// learnt its account): nothing was claimed or read.
+    Unauthenticated,
 }
 
 /// The idempotency engine over one Postgres pool.
@@ -170,6 +178,7 @@ impl Engine {
             let token = Uuid::new_v4();
             let new = NewKey {
                 account_id: request.account_id,
+                credential: request.credential,
                 key: request.key.as_str(),
                 fingerprint: request.fingerprint.as_bytes(),
                 method: request.method,
@@ -180,9 +189,11 @@ impl Engine {
                 token,
                 lease_ms,
             };
-            let Some(row) = self.retrying(|| store::insert_or_read(&self.pool, &new)).await? else {
+            let row = match self.retrying(|| store::insert_or_read(&self.pool, &new)).await? {
+                Seen::Key(row) => row,
                 // Inserted by someone else after this statement's snapshot: look again.
-                continue;
+                Seen::NotYet => continue,
+                Seen::Unauthenticated => return Ok(Claim::Unauthenticated),
             };
             if row.inserted {
                 self.observer.event(Event::Claimed);

@@ -104,7 +104,8 @@
 //!
 //! # Costs
 //!
-//! A replay, a mismatch and a key in use cost one statement (`insert_or_read`). A new key costs
+//! A replay, a mismatch and a key in use cost one statement (`insert_or_read`), which can also
+//! check the request's API key (`ClaimRequest::credential`) on the way. A new key costs
 //! one statement to claim; each phase is one transaction with the caller's statements plus the
 //! fenced update. Resuming costs one more statement (the compare-and-swap takeover).
 

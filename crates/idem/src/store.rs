@@ -30,6 +30,9 @@ pub(crate) struct KeyRow {
 #[derive(Debug)]
 pub(crate) struct NewKey<'a> {
     pub account_id: &'a str,
+    /// The SHA-256 digest of the API key the request presents, when the claim must also check
+    /// that it is a live key of `account_id` (see `insert_or_read`).
+    pub credential: Option<&'a [u8]>,
     pub key: &'a str,
     pub fingerprint: &'a [u8],
     pub method: &'a str,
@@ -41,37 +44,68 @@ pub(crate) struct NewKey<'a> {
     pub lease_ms: i64,
 }
 
+/// What the claim statement saw.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // matched at once by the caller; a box would only allocate
+pub(crate) enum Seen {
+    /// The key row, inserted by this statement or read.
+    Key(KeyRow),
+    /// The row was inserted by a transaction that committed while this statement ran, so
+    /// neither branch saw it; the caller simply asks again.
+    NotYet,
+    /// The credential is not a live API key of the account: nothing was inserted or read.
+    Unauthenticated,
+}
+
 /// Inserts the key holding a fresh lease, or, when it exists, reads it: one statement, one round
-/// trip. `None` means the row was inserted by a transaction that committed while this statement
-/// ran, so neither branch saw it; the caller simply asks again.
+/// trip. With a credential, the same statement first checks it against `api_keys` (the one table
+/// the engine reads that is not its own), so that a request whose account is already known costs
+/// no separate authentication round trip, and a revoked key claims and reads nothing.
 pub(crate) async fn insert_or_read(
     executor: impl PgExecutor<'_>,
     new: &NewKey<'_>,
-) -> Result<Option<KeyRow>, IdemError> {
+) -> Result<Seen, IdemError> {
     let row = sqlx::query!(
         r#"
-        WITH inserted AS (
+        WITH principal AS (
+            SELECT 1 AS live
+             WHERE $11::bytea IS NULL
+                OR EXISTS (SELECT 1 FROM api_keys
+                            WHERE key_hash = $11 AND account_id = $1 AND revoked_at IS NULL)
+        ), inserted AS (
             INSERT INTO idempotency_keys
                 (account_id, idempotency_key, fingerprint, request_method, request_path,
                  request_id, operation, request_params, owner_token, locked_until)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, now() + $10 * interval '1 millisecond')
+            SELECT $1, $2, $3::bytea, $4, $5, $6, $7, $8::jsonb, $9::uuid,
+                   now() + $10 * interval '1 millisecond'
+              FROM principal
             ON CONFLICT (account_id, idempotency_key) DO NOTHING
             RETURNING id
         )
-        SELECT id AS "id!", true AS "inserted!", $3::bytea AS "fingerprint!",
-               $4::text AS "request_method!", $5::text AS "request_path!", $6::text AS "request_id!",
-               $7::text AS "operation!", $8::jsonb AS "request_params!", $9::uuid AS owner_token, true AS "lease_active!",
-               false AS "needs_human!", NULL::smallint AS response_status,
-               NULL::jsonb AS response_headers, NULL::bytea AS response_body
-          FROM inserted
-        UNION ALL
-        SELECT k.id, false, k.fingerprint, k.request_method, k.request_path, k.request_id,
-               k.operation, k.request_params, k.owner_token,
-               coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
-               k.response_status, k.response_headers, k.response_body
-          FROM idempotency_keys k
-         WHERE k.account_id = $1 AND k.idempotency_key = $2
-           AND NOT EXISTS (SELECT 1 FROM inserted)
+        SELECT k.id AS "id?", k.inserted AS "inserted?", k.fingerprint AS "fingerprint?",
+               k.request_method AS "request_method?", k.request_path AS "request_path?",
+               k.request_id AS "request_id?", k.operation AS "operation?",
+               k.request_params AS "request_params?", k.owner_token AS "owner_token?",
+               k.lease_active AS "lease_active?", k.needs_human AS "needs_human?",
+               k.response_status AS "response_status?", k.response_headers AS "response_headers?",
+               k.response_body AS "response_body?"
+          FROM principal
+          LEFT JOIN LATERAL (
+            SELECT id, true AS inserted, $3::bytea AS fingerprint, $4::text AS request_method,
+                   $5::text AS request_path, $6::text AS request_id, $7::text AS operation,
+                   $8::jsonb AS request_params, $9::uuid AS owner_token, true AS lease_active,
+                   false AS needs_human, NULL::smallint AS response_status,
+                   NULL::jsonb AS response_headers, NULL::bytea AS response_body
+              FROM inserted
+            UNION ALL
+            SELECT k.id, false, k.fingerprint, k.request_method, k.request_path, k.request_id,
+                   k.operation, k.request_params, k.owner_token,
+                   coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
+                   k.response_status, k.response_headers, k.response_body
+              FROM idempotency_keys k
+             WHERE k.account_id = $1 AND k.idempotency_key = $2
+               AND NOT EXISTS (SELECT 1 FROM inserted)
+          ) k ON true
         "#,
         new.account_id,
         new.key,
@@ -83,23 +117,28 @@ pub(crate) async fn insert_or_read(
         new.params,
         new.token,
         new.lease_ms as f64,
+        new.credential,
     )
     .fetch_optional(executor)
     .await?;
-    let Some(row) = row else { return Ok(None) };
+    // No row: the principal was empty. A row without an id: the lateral part was empty.
+    let Some(row) = row else { return Ok(Seen::Unauthenticated) };
+    let Some(id) = row.id else { return Ok(Seen::NotYet) };
+    // The key's own columns are NOT NULL and the inserted branch's are literals: with an id,
+    // all of them are present.
     let response = stored_response(row.response_status, row.response_headers, row.response_body)?;
-    Ok(Some(KeyRow {
-        id: row.id,
-        inserted: row.inserted,
-        fingerprint: row.fingerprint,
-        request_method: row.request_method,
-        request_path: row.request_path,
-        request_id: row.request_id,
-        operation: row.operation,
-        request_params: row.request_params,
+    Ok(Seen::Key(KeyRow {
+        id,
+        inserted: present(row.inserted)?,
+        fingerprint: present(row.fingerprint)?,
+        request_method: present(row.request_method)?,
+        request_path: present(row.request_path)?,
+        request_id: present(row.request_id)?,
+        operation: present(row.operation)?,
+        request_params: present(row.request_params)?,
         owner_token: row.owner_token,
-        lease_active: row.lease_active,
-        needs_human: row.needs_human,
+        lease_active: present(row.lease_active)?,
+        needs_human: present(row.needs_human)?,
         response,
     }))
 }
@@ -228,6 +267,10 @@ pub(crate) async fn release(
     .await?
     .rows_affected();
     Ok(released == 1)
+}
+
+fn present<T>(column: Option<T>) -> Result<T, IdemError> {
+    column.ok_or(IdemError::Corrupt("a claimed key row with a NULL column"))
 }
 
 fn stored_response(

@@ -208,6 +208,7 @@ impl Harness {
         self.engine
             .claim(&ClaimRequest {
                 account_id: account,
+                credential: None,
                 key: &key,
                 fingerprint: fingerprint(body),
                 method: "POST",
@@ -215,6 +216,26 @@ impl Harness {
                 request_id: "req_test",
                 operation: "orders.place",
                 params: body,
+            })
+            .await
+            .unwrap()
+    }
+
+    /// A claim that also checks an API-key digest, as the API sends it for a known caller.
+    async fn claim_with_credential(&self, key_value: &str, credential: &[u8]) -> Claim {
+        let key = key(key_value);
+        let body = json!({"item": "book"});
+        self.engine
+            .claim(&ClaimRequest {
+                account_id: "acct_1",
+                credential: Some(credential),
+                key: &key,
+                fingerprint: fingerprint(&body),
+                method: "POST",
+                path: "/orders",
+                request_id: "req_test",
+                operation: "orders.place",
+                params: &body,
             })
             .await
             .unwrap()
@@ -272,6 +293,44 @@ async fn a_new_key_is_acquired_at_started(pool: PgPool) {
     assert_eq!(lease.attempts(), 1);
     assert_eq!(lease.params(), &json!({"item": "book"}));
     assert_eq!(h.events.count(Event::Claimed), 1);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_claim_checks_the_credential_it_is_given_in_the_same_statement(pool: PgPool) {
+    let h = harness(pool).await;
+    sqlx::raw_sql(
+        "INSERT INTO accounts (id, name) VALUES ('acct_1', 'one'), ('acct_2', 'two'); \
+         INSERT INTO api_keys (id, account_id, key_hash, last4, revoked_at) VALUES \
+           ('key_live', 'acct_1', decode(repeat('aa', 32), 'hex'), 'aaaa', NULL), \
+           ('key_other', 'acct_2', decode(repeat('bb', 32), 'hex'), 'bbbb', NULL), \
+           ('key_revoked', 'acct_1', decode(repeat('cc', 32), 'hex'), 'cccc', now())",
+    )
+    .execute(&h.pool)
+    .await
+    .unwrap();
+    let (live, other, revoked, unknown) = ([0xaa; 32], [0xbb; 32], [0xcc; 32], [0xdd; 32]);
+
+    // A dead credential claims nothing: no key row appears.
+    for dead in [&other, &revoked, &unknown] {
+        assert!(matches!(h.claim_with_credential("k1", dead).await, Claim::Unauthenticated));
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+        .fetch_one(&h.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+
+    // A live one claims; once the key is finished, a dead one cannot read its answer.
+    let Claim::Acquired(lease) = h.claim_with_credential("k1", &live).await else {
+        panic!("a live credential claims the key")
+    };
+    let first = h.run(lease).await.unwrap();
+    assert!(matches!(h.claim_with_credential("k1", &revoked).await, Claim::Unauthenticated));
+    assert!(matches!(h.claim_with_credential("k1", &other).await, Claim::Unauthenticated));
+    match h.claim_with_credential("k1", &live).await {
+        Claim::Replay(replayed) => assert_eq!(replayed, first),
+        other => panic!("expected a replay, got {other:?}"),
+    }
 }
 
 #[sqlx::test(migrations = "../../migrations")]

@@ -117,6 +117,7 @@ impl Harness {
         self.engine
             .claim(&ClaimRequest {
                 account_id: &self.account,
+                credential: None,
                 key: &key,
                 fingerprint,
                 method: "POST",

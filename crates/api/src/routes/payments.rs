@@ -10,23 +10,19 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use idem::{IdempotencyKey, Operation};
-use payments_domain::AccountId;
 use payments_domain::operations::{
     self, CancelParams, CancelPayment, CancellationReason, CaptureParams, CapturePayment,
     CreatePayment, CreatePaymentParams,
 };
 use payments_domain::payments::{self, Changes, CreatePaymentRequest, Cursor, Payment};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::{ApiError, ProblemCode};
-use crate::extract::JsonMediaType;
 use crate::extract::{ApiQuery, JsonBody};
-use crate::idempotency::{Attempt, RequestMeta, RequiredKey, stored_response};
+use crate::idempotency::{IdempotentPost, stored_response};
 
 /// The largest page a list returns.
 pub const LIST_LIMIT_MAX: u32 = 100;
@@ -127,52 +123,26 @@ pub(crate) fn no_such_payment(id: &str) -> ApiError {
 /// `POST /v1/payments`
 pub async fn create(
     State(state): State<AppState>,
-    Authenticated(account): Authenticated,
-    meta: RequestMeta,
-    RequiredKey(key): RequiredKey,
-    body: JsonBody<CreatePaymentRequest>,
+    post: IdempotentPost<CreatePaymentRequest>,
 ) -> Result<Response, ApiError> {
-    body.value.validate()?;
-    let JsonBody { media_type, raw, value } = body;
-    let params = CreatePaymentParams { account_id: account.to_string(), request: value };
-    let call = Idempotent { account: &account, key: &key, meta: &meta, media_type, raw: &raw };
+    post.admit(&state, post.body.value.validate()).await?;
+    let params = CreatePaymentParams {
+        account_id: post.account().to_string(),
+        request: post.body.value.clone(),
+    };
     let operation = CreatePayment::new(state.operations.clone(), params.clone());
-    call.run(&state, operations::CREATE_PAYMENT, &params, operation).await
+    post.run(&state, operations::CREATE_PAYMENT, &params, operation).await
 }
 
-/// What a money-moving handler hands to the idempotency runner once its own checks passed.
-pub(crate) struct Idempotent<'a> {
-    pub(crate) account: &'a AccountId,
-    pub(crate) key: &'a IdempotencyKey,
-    pub(crate) meta: &'a RequestMeta,
-    pub(crate) media_type: JsonMediaType,
-    /// The body as sent: the fingerprint is over it, not over the typed value with its defaults.
-    pub(crate) raw: &'a [u8],
-}
-
-impl Idempotent<'_> {
-    /// Claims the key and runs `operation` (stored as `name` with `params` for the completer).
-    pub(crate) async fn run<O: Operation + 'static>(
-        self,
-        state: &AppState,
-        name: &str,
-        params: &impl Serialize,
-        operation: O,
-    ) -> Result<Response, ApiError> {
-        let body: Value = serde_json::from_slice(self.raw)
-            .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
-        let params = serde_json::to_value(params).map_err(|err| ApiError::internal(&err))?;
-        let attempt = Attempt {
-            account_id: self.account.as_str(),
-            key: self.key,
-            meta: self.meta,
-            media_type: self.media_type,
-            body: &body,
-            operation: name,
-            params: &params,
-        };
-        state.runner.run(attempt, operation).await
-    }
+/// The payment a capture, cancel or refund acts on must exist: a 404 stores nothing.
+pub(crate) async fn require_payment<T>(
+    state: &AppState,
+    post: &IdempotentPost<T>,
+    id: &str,
+) -> Result<(), ApiError> {
+    let found = payments::find(&state.pool, post.account().as_str(), id).await;
+    let found = found.map_err(ApiError::from).and_then(|p| p.ok_or_else(|| no_such_payment(id)));
+    post.admit(state, found).await.map(drop)
 }
 
 /// `GET /v1/payments/{id}`
@@ -315,38 +285,24 @@ pub struct CaptureBody {
 /// `POST /v1/payments/{id}/capture`
 pub async fn capture(
     State(state): State<AppState>,
-    Authenticated(account): Authenticated,
     Path(id): Path<String>,
-    meta: RequestMeta,
-    RequiredKey(key): RequiredKey,
-    body: JsonBody<CaptureBody>,
+    post: IdempotentPost<CaptureBody>,
 ) -> Result<Response, ApiError> {
-    if let Some(amount) = body.value.amount_to_capture
+    let amount_to_capture = post.body.value.amount_to_capture;
+    if let Some(amount) = amount_to_capture
         && !(1..=payments_domain::money::AMOUNT_MAX).contains(&amount)
     {
-        return Err(ApiError::invalid_request(
+        let invalid = ApiError::invalid_request(
             "amount_to_capture",
             "`amount_to_capture` must be a positive integer.",
-        ));
+        );
+        return post.admit(&state, Err(invalid)).await;
     }
-    // A payment that does not exist (or is another account's) stores nothing: 404 first.
-    payments::find(&state.pool, account.as_str(), &id)
-        .await?
-        .ok_or_else(|| no_such_payment(&id))?;
-    let params = CaptureParams {
-        account_id: account.to_string(),
-        payment_id: id,
-        amount_to_capture: body.value.amount_to_capture,
-    };
-    let call = Idempotent {
-        account: &account,
-        key: &key,
-        meta: &meta,
-        media_type: body.media_type,
-        raw: &body.raw,
-    };
+    require_payment(&state, &post, &id).await?;
+    let params =
+        CaptureParams { account_id: post.account().to_string(), payment_id: id, amount_to_capture };
     let operation = CapturePayment::new(state.operations.clone(), params.clone());
-    call.run(&state, operations::CAPTURE_PAYMENT, &params, operation).await
+    post.run(&state, operations::CAPTURE_PAYMENT, &params, operation).await
 }
 
 /// `POST /v1/payments/{id}/cancel`
@@ -361,29 +317,17 @@ pub struct CancelBody {
 /// `POST /v1/payments/{id}/cancel`
 pub async fn cancel(
     State(state): State<AppState>,
-    Authenticated(account): Authenticated,
     Path(id): Path<String>,
-    meta: RequestMeta,
-    RequiredKey(key): RequiredKey,
-    body: JsonBody<CancelBody>,
+    post: IdempotentPost<CancelBody>,
 ) -> Result<Response, ApiError> {
-    payments::find(&state.pool, account.as_str(), &id)
-        .await?
-        .ok_or_else(|| no_such_payment(&id))?;
+    require_payment(&state, &post, &id).await?;
     let params = CancelParams {
-        account_id: account.to_string(),
+        account_id: post.account().to_string(),
         payment_id: id,
-        cancellation_reason: body.value.cancellation_reason,
-    };
-    let call = Idempotent {
-        account: &account,
-        key: &key,
-        meta: &meta,
-        media_type: body.media_type,
-        raw: &body.raw,
+        cancellation_reason: post.body.value.cancellation_reason,
     };
     let operation = CancelPayment::new(state.operations.clone(), params.clone());
-    call.run(&state, operations::CANCEL_PAYMENT, &params, operation).await
+    post.run(&state, operations::CANCEL_PAYMENT, &params, operation).await
 }
 
 impl IntoResponse for List {

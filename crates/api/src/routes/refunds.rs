@@ -10,30 +10,27 @@ use payments_domain::refunds::{self, CreateRefundRequest};
 use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::ApiError;
-use crate::extract::{ApiQuery, JsonBody};
-use crate::idempotency::{RequestMeta, RequiredKey, stored_response};
+use crate::extract::ApiQuery;
+use crate::idempotency::{IdempotentPost, stored_response};
 use crate::routes::payments::{
-    Idempotent, List, ListParams, cursor_missing, no_such_payment, raw_items,
+    List, ListParams, cursor_missing, no_such_payment, raw_items, require_payment,
 };
 
 /// `POST /v1/payments/{id}/refunds`
 pub async fn create(
     State(state): State<AppState>,
-    Authenticated(account): Authenticated,
     Path(id): Path<String>,
-    meta: RequestMeta,
-    RequiredKey(key): RequiredKey,
-    body: JsonBody<CreateRefundRequest>,
+    post: IdempotentPost<CreateRefundRequest>,
 ) -> Result<Response, ApiError> {
-    body.value.validate()?;
-    payments::find(&state.pool, account.as_str(), &id)
-        .await?
-        .ok_or_else(|| no_such_payment(&id))?;
-    let JsonBody { media_type, raw, value } = body;
-    let params = RefundParams { account_id: account.to_string(), payment_id: id, request: value };
-    let call = Idempotent { account: &account, key: &key, meta: &meta, media_type, raw: &raw };
+    post.admit(&state, post.body.value.validate()).await?;
+    require_payment(&state, &post, &id).await?;
+    let params = RefundParams {
+        account_id: post.account().to_string(),
+        payment_id: id,
+        request: post.body.value.clone(),
+    };
     let operation = CreateRefundOp::new(state.operations.clone(), params.clone());
-    call.run(&state, operations::CREATE_REFUND, &params, operation).await
+    post.run(&state, operations::CREATE_REFUND, &params, operation).await
 }
 
 /// `GET /v1/refunds/{id}`
