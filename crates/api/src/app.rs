@@ -17,7 +17,6 @@ use idem::Engine;
 use payments_domain::operations::Context;
 use provider::ProcessorClient;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
@@ -27,9 +26,22 @@ use crate::idempotency::Runner;
 use crate::routes;
 use crate::settings::Settings;
 
-/// What every handler can reach.
+/// What every handler can reach. axum clones it for every request and extractor, so it is one
+/// shared pointer (`Services` behind an `Arc`), not a struct of them.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Services>);
+
+impl std::ops::Deref for AppState {
+    type Target = Services;
+
+    fn deref(&self) -> &Services {
+        &self.0
+    }
+}
+
+/// The pool, the settings and the rest, shared by all requests.
+#[derive(Debug)]
+pub struct Services {
     /// The Postgres pool.
     pub pool: PgPool,
     /// The settings the process started with.
@@ -93,7 +105,7 @@ impl Application {
         };
         let rate_limiter = crate::auth::rate_limiter(&settings.rate_limit);
         let openapi = crate::openapi::json(&settings, &edge.public_base_url).into();
-        let state = AppState {
+        let state = AppState(Arc::new(Services {
             pool,
             settings: Arc::new(settings),
             runner,
@@ -101,7 +113,7 @@ impl Application {
             rate_limiter,
             known_keys: Arc::default(),
             openapi,
-        };
+        }));
         let router = edge::wrap(router(state), edge);
         Ok(Self { listener, router, shutdown_grace, tasks })
     }
@@ -158,11 +170,7 @@ impl Application {
 
 /// The pool the settings describe, connecting lazily.
 pub fn pool(settings: &Settings) -> anyhow::Result<PgPool> {
-    let options = settings.database.connect_options()?;
-    Ok(PgPoolOptions::new()
-        .max_connections(settings.database.max_connections)
-        .acquire_timeout(settings.database.acquire_timeout())
-        .connect_lazy_with(options))
+    Ok(settings.database.pool()?)
 }
 
 fn router(state: AppState) -> Router {

@@ -18,7 +18,7 @@ pub mod routes;
 pub use payments_settings as settings;
 pub use payments_settings::telemetry;
 
-pub use app::{AppState, Application};
+pub use app::{AppState, Application, Services};
 pub use error::{ApiError, ProblemCode};
 pub use settings::Settings;
 

@@ -305,7 +305,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
 
 /// `GET /openapi.json`
 pub async fn serve(State(state): State<AppState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], state.openapi)
+    ([(header::CONTENT_TYPE, "application/json")], state.openapi.clone())
 }
 
 /// The document as JSON bytes.

@@ -23,7 +23,6 @@ use payments_domain::operations::{self, Context};
 use payments_settings::{Settings, WorkerSettings};
 use provider::{CardProcessor, ProcessorClient};
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;
 
 use crate::jobs::{LogMailer, Mailer, SmtpMailer};
@@ -92,10 +91,7 @@ impl<P> std::fmt::Debug for Worker<P> {
 
 /// Builds the worker the settings describe, with the real processor client and mailer.
 pub fn build(settings: &Settings) -> anyhow::Result<Worker<ProcessorClient>> {
-    let pool = PgPoolOptions::new()
-        .max_connections(settings.database.max_connections)
-        .acquire_timeout(settings.database.acquire_timeout())
-        .connect_lazy_with(settings.database.connect_options()?);
+    let pool = settings.database.pool()?;
     let processor = ProcessorClient::new(settings.processor.client_config())?;
     let mailer: Arc<dyn Mailer> = if settings.worker.smtp_url.is_empty() {
         Arc::new(LogMailer)
