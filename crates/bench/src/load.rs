@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use hdrhistogram::Histogram;
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
 
 use crate::Scenario;
 
@@ -115,6 +117,10 @@ pub async fn run(
 }
 
 /// One connection's loop: the next request number, its key, send, wait for the whole answer.
+///
+/// Plain hyper on one HTTP/1.1 connection, not reqwest: the load generator shares the two cores
+/// with the system under test, and every microsecond it spends is charged to the API's side of
+/// the ratio (pgbench, on the floor's side, is lean C).
 async fn connection(
     target: Target,
     keys: Keys,
@@ -122,11 +128,10 @@ async fn connection(
     deadline: Instant,
     limit: u64,
 ) -> anyhow::Result<Outcome> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(1)
-        .tcp_nodelay(true)
-        .timeout(Duration::from_secs(30))
-        .build()?;
+    let uri: http::Uri = target.url.parse().context("the target URL")?;
+    let authority = uri.authority().context("the target URL has no host")?.clone();
+    let authorization = http::HeaderValue::try_from(format!("Bearer {}", target.secret))?;
+    let mut sender = None;
     let mut outcome = Outcome {
         requests: 0,
         elapsed: Duration::ZERO,
@@ -140,26 +145,55 @@ async fn connection(
             return Ok(outcome);
         }
         let sent = Instant::now();
-        let answer = client
-            .post(&target.url)
-            .bearer_auth(&target.secret)
-            .header("Idempotency-Key", keys.key(n))
-            .header("Content-Type", "application/json")
-            .body(BODY)
-            .send()
-            .await;
+        if sender.is_none() {
+            sender = Some(connect(authority.as_str()).await?);
+        }
+        let request = http::Request::post(uri.path())
+            .header(http::header::HOST, authority.as_str())
+            .header(http::header::AUTHORIZATION, authorization.clone())
+            .header("idempotency-key", keys.key(n))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from_static(BODY.as_bytes())))?;
+        let answer = match sender.as_mut() {
+            Some(sender) => exchange(sender, request).await,
+            None => Err(anyhow::anyhow!("not connected")),
+        };
         match answer {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let _ = response.bytes().await;
-                *outcome.statuses.entry(status).or_default() += 1;
+            Ok(status) => *outcome.statuses.entry(status).or_default() += 1,
+            Err(_) => {
+                // Counted, and the next request gets a new connection.
+                outcome.errors += 1;
+                sender = None;
             }
-            Err(_) => outcome.errors += 1,
         }
         outcome.requests += 1;
         let micros = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
         outcome.latency.saturating_record(micros.max(1));
     }
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// A keep-alive HTTP/1.1 connection, driven by a task of its own.
+async fn connect(authority: &str) -> anyhow::Result<Sender> {
+    let stream = tokio::net::TcpStream::connect(authority).await?;
+    stream.set_nodelay(true)?;
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
+/// Sends one request and reads the whole answer; returns its status.
+async fn exchange(sender: &mut Sender, request: http::Request<Full<Bytes>>) -> anyhow::Result<u16> {
+    sender.ready().await?;
+    let response = tokio::time::timeout(Duration::from_secs(30), async {
+        let response = sender.send_request(request).await?;
+        let status = response.status().as_u16();
+        response.into_body().collect().await?;
+        anyhow::Ok(status)
+    });
+    response.await?
 }
 
 /// Microseconds from 1 µs to 60 s at 3 significant digits.
