@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -14,9 +14,10 @@ use uuid::Uuid;
 use crate::error::{IdemError, PhaseError, is_retryable};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
+use crate::lanes::{Lanes, OwnedNewKey};
 use crate::observe::{Event, Observer};
 use crate::response::StoredResponse;
-use crate::store::{self, NewKey, Seen};
+use crate::store::{self, Seen};
 
 /// The recovery point every new key starts at.
 pub const STARTED: &str = "started";
@@ -45,6 +46,9 @@ pub struct EngineConfig {
     pub retry_base: Duration,
     /// Longest delay before the completer retries a released key.
     pub retry_cap: Duration,
+    /// Connections the engine keeps for the claim statement, beside the pool (`lanes.rs`); 0
+    /// runs claims on the pool instead.
+    pub claim_connections: usize,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +58,7 @@ impl Default for EngineConfig {
             db_retries: 5,
             retry_base: Duration::from_secs(1),
             retry_cap: Duration::from_secs(300),
+            claim_connections: 8,
         }
     }
 }
@@ -141,6 +146,9 @@ pub struct Engine {
     pool: PgPool,
     config: Arc<EngineConfig>,
     observer: Arc<dyn Observer>,
+    /// Started on the first claim, so that an engine that never claims (the worker's) opens no
+    /// connections for it.
+    lanes: Arc<OnceLock<Lanes>>,
 }
 
 impl fmt::Debug for Engine {
@@ -152,7 +160,7 @@ impl fmt::Debug for Engine {
 impl Engine {
     /// An engine with the given tunables and an observer for metrics.
     pub fn new(pool: PgPool, config: EngineConfig, observer: Arc<dyn Observer>) -> Self {
-        Self { pool, config: Arc::new(config), observer }
+        Self { pool, config: Arc::new(config), observer, lanes: Arc::default() }
     }
 
     /// The pool the engine works on.
@@ -176,26 +184,35 @@ impl Engine {
         let lease_ms = self.config.lease_ms();
         for _ in 0..=self.config.db_retries {
             let token = Uuid::new_v4();
-            let new = NewKey {
-                account_id: request.account_id,
-                credential: request.credential,
-                key: request.key.as_str(),
-                fingerprint: request.fingerprint.as_bytes(),
-                method: request.method,
-                path: request.path,
-                request_id: request.request_id,
-                operation: request.operation,
-                params: request.params,
+            let new = OwnedNewKey {
+                account_id: request.account_id.to_owned(),
+                credential: request.credential.map(<[u8]>::to_vec),
+                key: request.key.as_str().to_owned(),
+                fingerprint: request.fingerprint.as_bytes().to_vec(),
+                method: request.method.to_owned(),
+                path: request.path.to_owned(),
+                request_id: request.request_id.to_owned(),
+                operation: request.operation.to_owned(),
+                params: request.params.clone(),
                 token,
                 lease_ms,
             };
-            let row = match self.retrying(|| store::insert_or_read(&self.pool, &new)).await? {
+            let seen = match self.lanes() {
+                Some(lanes) => self.retrying(|| lanes.claim(new.clone())).await?,
+                None => {
+                    let new = new.borrowed();
+                    self.retrying(|| store::insert_or_read(&self.pool, &new)).await?
+                }
+            };
+            let row = match seen {
                 Seen::Key(row) => row,
                 // Inserted by someone else after this statement's snapshot: look again.
                 Seen::NotYet => continue,
                 Seen::Unauthenticated => return Ok(Claim::Unauthenticated),
             };
-            if row.inserted {
+            // Our own token: this claim's statement was sent twice (its connection failed after
+            // the first run) and the first run inserted the key.
+            if row.inserted || (row.owner_token == Some(token) && row.lease_active) {
                 self.observer.event(Event::Claimed);
                 return Ok(Claim::Acquired(self.lease(row.id, token, STARTED.into(), 1, &row)));
             }
@@ -321,6 +338,12 @@ impl Engine {
     }
 
     /// Runs `statement` again on retryable errors, a bounded number of times.
+    /// The claim lanes, started on first use; `None` when claims use the pool.
+    fn lanes(&self) -> Option<&Lanes> {
+        let count = self.config.claim_connections;
+        (count > 0).then(|| self.lanes.get_or_init(|| Lanes::start(&self.pool, count)))
+    }
+
     async fn retrying<T, F, Fut>(&self, mut statement: F) -> Result<T, IdemError>
     where
         F: FnMut() -> Fut,

@@ -174,6 +174,10 @@ struct Harness {
 }
 
 async fn harness(pool: PgPool) -> Harness {
+    harness_with(pool, EngineConfig::default()).await
+}
+
+async fn harness_with(pool: PgPool, config: EngineConfig) -> Harness {
     sqlx::query(
         "CREATE TABLE orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
          key_id bigint NOT NULL UNIQUE REFERENCES idempotency_keys (id), shipment text)",
@@ -182,7 +186,7 @@ async fn harness(pool: PgPool) -> Harness {
     .await
     .unwrap();
     let events = Arc::new(Counter::default());
-    let config = EngineConfig { lease: Duration::from_secs(30), ..EngineConfig::default() };
+    let config = EngineConfig { lease: Duration::from_secs(30), ..config };
     let engine = Engine::new(pool.clone(), config, events.clone());
     Harness { pool, engine, events, shipper: Arc::new(Shipper::default()) }
 }
@@ -328,6 +332,50 @@ async fn a_claim_checks_the_credential_it_is_given_in_the_same_statement(pool: P
     assert!(matches!(h.claim_with_credential("k1", &revoked).await, Claim::Unauthenticated));
     assert!(matches!(h.claim_with_credential("k1", &other).await, Claim::Unauthenticated));
     match h.claim_with_credential("k1", &live).await {
+        Claim::Replay(replayed) => assert_eq!(replayed, first),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn claims_run_on_the_pool_when_the_engine_keeps_no_claim_connections(pool: PgPool) {
+    let config = EngineConfig { claim_connections: 0, ..EngineConfig::default() };
+    let h = harness_with(pool, config).await;
+    let first = h.run(h.acquire("k1").await).await.unwrap();
+    match h.claim("k1").await {
+        Claim::Replay(replayed) => assert_eq!(replayed, first),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert!(matches!(
+        h.claim_as("acct_1", "k1", &json!({"item": "pen"})).await,
+        Claim::Mismatch { .. }
+    ));
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn claims_survive_their_connections_being_cut(pool: PgPool) {
+    let h = harness(pool).await;
+    let first = h.run(h.acquire("k0").await).await.unwrap();
+    // Every claim lane gets a connection, then the server cuts them all (as a restart would).
+    for i in 1..=16 {
+        h.run(h.acquire(&format!("k{i}")).await).await.unwrap();
+    }
+    let cut: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&h.pool)
+    .await
+    .unwrap();
+    assert!(cut.len() >= 8, "the lanes' connections were open: {cut:?}");
+    // The pool checks a connection idle for a second before handing it out again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // No claim fails for it: each lane connects again and sends its claim once more.
+    for i in 17..=40 {
+        assert!(matches!(h.claim(&format!("k{i}")).await, Claim::Acquired(_)));
+    }
+    match h.claim("k0").await {
         Claim::Replay(replayed) => assert_eq!(replayed, first),
         other => panic!("expected a replay, got {other:?}"),
     }

@@ -109,6 +109,8 @@ pub struct IdempotencySettings {
     pub db_retries: u32,
     /// How long completed keys are kept at least.
     pub retention_hours: u32,
+    /// Connections kept for the claim statement, beside the pool; 0: claims use the pool.
+    pub claim_connections: u32,
 }
 
 impl IdempotencySettings {
@@ -117,6 +119,7 @@ impl IdempotencySettings {
         idem::EngineConfig {
             lease: Duration::from_millis(self.lease_ms),
             db_retries: self.db_retries,
+            claim_connections: self.claim_connections as usize,
             ..idem::EngineConfig::default()
         }
     }
@@ -346,6 +349,9 @@ impl Settings {
                      enabled (make run generates one)"
                 ),
             ));
+        }
+        if self.idempotency.claim_connections > 256 {
+            return Err(invalid("idempotency.claim_connections", "must be at most 256".into()));
         }
         if self.idempotency.retention_hours == 0 {
             return Err(invalid("idempotency.retention_hours", "must be at least 1".into()));
