@@ -337,13 +337,13 @@ impl Engine {
         }
     }
 
-    /// Runs `statement` again on retryable errors, a bounded number of times.
     /// The claim lanes, started on first use; `None` when claims use the pool.
     fn lanes(&self) -> Option<&Lanes> {
         let count = self.config.claim_connections;
         (count > 0).then(|| self.lanes.get_or_init(|| Lanes::start(&self.pool, count)))
     }
 
+    /// Runs `statement` again on retryable errors, a bounded number of times.
     async fn retrying<T, F, Fut>(&self, mut statement: F) -> Result<T, IdemError>
     where
         F: FnMut() -> Fut,
