@@ -8,11 +8,12 @@
 //! a request hands its claim over and waits for the answer. A request that goes away cannot cut
 //! the statement off (the lane runs it to its end), so the connection never needs checking.
 //!
-//! A lane connects on its first claim, runs each claim in the requester's span, answers a failed
-//! connection's claim with the error and connects again for the next one, and closes its
-//! connection when the pool is closed.
+//! A lane connects on its first claim (giving up after the pool's acquire timeout, as a request
+//! waiting for a pooled connection would), runs each claim in the requester's span, replaces a
+//! connection the server dropped, and closes its connection when the pool is closed.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
@@ -82,9 +83,12 @@ impl Lanes {
         for _ in 0..count {
             let (queue, pool) = (queue.clone(), pool.clone());
             tokio::spawn(async move {
-                let options = pool.connect_options();
+                let connect = Connect {
+                    options: pool.connect_options(),
+                    timeout: pool.options().get_acquire_timeout(),
+                };
                 tokio::select! {
-                    () = lane(&queue, &options) => {}
+                    () = lane(&queue, &connect) => {}
                     () = pool.close_event() => {}
                 }
             });
@@ -105,8 +109,22 @@ fn closed() -> IdemError {
     IdemError::Database(sqlx::Error::PoolClosed)
 }
 
+/// How a lane connects.
+struct Connect {
+    options: Arc<PgConnectOptions>,
+    timeout: Duration,
+}
+
+impl Connect {
+    async fn connect(&self) -> Result<PgConnection, sqlx::Error> {
+        tokio::time::timeout(self.timeout, self.options.connect())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
+    }
+}
+
 /// One lane: takes the next claim, runs it, answers; until the queue closes.
-async fn lane(queue: &Mutex<mpsc::Receiver<Job>>, options: &PgConnectOptions) {
+async fn lane(queue: &Mutex<mpsc::Receiver<Job>>, connect: &Connect) {
     let mut connection: Option<PgConnection> = None;
     loop {
         let Some(job) = queue.lock().await.recv().await else { break };
@@ -114,7 +132,7 @@ async fn lane(queue: &Mutex<mpsc::Receiver<Job>>, options: &PgConnectOptions) {
             // The request went away before its claim started: nothing to run.
             continue;
         }
-        let result = run(&mut connection, options, &job.new).instrument(job.span).await;
+        let result = run(&mut connection, connect, &job.new).instrument(job.span).await;
         let _ = job.answer.send(result);
     }
     if let Some(connection) = connection {
@@ -128,14 +146,14 @@ async fn lane(queue: &Mutex<mpsc::Receiver<Job>>, options: &PgConnectOptions) {
 /// the engine recognises its own lease by its token.
 async fn run(
     connection: &mut Option<PgConnection>,
-    options: &PgConnectOptions,
+    connect: &Connect,
     new: &OwnedNewKey,
 ) -> Result<Seen, IdemError> {
     let reused = connection.is_some();
-    match run_once(connection, options, new).await {
+    match run_once(connection, connect, new).await {
         Err(err) if reused && connection.is_none() => {
             tracing::debug!(error = %err, "a claim lane's connection failed; connecting again");
-            run_once(connection, options, new).await
+            run_once(connection, connect, new).await
         }
         result => result,
     }
@@ -144,12 +162,12 @@ async fn run(
 /// One try; a connection that is lost is dropped.
 async fn run_once(
     connection: &mut Option<PgConnection>,
-    options: &PgConnectOptions,
+    connect: &Connect,
     new: &OwnedNewKey,
 ) -> Result<Seen, IdemError> {
     let conn = match connection {
         Some(conn) => conn,
-        None => connection.insert(options.connect().await?),
+        None => connection.insert(connect.connect().await?),
     };
     let result = store::insert_or_read(&mut *conn, &new.borrowed()).await;
     if let Err(IdemError::Database(err)) = &result

@@ -381,6 +381,34 @@ async fn claims_survive_their_connections_being_cut(pool: PgPool) {
     }
 }
 
+#[tokio::test]
+async fn a_claim_gives_up_connecting_after_the_pools_acquire_timeout() {
+    // A server that completes the TCP handshake and then never says a word.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let options = sqlx::postgres::PgConnectOptions::new().host("127.0.0.1").port(port);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy_with(options);
+    let engine = Engine::new(pool, EngineConfig::default(), Arc::new(idem::NoObserver));
+    let body = json!({"item": "book"});
+    let key = key("k1");
+    let request = ClaimRequest {
+        account_id: "acct_1",
+        credential: None,
+        key: &key,
+        fingerprint: fingerprint(&body),
+        method: "POST",
+        path: "/orders",
+        request_id: "req_test",
+        operation: "orders.place",
+        params: &body,
+    };
+    let claimed = tokio::time::timeout(Duration::from_secs(10), engine.claim(&request)).await;
+    let claimed = claimed.expect("the claim answers instead of waiting for the server forever");
+    assert!(matches!(claimed, Err(idem::IdemError::Database(sqlx::Error::PoolTimedOut))));
+}
+
 #[sqlx::test(migrations = "../../migrations")]
 async fn a_finished_key_replays_the_stored_response_and_runs_nothing(pool: PgPool) {
     let h = harness(pool).await;
