@@ -192,3 +192,32 @@ async fn the_inspector_is_off_by_default(pool: PgPool) {
     let response = reqwest::get(app.url("/inspector")).await.unwrap();
     assert_eq!(response.status(), 404);
 }
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_key_waiting_for_a_person_is_listed_first_and_with_its_account(pool: PgPool) {
+    let (app, _sim) = app(pool.clone()).await;
+    let (_, secret) = app.create_account("shop").await;
+    let body = json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
+    for key in ["calm", "stuck"] {
+        assert_eq!(app.post("/v1/payments", &secret, Some(key), &body).await.status(), 201);
+    }
+    sqlx::query(
+        "UPDATE idempotency_keys SET needs_human_at = now(), last_error = 'gave up after 8 attempts' \
+         WHERE idempotency_key = 'stuck'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let overview = app.send(app.http.get(app.url("/inspector")).bearer_auth(TOKEN)).await;
+    assert_eq!(overview.status(), 200);
+    let overview = overview.text().await.unwrap();
+    let (waiting, recent) = overview.split_once("Recent keys by account").unwrap();
+    let waiting = &waiting[waiting.find("Waiting for a person").unwrap()..];
+    assert!(waiting.contains("stuck") && waiting.contains("gave up after 8 attempts"), "{waiting}");
+    assert!(!waiting.contains("calm"), "{waiting}");
+    // Both keys, the flagged one too, under their account, newest first.
+    let recent = &recent[..recent.find("Jobs staged or dead").unwrap()];
+    assert!(position(recent, "shop") < position(recent, "stuck"), "{recent}");
+    assert!(position(recent, "stuck") < position(recent, "calm"), "{recent}");
+}

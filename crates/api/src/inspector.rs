@@ -102,10 +102,28 @@ fn login(wrong: bool) -> Response {
 /// `GET /inspector`
 async fn overview(_: Operator, State(state): State<AppState>) -> Result<Response, Response> {
     let pool = &state.pool;
-    let keys = sqlx::query_as!(
+    // One statement for both key lists: the recent keys of each account (in account order), then
+    // the keys waiting for a person (most recently flagged first). A key can be in both.
+    let lines = sqlx::query_as!(
         KeyLine,
         r#"
-        SELECT a.name AS "account_name!", k.account_id AS "account_id!", k.id AS "id!",
+        WITH recent AS (
+            SELECT k.id, row_number() OVER (ORDER BY a.name, a.id, k.id DESC) AS n
+              FROM (SELECT id, name FROM accounts ORDER BY name, id LIMIT 50) a
+              CROSS JOIN LATERAL (
+                    SELECT id FROM idempotency_keys k
+                     WHERE k.account_id = a.id ORDER BY k.id DESC LIMIT $1) k
+        ), flagged AS (
+            SELECT id, row_number() OVER (ORDER BY needs_human_at DESC) AS n
+              FROM idempotency_keys WHERE needs_human_at IS NOT NULL
+             ORDER BY needs_human_at DESC LIMIT 50
+        ), listed AS (
+            SELECT false AS waiting_list, id, n FROM recent
+            UNION ALL
+            SELECT true, id, n FROM flagged
+        )
+        SELECT l.waiting_list AS "waiting_list!",
+               a.name AS "account_name!", k.account_id AS "account_id!", k.id AS "id!",
                k.idempotency_key AS "key!", k.operation AS "operation!",
                k.request_method AS "method!", k.request_path AS "path!",
                k.recovery_point AS "recovery_point!", k.owner_token AS "owner_token?",
@@ -115,38 +133,18 @@ async fn overview(_: Operator, State(state): State<AppState>) -> Result<Response
                k.response_status AS "response_status?", k.completed_at IS NOT NULL AS "finished!",
                k.needs_human_at IS NOT NULL AS "flagged!", k.last_error AS "last_error?",
                extract(epoch FROM now() - k.created_at)::float8 AS "age_s!"
-          FROM (SELECT id, name FROM accounts ORDER BY name, id LIMIT 50) a
-          CROSS JOIN LATERAL (
-                SELECT * FROM idempotency_keys k
-                 WHERE k.account_id = a.id ORDER BY k.id DESC LIMIT $1) k
-         ORDER BY a.name, a.id, k.id DESC
+          FROM listed l
+          JOIN idempotency_keys k ON k.id = l.id
+          JOIN accounts a ON a.id = k.account_id
+         ORDER BY l.waiting_list, l.n
         "#,
         KEYS_PER_ACCOUNT
     )
     .fetch_all(pool)
     .await
     .map_err(unavailable)?;
-    let flagged = sqlx::query_as!(
-        KeyLine,
-        r#"
-        SELECT a.name AS "account_name!", k.account_id AS "account_id!", k.id AS "id!",
-               k.idempotency_key AS "key!", k.operation AS "operation!",
-               k.request_method AS "method!", k.request_path AS "path!",
-               k.recovery_point AS "recovery_point!", k.owner_token AS "owner_token?",
-               k.attempts AS "attempts!",
-               to_char(k.locked_until AT TIME ZONE 'UTC', 'HH24:MI:SS') AS "lease_until?",
-               coalesce(k.locked_until > now(), false) AS "lease_active!",
-               k.response_status AS "response_status?", k.completed_at IS NOT NULL AS "finished!",
-               k.needs_human_at IS NOT NULL AS "flagged!", k.last_error AS "last_error?",
-               extract(epoch FROM now() - k.created_at)::float8 AS "age_s!"
-          FROM idempotency_keys k JOIN accounts a ON a.id = k.account_id
-         WHERE k.needs_human_at IS NOT NULL
-         ORDER BY k.needs_human_at DESC LIMIT 50
-        "#
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(unavailable)?;
+    let (flagged, keys): (Vec<KeyLine>, Vec<KeyLine>) =
+        lines.into_iter().partition(|line| line.waiting_list);
     let jobs = sqlx::query!(
         r#"
         SELECT id, kind, dedupe_key, attempts, last_error, dead_at IS NOT NULL AS "dead!",
@@ -244,6 +242,8 @@ async fn overview(_: Operator, State(state): State<AppState>) -> Result<Response
 /// One key as the overview lists it.
 #[derive(Debug, Clone)]
 struct KeyLine {
+    /// Listed among the keys waiting for a person, rather than among an account's recent keys.
+    waiting_list: bool,
     account_name: String,
     account_id: String,
     id: i64,
