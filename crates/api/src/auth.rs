@@ -25,7 +25,7 @@ use crate::app::AppState;
 use crate::error::{ApiError, ProblemCode};
 
 /// Request rates, per account.
-pub type AccountLimiter = governor::DefaultKeyedRateLimiter<String>;
+pub type AccountLimiter = governor::DefaultKeyedRateLimiter<AccountId>;
 
 /// The limiter the settings describe, or `None` when the limit is off.
 pub fn rate_limiter(
@@ -175,7 +175,7 @@ fn rate_limit(state: &AppState, account: &AccountId) -> Result<(), ApiError> {
         // Forget accounts that have been quiet long enough to have their full burst again.
         limiter.retain_recent();
     }
-    let Err(not_until) = limiter.check_key(&account.to_string()) else { return Ok(()) };
+    let Err(not_until) = limiter.check_key(account) else { return Ok(()) };
     let wait = not_until.wait_time_from(governor::clock::Clock::now(&DefaultClock::default()));
     metrics::counter!("rate_limited_total").increment(1);
     let seconds =

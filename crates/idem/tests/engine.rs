@@ -206,43 +206,33 @@ fn fingerprint(body: &Value) -> Fingerprint {
     })
 }
 
+/// The claim of a `/orders` request for `account` with `body`.
+fn order_claim<'a>(account: &'a str, key: &'a IdempotencyKey, body: &'a Value) -> ClaimRequest<'a> {
+    ClaimRequest {
+        account_id: account,
+        credential: None,
+        key,
+        fingerprint: fingerprint(body),
+        method: "POST",
+        path: "/orders",
+        request_id: "req_test",
+        operation: "orders.place",
+        params: body,
+    }
+}
+
 impl Harness {
     async fn claim_as(&self, account: &str, key_value: &str, body: &Value) -> Claim {
         let key = key(key_value);
-        self.engine
-            .claim(&ClaimRequest {
-                account_id: account,
-                credential: None,
-                key: &key,
-                fingerprint: fingerprint(body),
-                method: "POST",
-                path: "/orders",
-                request_id: "req_test",
-                operation: "orders.place",
-                params: body,
-            })
-            .await
-            .unwrap()
+        self.engine.claim(&order_claim(account, &key, body)).await.unwrap()
     }
 
     /// A claim that also checks an API-key digest, as the API sends it for a known caller.
     async fn claim_with_credential(&self, key_value: &str, credential: &[u8]) -> Claim {
-        let key = key(key_value);
-        let body = json!({"item": "book"});
-        self.engine
-            .claim(&ClaimRequest {
-                account_id: "acct_1",
-                credential: Some(credential),
-                key: &key,
-                fingerprint: fingerprint(&body),
-                method: "POST",
-                path: "/orders",
-                request_id: "req_test",
-                operation: "orders.place",
-                params: &body,
-            })
-            .await
-            .unwrap()
+        let (key, body) = (key(key_value), json!({"item": "book"}));
+        let request =
+            ClaimRequest { credential: Some(credential), ..order_claim("acct_1", &key, &body) };
+        self.engine.claim(&request).await.unwrap()
     }
 
     async fn claim(&self, key_value: &str) -> Claim {
@@ -391,19 +381,8 @@ async fn a_claim_gives_up_connecting_after_the_pools_acquire_timeout() {
         .acquire_timeout(Duration::from_millis(300))
         .connect_lazy_with(options);
     let engine = Engine::new(pool, EngineConfig::default(), Arc::new(idem::NoObserver));
-    let body = json!({"item": "book"});
-    let key = key("k1");
-    let request = ClaimRequest {
-        account_id: "acct_1",
-        credential: None,
-        key: &key,
-        fingerprint: fingerprint(&body),
-        method: "POST",
-        path: "/orders",
-        request_id: "req_test",
-        operation: "orders.place",
-        params: &body,
-    };
+    let (key, body) = (key("k1"), json!({"item": "book"}));
+    let request = order_claim("acct_1", &key, &body);
     let claimed = tokio::time::timeout(Duration::from_secs(10), engine.claim(&request)).await;
     let claimed = claimed.expect("the claim answers instead of waiting for the server forever");
     assert!(matches!(claimed, Err(idem::IdemError::Database(sqlx::Error::PoolTimedOut))));
