@@ -93,16 +93,14 @@ impl Application {
         let tasks = TaskTracker::new();
         let engine = Engine::new(
             pool.clone(),
-            settings.idempotency.engine_config(),
+            settings.engine_config(),
             Arc::new(crate::metrics::IdemMetrics),
         );
         let runner = Runner::new(engine, tasks.clone());
         let processor = ProcessorClient::new(settings.processor.client_config())?;
-        let operations = Context {
-            pool: pool.clone(),
-            processor: Arc::new(processor),
-            public_base_url: edge.public_base_url.clone(),
-        };
+        let operations =
+            Context::new(pool.clone(), Arc::new(processor), edge.public_base_url.clone())
+                .with_charge_metadata(settings.processor.charge_metadata.clone());
         let rate_limiter = crate::auth::rate_limiter(&settings.rate_limit);
         let openapi = crate::openapi::json(&settings, &edge.public_base_url).into();
         let state = AppState(Arc::new(Services {

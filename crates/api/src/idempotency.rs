@@ -265,13 +265,7 @@ impl Runner {
                 ),
             )),
             Claim::Unauthenticated => Err(invalid_api_key()),
-            Claim::NeedsHuman => Err(ApiError::new(
-                ProblemCode::InternalError,
-                format!(
-                    "The operation with key '{}' could not be completed automatically and was referred to an operator.",
-                    attempt.key
-                ),
-            )),
+            Claim::NeedsHuman => Err(needs_review()),
         }
     }
 }
@@ -283,8 +277,17 @@ fn in_use() -> ApiError {
     )
 }
 
+/// A key no automatic retry may drive: final for the client, so no `Retry-After`.
+fn needs_review() -> ApiError {
+    ApiError::new(
+        ProblemCode::OperationNeedsReview,
+        "The operation with this Idempotency-Key cannot be finished automatically and was referred to an operator. Do not retry it, under this key or another: read the object to see where it stands.",
+    )
+}
+
 fn interrupted_error(interrupted: Interrupted) -> ApiError {
     match interrupted {
+        Interrupted::NeedsHuman { .. } => needs_review(),
         // Another process took the key over and will answer; a retry gets its answer.
         Interrupted::LeaseLost => in_use(),
         Interrupted::Transient { kind: TransientKind::Processor, .. } => ApiError::new(

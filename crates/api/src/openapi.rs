@@ -113,7 +113,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
         body: Some(("CreatePaymentRequest", "application/json", true)),
         params: &[],
         success: (201, "application/json", Some("Payment"), CREATED_HEADERS),
-        problems: &[P::CardDeclined, P::ProcessorUnavailable],
+        problems: &[P::CardDeclined, P::ProcessorUnavailable, P::OperationNeedsReview],
     },
     Endpoint {
         method: "get",
@@ -177,6 +177,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
             P::PaymentUnexpectedState,
             P::AmountTooLarge,
             P::ProcessorUnavailable,
+            P::OperationNeedsReview,
         ],
     },
     Endpoint {
@@ -190,7 +191,12 @@ pub const ENDPOINTS: &[Endpoint] = &[
         body: Some(("CancelBody", "application/json", false)),
         params: &[Param::PaymentId],
         success: (200, "application/json", Some("Payment"), OBJECT_HEADERS),
-        problems: &[P::ResourceMissing, P::PaymentUnexpectedState, P::ProcessorUnavailable],
+        problems: &[
+            P::ResourceMissing,
+            P::PaymentUnexpectedState,
+            P::ProcessorUnavailable,
+            P::OperationNeedsReview,
+        ],
     },
     Endpoint {
         method: "post",
@@ -208,6 +214,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
             P::PaymentUnexpectedState,
             P::AmountTooLarge,
             P::ProcessorUnavailable,
+            P::OperationNeedsReview,
         ],
     },
     Endpoint {

@@ -2,7 +2,9 @@
 //!
 //! Each operation is one `idem::Operation`: a request runs it through the API's runner, and the
 //! completer runs the very same code through [`resume`]. Every foreign call sits between two
-//! phases, with a downstream key derived from a record the earlier phase committed.
+//! phases. The phase before it freezes the call (`Step::Call`): path, every field and the
+//! downstream key, derived from a record that phase committed, are stored with the key, and every
+//! attempt, by any process and any release, sends exactly that ([`provider::FrozenRequest`]).
 //!
 //! | operation | recovery points | downstream key |
 //! |---|---|---|
@@ -13,15 +15,25 @@
 //!
 //! The call's result and the final answer are committed in one phase, so a new payment costs
 //! three transactions: the claim, the insert, and the result with the stored answer.
+//!
+//! When the processor cannot tell us what a call did (it refuses our retry as different, or
+//! replays a failure it stored for the key), the operation reconciles: it looks the object up by
+//! our id, adopts what it finds, moves to the key's next generation when a trustworthy lookup
+//! finds nothing, and flags the key for a person otherwise. Never a guess, never a stored answer
+//! built from such a reply.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use idem::{
     Interrupted, Lease, Operation, PhaseError, RecoveryPoint, Step, StoredResponse, TransientKind,
     boxed,
 };
-use provider::{CardProcessor, ChargeRequest, DownstreamKey, ProcessorError, RefundRequest};
+use provider::{
+    CardProcessor, Charge, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError,
+    ReconcileCause, RefundRequest,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -50,6 +62,20 @@ pub struct Context<P> {
     pub processor: Arc<P>,
     /// The base of problem `type` links in stored answers.
     pub public_base_url: Arc<str>,
+    /// Further `metadata[…]` members for every new charge (`processor.charge_metadata`).
+    pub charge_metadata: Arc<BTreeMap<String, String>>,
+}
+
+impl<P> Context<P> {
+    /// A context with no further charge metadata.
+    pub fn new(pool: PgPool, processor: Arc<P>, public_base_url: Arc<str>) -> Self {
+        Self { pool, processor, public_base_url, charge_metadata: Arc::default() }
+    }
+
+    /// The same, with `metadata` sent with every new charge.
+    pub fn with_charge_metadata(self, metadata: BTreeMap<String, String>) -> Self {
+        Self { charge_metadata: Arc::new(metadata), ..self }
+    }
 }
 
 impl<P> Clone for Context<P> {
@@ -58,6 +84,7 @@ impl<P> Clone for Context<P> {
             pool: self.pool.clone(),
             processor: self.processor.clone(),
             public_base_url: self.public_base_url.clone(),
+            charge_metadata: self.charge_metadata.clone(),
         }
     }
 }
@@ -133,7 +160,9 @@ fn final_problem(err: &ProcessorError, payment_id: &str) -> Option<Problem> {
                 None => problem,
             })
         }
-        ProcessorError::Unavailable { .. } | ProcessorError::UnknownOutcome { .. } => None,
+        ProcessorError::Unavailable { .. }
+        | ProcessorError::UnknownOutcome { .. }
+        | ProcessorError::MustReconcile { .. } => None,
     }
 }
 
@@ -143,9 +172,9 @@ fn failure_code(err: &ProcessorError) -> String {
         ProcessorError::Invalid { code, .. } => {
             code.clone().unwrap_or_else(|| "processor_invalid_request".into())
         }
-        ProcessorError::Unavailable { .. } | ProcessorError::UnknownOutcome { .. } => {
-            "processor_error".into()
-        }
+        ProcessorError::Unavailable { .. }
+        | ProcessorError::UnknownOutcome { .. }
+        | ProcessorError::MustReconcile { .. } => "processor_error".into(),
     }
 }
 
@@ -207,6 +236,131 @@ impl LeaseInfo {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Frozen calls and reconciliation, shared by every operation.
+
+/// A frozen request as the key stores it.
+fn plan_of(request: &FrozenRequest) -> Value {
+    serde_json::to_value(request).unwrap_or(Value::Null)
+}
+
+/// The call planned at the lease's recovery point, after the fenced check that this lease still
+/// holds the key (a holder that lost it stops here, before calling). A key planned by a release
+/// that did not freeze its calls has none: `plan_now` builds it from the local records, and it is
+/// committed, fenced, before the first call this release makes.
+async fn planned_call<P: RecoveryPoint>(
+    lease: &mut Lease,
+    at: P,
+    plan_now: impl FnOnce() -> FrozenRequest,
+) -> Result<FrozenRequest, Interrupted> {
+    if let Some(plan) = lease.before_call().await? {
+        return serde_json::from_value(plan).map_err(|err| Interrupted::NeedsHuman {
+            reason: format!("the planned call does not parse: {err}"),
+        });
+    }
+    let request = plan_now();
+    let plan = plan_of(&request);
+    lease
+        .phase(|_tx| {
+            let plan = plan.clone();
+            boxed(async move { Ok::<_, PhaseError<DomainError>>(Step::Call(at, plan)) })
+        })
+        .await?;
+    // Right after our own phase planned it: no further round trip.
+    lease.before_call().await?;
+    Ok(request)
+}
+
+/// What a lookup at the processor found for a call whose answer we cannot have.
+enum Reconciled<T> {
+    /// The object the call made: answer as if the call had returned it.
+    Adopt(T),
+    /// Nothing, and the lookup can be trusted: send the call again under the key's next
+    /// generation.
+    NextGeneration,
+}
+
+/// Whether a lookup that found nothing can be trusted: every attempt at the call has had time to
+/// end (`longest_call`) and to show in the lookup (`lag`), by the database clock.
+async fn nothing_found_is_trusted(
+    lease: &Lease,
+    longest_call: Duration,
+    lag: Duration,
+) -> Result<bool, Interrupted> {
+    Ok(lease.since_call().await?.is_some_and(|since| since > longest_call + lag))
+}
+
+/// `Reconciled::NextGeneration` if nothing found can be trusted yet, else a transient failure:
+/// the key is released and the lookup done again later.
+async fn when_nothing_found<T>(
+    lease: &Lease,
+    longest_call: Duration,
+    lag: Duration,
+    what: &str,
+) -> Result<Reconciled<T>, Interrupted> {
+    if nothing_found_is_trusted(lease, longest_call, lag).await? {
+        Ok(Reconciled::NextGeneration)
+    } else {
+        count_reconciliation(what, "not_yet");
+        Err(Interrupted::Transient {
+            kind: TransientKind::Processor,
+            detail: format!("the processor shows no {what} yet; its lookups may trail the call"),
+        })
+    }
+}
+
+fn count_reconciliation(operation: &str, outcome: &'static str) {
+    metrics::counter!("reconciliations_total", "object" => operation.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+fn cause_name(err: &ProcessorError) -> &'static str {
+    match err {
+        ProcessorError::MustReconcile { cause: ReconcileCause::KeyReused, .. } => "key_reused",
+        ProcessorError::MustReconcile { cause: ReconcileCause::ReplayedFailure(_), .. } => {
+            "replayed_failure"
+        }
+        _ => "other",
+    }
+}
+
+/// Moves the call at `at` to its key's next generation, recorded (fenced, with an audit record)
+/// before the call is sent again, so that two generations are never in flight.
+async fn next_generation<P: RecoveryPoint>(
+    lease: &mut Lease,
+    at: P,
+    request: &FrozenRequest,
+    (account_id, object_id, action): (&str, &str, &str),
+    cause: &ProcessorError,
+) -> Result<(), Interrupted> {
+    let next = request.next_generation();
+    let plan = plan_of(&next);
+    let info = LeaseInfo::of(lease);
+    let detail = json!({
+        "outcome": "next_generation", "cause": cause_name(cause),
+        "previous_key": request.key.as_str(), "downstream_key": next.key.as_str(),
+    });
+    lease
+        .phase(|tx| {
+            let (plan, info, detail) = (plan.clone(), info.clone(), detail.clone());
+            let (account_id, object_id, action) =
+                (account_id.to_owned(), object_id.to_owned(), action.to_owned());
+            boxed(async move {
+                record(tx, &account_id, &object_id, &action, &info, detail).await?;
+                Ok::<_, PhaseError<DomainError>>(Step::Call(at, plan))
+            })
+        })
+        .await?;
+    count_reconciliation(object_id.split('_').next().unwrap_or("object"), "next_generation");
+    tracing::warn!(key_id = info.key_id, object_id, downstream_key = %next.key, "nothing found at the processor: calling again under the next key generation");
+    Ok(())
+}
+
+/// The audit detail of an adopted object.
+fn adopted(cause: &ProcessorError, object: &str, key: &DownstreamKey) -> Value {
+    json!({"outcome": "adopted", "cause": cause_name(cause), "found": object, "downstream_key": key.as_str()})
+}
+
+// ---------------------------------------------------------------------------------------------
 // Create a payment.
 
 /// The stored input of a payment creation.
@@ -246,6 +400,64 @@ impl<P: CardProcessor> CreatePayment<P> {
     }
 }
 
+/// The charge request for `payment`, frozen under its first key.
+fn charge_request(payment: &Payment, metadata: &BTreeMap<String, String>) -> FrozenRequest {
+    ChargeRequest {
+        payment_id: payment.id.clone(),
+        amount: payment.amount,
+        currency: payment.currency.clone(),
+        source: payment.payment_method.clone(),
+        capture: payment.capture_method == CaptureMethod::Automatic,
+        description: payment.description.clone(),
+        metadata: metadata.clone(),
+    }
+    .freeze(DownstreamKey::charge(&payment.id))
+}
+
+impl<P: CardProcessor> CreatePayment<P> {
+    /// The processor cannot tell us what the charge request did: look for the payment's charge.
+    async fn reconcile(
+        &self,
+        lease: &Lease,
+        payment: &Payment,
+        why: &ProcessorError,
+    ) -> Result<Reconciled<Charge>, Interrupted> {
+        let found = self
+            .ctx
+            .processor
+            .search_charges(&payment.id)
+            .await
+            .map_err(|err| unavailable(&err))?;
+        let ours: Vec<Charge> = found
+            .into_iter()
+            .filter(|charge| charge.metadata.get("payment_id") == Some(&payment.id))
+            .collect();
+        let paid: Vec<&Charge> = ours.iter().filter(|charge| charge.paid).collect();
+        match (paid.as_slice(), ours.first()) {
+            ([charge], _) => Ok(Reconciled::Adopt((*charge).clone())),
+            // Declined: no money moved, and the decline is the answer.
+            ([], Some(failed)) => Ok(Reconciled::Adopt(failed.clone())),
+            ([], None) => {
+                let processor = &self.ctx.processor;
+                when_nothing_found(
+                    lease,
+                    processor.longest_call(),
+                    processor.search_lag(),
+                    "charge",
+                )
+                .await
+            }
+            (several, _) => Err(Interrupted::NeedsHuman {
+                reason: format!(
+                    "{} successful charges at the processor for {} ({why})",
+                    several.len(),
+                    payment.id
+                ),
+            }),
+        }
+    }
+}
+
 impl<P: CardProcessor> Operation for CreatePayment<P> {
     type Point = CreatePoint;
 
@@ -258,6 +470,7 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                     .phase(|tx| {
                         let (params, info, made) =
                             (self.params.clone(), info.clone(), made.clone());
+                        let metadata = self.ctx.charge_metadata.clone();
                         boxed(async move {
                             let id = new_id("pay");
                             let payment = payments::insert(
@@ -277,10 +490,12 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                                 json!({"amount": payment.amount, "currency": payment.currency}),
                             )
                             .await?;
+                            let plan = plan_of(&charge_request(&payment, &metadata));
                             *made.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
                                 Some(payment);
-                            Ok::<_, PhaseError<DomainError>>(Step::Next(
+                            Ok::<_, PhaseError<DomainError>>(Step::Call(
                                 CreatePoint::PaymentCreated,
+                                plan,
                             ))
                         })
                     })
@@ -290,24 +505,42 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
             }
             CreatePoint::PaymentCreated => {
                 let payment = self.payment(info.key_id).await?;
-                let key = DownstreamKey::charge(&payment.id);
-                let charge = ChargeRequest {
-                    payment_id: payment.id.clone(),
-                    amount: payment.amount,
-                    currency: payment.currency.clone(),
-                    source: payment.payment_method.clone(),
-                    capture: payment.capture_method == CaptureMethod::Automatic,
-                    description: payment.description.clone(),
-                };
+                let metadata = &self.ctx.charge_metadata;
+                let request =
+                    planned_call(lease, at, || charge_request(&payment, metadata)).await?;
                 idem::failpoint(|| format!("{CREATE_PAYMENT}.before_call")).await;
-                let outcome = self.ctx.processor.create_charge(&charge, &key).await;
+                let outcome = self.ctx.processor.create_charge(&request).await;
                 idem::failpoint(|| format!("{CREATE_PAYMENT}.after_call")).await;
+                let (outcome, reconciled) = match outcome {
+                    Err(err) if err.class() == ErrorClass::Reconcile => {
+                        match self.reconcile(lease, &payment, &err).await? {
+                            Reconciled::Adopt(charge) => {
+                                let detail = adopted(&err, &charge.id, &request.key);
+                                (Ok(charge), Some(detail))
+                            }
+                            Reconciled::NextGeneration => {
+                                let object = (
+                                    payment.account_id.as_str(),
+                                    payment.id.as_str(),
+                                    "payment.reconciled",
+                                );
+                                return next_generation(lease, at, &request, object, &err).await;
+                            }
+                        }
+                    }
+                    other => (other, None),
+                };
+                if reconciled.is_some() {
+                    count_reconciliation("charge", "adopted");
+                }
                 let base = self.ctx.public_base_url.clone();
+                let key = request.key.clone();
                 match outcome {
-                    Ok(charge) => {
+                    // A charge found by reconciliation may be a declined one.
+                    Ok(charge) if charge.paid => {
                         lease
                             .phase(|tx| {
-                                let (payment, charge, info, key) = (payment.clone(), charge.clone(), info.clone(), key.clone());
+                                let (payment, charge, info, key, reconciled) = (payment.clone(), charge.clone(), info.clone(), key.clone(), reconciled.clone());
                                 boxed(async move {
                                     let status = if charge.captured { PaymentStatus::Succeeded } else { PaymentStatus::RequiresCapture };
                                     let changes = Changes {
@@ -320,13 +553,27 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                                     if let (PaymentStatus::Succeeded, Some(email)) = (payment.status, &payment.receipt_email) {
                                         audit::stage_job(tx, "receipt", &payment.id, json!({"payment_id": payment.id, "email": email})).await?;
                                     }
+                                    if let Some(detail) = reconciled {
+                                        record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
+                                    }
                                     record(tx, &payment.account_id, &payment.id, "payment.charged", &info, json!({"charge": charge.id, "downstream_key": key.as_str(), "status": status})).await?;
                                     Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(payment_answer(201, &payment, true)))
                                 })
                             })
                             .await?;
                     }
-                    Err(err) => {
+                    declined => {
+                        let err = match declined {
+                            Ok(charge) => ProcessorError::Declined {
+                                decline_code: charge
+                                    .failure_code
+                                    .clone()
+                                    .unwrap_or_else(|| "generic_decline".to_owned()),
+                                message: "Your card was declined.".to_owned(),
+                                charge_id: Some(charge.id),
+                            },
+                            Err(err) => err,
+                        };
                         let problem =
                             final_problem(&err, &payment.id).ok_or_else(|| unavailable(&err))?;
                         let charge_id = match &err {
@@ -336,13 +583,14 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                         let message = err.to_string();
                         lease
                             .phase(|tx| {
-                                let (payment, info, problem, base, charge_id, message) = (
+                                let (payment, info, problem, base, charge_id, message, reconciled) = (
                                     payment.clone(),
                                     info.clone(),
                                     problem.clone(),
                                     base.clone(),
                                     charge_id.clone(),
                                     message.clone(),
+                                    reconciled.clone(),
                                 );
                                 let code = failure_code(&err);
                                 boxed(async move {
@@ -355,6 +603,9 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                                     };
                                     let payment =
                                         payments::update(tx, &payment.id, &changes).await?;
+                                    if let Some(detail) = reconciled {
+                                        record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
+                                    }
                                     record(
                                         tx,
                                         &payment.account_id,
@@ -431,22 +682,61 @@ pub struct CancelParams {
 
 /// What the first phase of a capture or cancel decided.
 enum Gate {
-    /// The payment is now `processing`; go on.
-    Open,
+    /// The payment is now `processing`; go on. Its authorization, at the processor.
+    Open {
+        /// The payment.
+        payment_id: String,
+        /// The authorized charge.
+        charge_id: String,
+    },
     /// A final answer instead.
     Refused(Problem),
 }
 
 impl Gate {
-    /// The phase's step: on to `next`, or the refusal stored as the final answer.
-    fn into_step<P>(self, next: P, info: &LeaseInfo, public_base_url: &str) -> Step<P> {
+    /// The phase's step: on to `next` with the call `plan` builds from the payment's id and its
+    /// charge, frozen; or the refusal stored as the final answer.
+    fn into_step<P>(
+        self,
+        next: P,
+        plan: impl FnOnce(&str, &str) -> FrozenRequest,
+        info: &LeaseInfo,
+        public_base_url: &str,
+    ) -> Step<P> {
         match self {
-            Gate::Open => Step::Next(next),
+            Gate::Open { payment_id, charge_id } => {
+                Step::Call(next, plan_of(&plan(&payment_id, &charge_id)))
+            }
             Gate::Refused(problem) => {
                 Step::Finish(problem_answer(&problem, &info.request_id, public_base_url))
             }
         }
     }
+}
+
+/// The capture of `charge_id`, frozen under the payment's capture key.
+fn capture_request(payment_id: &str, charge_id: &str, amount: Option<i64>) -> FrozenRequest {
+    FrozenRequest::capture(charge_id, amount, DownstreamKey::capture(payment_id))
+}
+
+/// The release of `charge_id`'s authorization, frozen under the payment's cancel key.
+fn cancel_request(payment_id: &str, charge_id: &str) -> FrozenRequest {
+    RefundRequest {
+        charge_id: charge_id.to_owned(),
+        payment_id: payment_id.to_owned(),
+        refund_id: None,
+        amount: None,
+        reason: None,
+    }
+    .freeze(DownstreamKey::cancel(payment_id))
+}
+
+/// The authorized charge of a payment that awaits capture (or is being captured or canceled).
+fn authorization(payment: &Payment) -> Result<&str, Interrupted> {
+    payment
+        .processor_charge_id
+        .as_deref()
+        .ok_or_else(|| internal("an authorized payment without a charge"))
 }
 
 /// Locks the payment; refuses unless it awaits capture; marks it `processing`.
@@ -484,6 +774,10 @@ async fn open_gate(
             .with_param("amount_to_capture"),
         ));
     }
+    let charge_id = payment
+        .processor_charge_id
+        .clone()
+        .ok_or(DomainError::Corrupt("an authorized payment without a charge"))?;
     payments::update(
         tx,
         payment_id,
@@ -492,7 +786,7 @@ async fn open_gate(
     .await?;
     record(tx, account_id, payment_id, &format!("payment.{action}_started"), info, json!({}))
         .await?;
-    Ok(Gate::Open)
+    Ok(Gate::Open { payment_id: payment.id, charge_id })
 }
 
 /// After the processor finally refused a capture or a cancel: the payment awaits capture again,
@@ -537,6 +831,33 @@ impl<P: CardProcessor> CapturePayment<P> {
     }
 }
 
+/// The processor cannot tell us what a capture or a release did: the charge itself says.
+/// `done` decides from the charge whether the call acted; `undone` whether it surely did not
+/// (and may be sent again under the next key); anything else needs a person.
+async fn reconcile_authorization<P: CardProcessor>(
+    ctx: &Context<P>,
+    lease: &Lease,
+    charge_id: &str,
+    what: &str,
+    done: impl Fn(&Charge) -> bool,
+    undone: impl Fn(&Charge) -> bool,
+) -> Result<Reconciled<Charge>, Interrupted> {
+    let charge = ctx.processor.retrieve_charge(charge_id).await.map_err(|err| unavailable(&err))?;
+    if done(&charge) {
+        Ok(Reconciled::Adopt(charge))
+    } else if undone(&charge) {
+        // A charge read is consistent: no lag, only the calls still in flight.
+        when_nothing_found(lease, ctx.processor.longest_call(), Duration::ZERO, what).await
+    } else {
+        Err(Interrupted::NeedsHuman {
+            reason: format!(
+                "the {what} of {charge_id} cannot be reconciled: the charge is captured {} for {}, refunded {}",
+                charge.captured, charge.amount_captured, charge.amount_refunded
+            ),
+        })
+    }
+}
+
 impl<P: CardProcessor> Operation for CapturePayment<P> {
     type Point = CapturePoint;
 
@@ -559,8 +880,12 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                                 &info,
                             )
                             .await?;
+                            let plan = |payment: &str, charge: &str| {
+                                capture_request(payment, charge, params.amount_to_capture)
+                            };
                             Ok::<_, PhaseError<DomainError>>(gate.into_step(
                                 CapturePoint::CaptureStarted,
+                                plan,
                                 &info,
                                 &base,
                             ))
@@ -575,29 +900,58 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                     &self.params.payment_id,
                 )
                 .await?;
-                let charge_id = payment
-                    .processor_charge_id
-                    .clone()
-                    .ok_or_else(|| internal("an authorized payment without a charge"))?;
-                let key = DownstreamKey::capture(&payment.id);
+                let charge_id = authorization(&payment)?.to_owned();
+                let amount = self.params.amount_to_capture;
+                let request =
+                    planned_call(lease, at, || capture_request(&payment.id, &charge_id, amount))
+                        .await?;
                 idem::failpoint(|| format!("{CAPTURE_PAYMENT}.before_call")).await;
-                let outcome = self
-                    .ctx
-                    .processor
-                    .capture_charge(&charge_id, self.params.amount_to_capture, &key)
-                    .await;
+                let outcome = self.ctx.processor.capture_charge(&request).await;
                 idem::failpoint(|| format!("{CAPTURE_PAYMENT}.after_call")).await;
+                let (outcome, reconciled) = match outcome {
+                    Err(err) if err.class() == ErrorClass::Reconcile => {
+                        let found = reconcile_authorization(
+                            &self.ctx,
+                            lease,
+                            &charge_id,
+                            "capture",
+                            |charge| charge.captured,
+                            |charge| charge.paid && !charge.captured && charge.amount_refunded == 0,
+                        )
+                        .await?;
+                        match found {
+                            Reconciled::Adopt(charge) => {
+                                count_reconciliation("capture", "adopted");
+                                let detail = adopted(&err, &charge.id, &request.key);
+                                (Ok(charge), Some(detail))
+                            }
+                            Reconciled::NextGeneration => {
+                                let object = (
+                                    payment.account_id.as_str(),
+                                    payment.id.as_str(),
+                                    "payment.reconciled",
+                                );
+                                return next_generation(lease, at, &request, object, &err).await;
+                            }
+                        }
+                    }
+                    other => (other, None),
+                };
                 let problem = match &outcome {
                     Ok(_) => None,
                     Err(err) => {
                         Some(final_problem(err, &payment.id).ok_or_else(|| unavailable(err))?)
                     }
                 };
+                let key = request.key.clone();
                 lease
                     .phase(|tx| {
-                        let (payment, info, base, problem, key) = (payment.clone(), info.clone(), base.clone(), problem.clone(), key.clone());
+                        let (payment, info, base, problem, key, reconciled) = (payment.clone(), info.clone(), base.clone(), problem.clone(), key.clone(), reconciled.clone());
                         let captured = outcome.as_ref().ok().map(|c| c.amount_captured);
                         boxed(async move {
+                            if let Some(detail) = reconciled {
+                                record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
+                            }
                             let step = match (captured, problem) {
                                 (Some(amount_captured), _) => {
                                     let changes = Changes { status: Some(PaymentStatus::Succeeded), amount_captured: Some(amount_captured), ..Changes::default() };
@@ -661,6 +1015,7 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                             .await?;
                             Ok::<_, PhaseError<DomainError>>(gate.into_step(
                                 CancelPoint::CancelStarted,
+                                cancel_request,
                                 &info,
                                 &base,
                             ))
@@ -675,38 +1030,70 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                     &self.params.payment_id,
                 )
                 .await?;
-                let charge_id = payment
-                    .processor_charge_id
-                    .clone()
-                    .ok_or_else(|| internal("an authorized payment without a charge"))?;
-                let key = DownstreamKey::cancel(&payment.id);
-                let release = RefundRequest {
-                    charge_id,
-                    payment_id: payment.id.clone(),
-                    refund_id: None,
-                    amount: None,
-                    reason: None,
-                };
+                let charge_id = authorization(&payment)?.to_owned();
+                let request =
+                    planned_call(lease, at, || cancel_request(&payment.id, &charge_id)).await?;
                 idem::failpoint(|| format!("{CANCEL_PAYMENT}.before_call")).await;
-                let outcome = self.ctx.processor.create_refund(&release, &key).await;
+                let outcome = self.ctx.processor.create_refund(&request).await.map(|_| ());
                 idem::failpoint(|| format!("{CANCEL_PAYMENT}.after_call")).await;
+                let (outcome, reconciled) = match outcome {
+                    Err(err) if err.class() == ErrorClass::Reconcile => {
+                        let found = reconcile_authorization(
+                            &self.ctx,
+                            lease,
+                            &charge_id,
+                            "cancel",
+                            |charge| !charge.captured && charge.amount_refunded >= charge.amount,
+                            |charge| charge.paid && !charge.captured && charge.amount_refunded == 0,
+                        )
+                        .await?;
+                        match found {
+                            Reconciled::Adopt(charge) => {
+                                count_reconciliation("cancel", "adopted");
+                                (Ok(()), Some(adopted(&err, &charge.id, &request.key)))
+                            }
+                            Reconciled::NextGeneration => {
+                                let object = (
+                                    payment.account_id.as_str(),
+                                    payment.id.as_str(),
+                                    "payment.reconciled",
+                                );
+                                return next_generation(lease, at, &request, object, &err).await;
+                            }
+                        }
+                    }
+                    other => (other, None),
+                };
                 let problem = match &outcome {
-                    Ok(_) => None,
+                    Ok(()) => None,
                     Err(err) => {
                         Some(final_problem(err, &payment.id).ok_or_else(|| unavailable(err))?)
                     }
                 };
                 let reason = self.params.cancellation_reason.map(CancellationReason::as_str);
+                let key = request.key.clone();
                 lease
                     .phase(|tx| {
-                        let (payment, info, base, problem, key) = (
+                        let (payment, info, base, problem, key, reconciled) = (
                             payment.clone(),
                             info.clone(),
                             base.clone(),
                             problem.clone(),
                             key.clone(),
+                            reconciled.clone(),
                         );
                         boxed(async move {
+                            if let Some(detail) = reconciled {
+                                record(
+                                    tx,
+                                    &payment.account_id,
+                                    &payment.id,
+                                    "payment.reconciled",
+                                    &info,
+                                    detail,
+                                )
+                                .await?;
+                            }
                             let step = match problem {
                                 None => {
                                     let changes = Changes {
@@ -780,6 +1167,51 @@ impl<P: CardProcessor> CreateRefundOp<P> {
     }
 }
 
+/// The refund `refund` of `charge_id`, frozen under the refund's key.
+fn refund_request(refund: &Refund, charge_id: &str) -> FrozenRequest {
+    RefundRequest {
+        charge_id: charge_id.to_owned(),
+        payment_id: refund.payment_id.clone(),
+        refund_id: Some(refund.id.clone()),
+        amount: Some(refund.amount),
+        reason: refund.reason.clone(),
+    }
+    .freeze(DownstreamKey::refund(&refund.id))
+}
+
+impl<P: CardProcessor> CreateRefundOp<P> {
+    /// The processor cannot tell us what the refund request did: the charge's refunds say (a
+    /// list, consistent at once).
+    async fn reconcile(
+        &self,
+        lease: &Lease,
+        refund: &Refund,
+        charge_id: &str,
+    ) -> Result<Reconciled<provider::Refund>, Interrupted> {
+        let found =
+            self.ctx.processor.list_refunds(charge_id).await.map_err(|err| unavailable(&err))?;
+        let mut ours: Vec<provider::Refund> = found
+            .into_iter()
+            .filter(|found| found.metadata.get("refund_id") == Some(&refund.id))
+            .collect();
+        match ours.len() {
+            0 => {
+                when_nothing_found(
+                    lease,
+                    self.ctx.processor.longest_call(),
+                    Duration::ZERO,
+                    "refund",
+                )
+                .await
+            }
+            1 => Ok(Reconciled::Adopt(ours.remove(0))),
+            n => Err(Interrupted::NeedsHuman {
+                reason: format!("{n} refunds at the processor for {}", refund.id),
+            }),
+        }
+    }
+}
+
 impl<P: CardProcessor> Operation for CreateRefundOp<P> {
     type Point = RefundPoint;
 
@@ -826,7 +1258,8 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                             })
                             .await?;
                             record(tx, &params.account_id, &refund.id, "refund.created", &info, json!({"payment": payment.id, "amount": amount})).await?;
-                            Ok(Step::Next(RefundPoint::RefundCreated))
+                            let charge_id = payment.processor_charge_id.as_deref().ok_or(DomainError::Corrupt("a captured payment without a charge"))?;
+                            Ok(Step::Call(RefundPoint::RefundCreated, plan_of(&refund_request(&refund, charge_id))))
                         })
                     })
                     .await?;
@@ -845,17 +1278,32 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                     .processor_charge_id
                     .clone()
                     .ok_or_else(|| internal("a captured payment without a charge"))?;
-                let key = DownstreamKey::refund(&refund.id);
-                let request = RefundRequest {
-                    charge_id,
-                    payment_id: payment.id.clone(),
-                    refund_id: Some(refund.id.clone()),
-                    amount: Some(refund.amount),
-                    reason: refund.reason.clone(),
-                };
+                let request =
+                    planned_call(lease, at, || refund_request(&refund, &charge_id)).await?;
                 idem::failpoint(|| format!("{CREATE_REFUND}.before_call")).await;
-                let outcome = self.ctx.processor.create_refund(&request, &key).await;
+                let outcome = self.ctx.processor.create_refund(&request).await;
                 idem::failpoint(|| format!("{CREATE_REFUND}.after_call")).await;
+                let (outcome, reconciled) = match outcome {
+                    Err(err) if err.class() == ErrorClass::Reconcile => {
+                        match self.reconcile(lease, &refund, &charge_id).await? {
+                            Reconciled::Adopt(found) => {
+                                count_reconciliation("refund", "adopted");
+                                let detail = adopted(&err, &found.id, &request.key);
+                                (Ok(found), Some(detail))
+                            }
+                            Reconciled::NextGeneration => {
+                                let object = (
+                                    refund.account_id.as_str(),
+                                    refund.id.as_str(),
+                                    "refund.reconciled",
+                                );
+                                return next_generation(lease, at, &request, object, &err).await;
+                            }
+                        }
+                    }
+                    other => (other, None),
+                };
+                let key = request.key.clone();
                 let problem = match &outcome {
                     Ok(_) => None,
                     Err(err) => Some((
@@ -866,8 +1314,11 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                 let processor_refund_id = outcome.as_ref().ok().map(|r| r.id.clone());
                 lease
                     .phase(|tx| {
-                        let (refund, info, base, problem, key, processor_refund_id) = (refund.clone(), info.clone(), base.clone(), problem.clone(), key.clone(), processor_refund_id.clone());
+                        let (refund, info, base, problem, key, processor_refund_id, reconciled) = (refund.clone(), info.clone(), base.clone(), problem.clone(), key.clone(), processor_refund_id.clone(), reconciled.clone());
                         boxed(async move {
+                            if let Some(detail) = reconciled {
+                                record(tx, &refund.account_id, &refund.id, "refund.reconciled", &info, detail).await?;
+                            }
                             let step = match problem {
                                 None => {
                                     let refund = refunds::settle(tx, &refund.id, processor_refund_id.as_deref(), None).await?;
@@ -893,36 +1344,44 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
 }
 
 /// Resumes any operation from its key, as the completer does: the operation is chosen by the
-/// name stored with the key, its input read from the stored parameters.
+/// name stored with the key, its input read from the stored parameters. A key this code cannot
+/// resume (an unknown operation, parameters that do not parse) never will be by retrying: it is
+/// flagged for a person, not left leased.
 pub async fn resume<P: CardProcessor>(
     ctx: &Context<P>,
     lease: Lease,
 ) -> Result<StoredResponse, Interrupted> {
-    fn params<T: serde::de::DeserializeOwned>(lease: &Lease) -> Result<T, Interrupted> {
+    fn params<T: serde::de::DeserializeOwned>(lease: &Lease) -> Result<T, String> {
         serde_json::from_value(lease.params().clone())
-            .map_err(|err| internal(format!("stored parameters do not parse: {err}")))
+            .map_err(|err| format!("stored parameters do not parse: {err}"))
     }
-    match lease.operation() {
-        CREATE_PAYMENT => {
-            let params = params(&lease)?;
-            idem::drive(&CreatePayment::new(ctx.clone(), params), lease).await
-        }
-        CAPTURE_PAYMENT => {
-            let params = params(&lease)?;
-            idem::drive(&CapturePayment::new(ctx.clone(), params), lease).await
-        }
-        CANCEL_PAYMENT => {
-            let params = params(&lease)?;
-            idem::drive(&CancelPayment::new(ctx.clone(), params), lease).await
-        }
-        CREATE_REFUND => {
-            let params = params(&lease)?;
-            idem::drive(&CreateRefundOp::new(ctx.clone(), params), lease).await
-        }
-        other => {
-            let detail = format!("unknown operation `{other}`");
-            lease.release(&detail).await;
-            Err(internal(detail))
-        }
-    }
+    let unresumable = match lease.operation() {
+        CREATE_PAYMENT => match params(&lease) {
+            Ok(params) => {
+                return idem::drive(&CreatePayment::new(ctx.clone(), params), lease).await;
+            }
+            Err(reason) => reason,
+        },
+        CAPTURE_PAYMENT => match params(&lease) {
+            Ok(params) => {
+                return idem::drive(&CapturePayment::new(ctx.clone(), params), lease).await;
+            }
+            Err(reason) => reason,
+        },
+        CANCEL_PAYMENT => match params(&lease) {
+            Ok(params) => {
+                return idem::drive(&CancelPayment::new(ctx.clone(), params), lease).await;
+            }
+            Err(reason) => reason,
+        },
+        CREATE_REFUND => match params(&lease) {
+            Ok(params) => {
+                return idem::drive(&CreateRefundOp::new(ctx.clone(), params), lease).await;
+            }
+            Err(reason) => reason,
+        },
+        other => format!("unknown operation `{other}`"),
+    };
+    lease.flag(&unresumable).await;
+    Err(Interrupted::NeedsHuman { reason: unresumable })
 }

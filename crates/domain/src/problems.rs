@@ -50,6 +50,9 @@ pub enum ProblemCode {
     RateLimited,
     /// The processor could not be reached or failed transiently.
     ProcessorUnavailable,
+    /// No automatic retry may drive the key's operation (older than the processor's window, or
+    /// an outcome that could not be reconciled): a person decides. No retry can help.
+    OperationNeedsReview,
     /// Anything unexpected; nothing was committed beyond the last recovery point.
     InternalError,
 }
@@ -69,7 +72,7 @@ pub struct ProblemDoc {
 
 impl ProblemCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ProblemCode; 18] = [
+    pub const ALL: [ProblemCode; 19] = [
         Self::IdempotencyKeyMissing,
         Self::IdempotencyKeyInvalid,
         Self::IdempotencyKeyReused,
@@ -87,6 +90,7 @@ impl ProblemCode {
         Self::UnsupportedMediaType,
         Self::RateLimited,
         Self::ProcessorUnavailable,
+        Self::OperationNeedsReview,
         Self::InternalError,
     ];
 
@@ -110,6 +114,7 @@ impl ProblemCode {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::RateLimited => "rate_limited",
             Self::ProcessorUnavailable => "processor_unavailable",
+            Self::OperationNeedsReview => "operation_needs_review",
             Self::InternalError => "internal_error",
         }
     }
@@ -135,7 +140,7 @@ impl ProblemCode {
             Self::PreconditionFailed => 412,
             Self::PayloadTooLarge => 413,
             Self::UnsupportedMediaType => 415,
-            Self::IdempotencyKeyReused => 422,
+            Self::IdempotencyKeyReused | Self::OperationNeedsReview => 422,
             Self::RateLimited => 429,
             Self::InternalError => 500,
             Self::ProcessorUnavailable => 503,
@@ -162,6 +167,7 @@ impl ProblemCode {
             Self::UnsupportedMediaType => "Unsupported media type",
             Self::RateLimited => "Too many requests",
             Self::ProcessorUnavailable => "Card processor unavailable",
+            Self::OperationNeedsReview => "Operation referred to an operator",
             Self::InternalError => "Internal error",
         }
     }
@@ -253,6 +259,11 @@ impl ProblemCode {
                 "The card processor could not be reached or failed transiently. The operation stopped at its last recovery point.",
                 "Retry with the same Idempotency-Key after Retry-After; the operation resumes where it stopped and is never performed twice.",
                 "No.",
+            ),
+            Self::OperationNeedsReview => (
+                "The operation with this Idempotency-Key cannot be finished automatically: it is older than the card processor's own idempotency window (after which a retry could act twice), or the processor's records could not be reconciled with ours. It is referred to an operator, and no retry, with this key or any other, is needed or will change this answer.",
+                "Do not retry, and do not repeat the operation under a new key: it may already have taken effect. Read the object (for a payment, GET /v1/payments/{id}) to see where it stands, and quote the request_id to support.",
+                "No; every request with the key gets this answer until an operator resolves it.",
             ),
             Self::InternalError => (
                 "An unexpected failure. Nothing was committed beyond the operation's last recovery point.",

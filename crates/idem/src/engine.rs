@@ -49,6 +49,11 @@ pub struct EngineConfig {
     /// Connections the engine keeps for the claim statement, beside the pool (`lanes.rs`); 0
     /// runs claims on the pool instead.
     pub claim_connections: usize,
+    /// How long the downstream service remembers the idempotency keys we send it (Stripe: 24 h),
+    /// less a margin. An unfinished key older than this is never driven again by anyone, neither
+    /// a retry nor a takeover nor the completer, because a call made now could act a second time;
+    /// it is flagged for a person. `None`: no such window.
+    pub processor_window: Option<Duration>,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +64,7 @@ impl Default for EngineConfig {
             retry_base: Duration::from_secs(1),
             retry_cap: Duration::from_secs(300),
             claim_connections: 8,
+            processor_window: Some(Duration::from_secs(20 * 3600)),
         }
     }
 }
@@ -82,6 +88,10 @@ impl EngineConfig {
 
     fn lease_ms(&self) -> i64 {
         i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    fn window_ms(&self) -> Option<i64> {
+        self.processor_window.map(|window| i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
     }
 
     /// Delay before the completer's attempt after `attempts` attempts.
@@ -231,20 +241,35 @@ impl Engine {
                 self.observer.event(Event::InUse);
                 return Ok(Claim::InUse);
             }
+            let window_ms = self.config.window_ms();
             let taken = self
                 .retrying(|| {
-                    let owner = row.owner_token;
-                    store::take_over(&self.pool, row.id, owner, token, lease_ms, request.request_id)
+                    let (owner, request_id) = (row.owner_token, request.request_id);
+                    store::take_over(
+                        &self.pool, row.id, owner, token, lease_ms, request_id, window_ms,
+                    )
                 })
                 .await?;
-            if let Some((point, attempts)) = taken {
-                let event =
-                    if row.owner_token.is_some() { Event::TookOver } else { Event::Resumed };
-                self.observer.event(event);
-                tracing::info!(key_id = row.id, recovery_point = %point, attempts, ?event, "resuming an idempotency key");
-                return Ok(Claim::Acquired(self.lease(row.id, token, point, attempts, &row)));
+            match taken {
+                store::TakeOver::Taken(point, attempts) => {
+                    let event =
+                        if row.owner_token.is_some() { Event::TookOver } else { Event::Resumed };
+                    self.observer.event(event);
+                    tracing::info!(key_id = row.id, recovery_point = %point, attempts, ?event, "resuming an idempotency key");
+                    return Ok(Claim::Acquired(self.lease(row.id, token, point, attempts, &row)));
+                }
+                store::TakeOver::Flagged => {
+                    self.observer.event(Event::Flagged);
+                    tracing::error!(
+                        key_id = row.id,
+                        reason = "older than the processor's idempotency window",
+                        "an idempotency key needs a person"
+                    );
+                    return Ok(Claim::NeedsHuman);
+                }
+                // Someone else took it or finished it between the read and the swap: look again.
+                store::TakeOver::Missed => {}
             }
-            // Someone else took it or finished it between the read and the swap: look again.
         }
         Err(IdemError::Contended)
     }
@@ -299,6 +324,7 @@ impl Engine {
                 params: row.request_params,
                 request_id: row.request_id,
                 finished: None,
+                just_planned: None,
             }));
         }
         Ok(due)
@@ -334,6 +360,7 @@ impl Engine {
             params: row.request_params.clone(),
             request_id: row.request_id.clone(),
             finished: None,
+            just_planned: None,
         }
     }
 
@@ -407,6 +434,9 @@ pub struct Lease {
     params: Value,
     request_id: String,
     finished: Option<StoredResponse>,
+    /// The call this lease's own last phase planned, committed a moment ago: its first attempt
+    /// needs no fenced check of its own (`before_call`).
+    just_planned: Option<Value>,
 }
 
 impl fmt::Debug for Lease {
@@ -425,6 +455,10 @@ impl fmt::Debug for Lease {
 pub enum Step<P> {
     /// Moved the key to this recovery point.
     Next(P),
+    /// Moved the key to this recovery point, which makes a foreign call, and froze that call: the
+    /// value is stored with the key and handed back by [`Lease::before_call`] to every attempt,
+    /// by any process. Also used to stay at a point with a new plan.
+    Call(P, Value),
     /// Stored this final response.
     Finish(StoredResponse),
 }
@@ -493,10 +527,16 @@ impl Lease {
                     return Err(PhaseError::LeaseLost);
                 }
                 Ok(step) => {
+                    self.just_planned = None;
                     match &step {
                         Step::Next(point) => {
                             span.record("to", point.name());
                             self.point = point.name().to_owned();
+                        }
+                        Step::Call(point, plan) => {
+                            span.record("to", point.name());
+                            self.point = point.name().to_owned();
+                            self.just_planned = Some(plan.clone());
                         }
                         Step::Finish(response) => {
                             span.record("to", FINISHED);
@@ -524,13 +564,28 @@ impl Lease {
         let step = work(&mut tx).await?;
         let fenced = match &step {
             Step::Next(next) => {
+                let lease_ms = self.engine.config.lease_ms();
                 store::advance(
                     &mut tx,
                     self.key_id,
                     self.token,
                     &self.point,
                     next.name(),
-                    self.engine.config.lease_ms(),
+                    None,
+                    lease_ms,
+                )
+                .await?
+            }
+            Step::Call(next, plan) => {
+                let lease_ms = self.engine.config.lease_ms();
+                store::advance(
+                    &mut tx,
+                    self.key_id,
+                    self.token,
+                    &self.point,
+                    next.name(),
+                    Some(plan),
+                    lease_ms,
                 )
                 .await?
             }
@@ -544,6 +599,66 @@ impl Lease {
         }
         tx.commit().await?;
         Ok(step)
+    }
+
+    /// Right before a foreign call: makes sure this lease still holds the key at its recovery
+    /// point (fenced, so a holder that lost the key stops here, before acting outside), extends
+    /// the lease and stamps the call's start; answers the call planned at the point (`None` for a
+    /// key planned by a release that did not freeze its calls). Right after this lease's own
+    /// phase planned the call, that commit was the check, and no round trip is made.
+    pub async fn before_call(&mut self) -> Result<Option<Value>, Interrupted> {
+        if let Some(plan) = self.just_planned.take() {
+            return Ok(Some(plan));
+        }
+        let lease_ms = self.engine.config.lease_ms();
+        let checked = self
+            .engine
+            .retrying(|| async {
+                Ok(store::before_call(
+                    &self.engine.pool,
+                    self.key_id,
+                    self.token,
+                    &self.point,
+                    lease_ms,
+                )
+                .await?)
+            })
+            .await?;
+        match checked {
+            Some(plan) => Ok(plan),
+            None => {
+                self.engine.observer.event(Event::LeaseLost);
+                tracing::warn!(key_id = self.key_id, recovery_point = %self.point, "lease lost before a foreign call: not calling");
+                Err(Interrupted::LeaseLost)
+            }
+        }
+    }
+
+    /// How long ago, by the database clock, the latest attempt at the planned call began
+    /// (`None` if no call was stamped). Fenced: a lost lease is an error.
+    pub async fn since_call(&self) -> Result<Option<Duration>, Interrupted> {
+        let seconds = self
+            .engine
+            .retrying(|| async {
+                Ok(store::since_call(&self.engine.pool, self.key_id, self.token).await?)
+            })
+            .await?
+            .ok_or(Interrupted::LeaseLost)?;
+        Ok(seconds.map(|s| Duration::from_secs_f64(s.max(0.0))))
+    }
+
+    /// Flags the key for a person: no one drives it automatically again. Fenced on this lease.
+    pub async fn flag(self, reason: &str) {
+        match store::flag(&self.engine.pool, self.key_id, self.token, reason).await {
+            Ok(true) => {
+                self.engine.observer.event(Event::Flagged);
+                tracing::error!(key_id = self.key_id, recovery_point = %self.point, reason, "an idempotency key needs a person");
+            }
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(key_id = self.key_id, error = %err, "could not flag an idempotency key; it is retried after its lease")
+            }
+        }
     }
 
     /// Gives the key back after a transient failure: it stays at its recovery point, unlocked, so
@@ -569,6 +684,13 @@ pub enum Interrupted {
     /// The lease was taken over; stop, touch nothing. The new holder answers.
     #[error("the lease on the idempotency key was lost")]
     LeaseLost,
+    /// No automatic retry may finish this operation (the processor's answer cannot be
+    /// reconciled with ours); the key is flagged for a person.
+    #[error("needs a person: {reason}")]
+    NeedsHuman {
+        /// Why, for logs and the key's `last_error`; never shown to clients.
+        reason: String,
+    },
     /// Something outside failed in a way that may pass (the processor is unavailable, the
     /// database is away). The key is released at its recovery point.
     #[error("{detail}")]
@@ -655,6 +777,10 @@ pub async fn drive<O: Operation>(
                     .await;
             }
             Err(Interrupted::LeaseLost) => return Err(Interrupted::LeaseLost),
+            Err(Interrupted::NeedsHuman { reason }) => {
+                lease.flag(&reason).await;
+                return Err(Interrupted::NeedsHuman { reason });
+            }
             Err(transient) => {
                 tracing::warn!(key_id = lease.key_id, recovery_point = at.name(), error = %transient, "operation interrupted; the key stays at its recovery point");
                 lease.release(&transient.to_string()).await;

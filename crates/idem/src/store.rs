@@ -143,9 +143,22 @@ pub(crate) async fn insert_or_read(
     }))
 }
 
+/// What a takeover did.
+#[derive(Debug)]
+pub(crate) enum TakeOver {
+    /// The lease is ours: the key's recovery point and attempts.
+    Taken(String, i32),
+    /// The key is older than the processor's window: flagged for a person instead, untouched
+    /// otherwise.
+    Flagged,
+    /// Someone else took or finished the key since it was read.
+    Missed,
+}
+
 /// Takes the lease of an unfinished key whose lease is free or expired, if nobody changed the
 /// owner since `observed` was read (compare and swap), and records the attempt for `request_id`.
-/// Returns the recovery point and attempts.
+/// A key created more than `window_ms` ago is flagged for a person instead: no one may drive it
+/// again (the processor has forgotten its downstream keys).
 pub(crate) async fn take_over(
     executor: impl PgExecutor<'_>,
     key_id: i64,
@@ -153,33 +166,59 @@ pub(crate) async fn take_over(
     token: Uuid,
     lease_ms: i64,
     request_id: &str,
-) -> Result<Option<(String, i32)>, IdemError> {
+    window_ms: Option<i64>,
+) -> Result<TakeOver, IdemError> {
     let row = sqlx::query!(
         r#"
-        WITH taken AS (
-            UPDATE idempotency_keys
-               SET owner_token = $3, locked_until = now() + $4 * interval '1 millisecond',
-                   attempts = attempts + 1, last_run_at = now()
+        WITH free AS (
+            SELECT id, $6::float8 IS NOT NULL
+                       AND created_at < now() - $6 * interval '1 millisecond' AS too_old
+              FROM idempotency_keys
              WHERE id = $1
                AND owner_token IS NOT DISTINCT FROM $2
                AND completed_at IS NULL AND needs_human_at IS NULL
                AND (locked_until IS NULL OR locked_until <= now())
-            RETURNING id, recovery_point, attempts
+               FOR UPDATE
+        ), taken AS (
+            UPDATE idempotency_keys k
+               SET owner_token = $3, locked_until = now() + $4 * interval '1 millisecond',
+                   attempts = k.attempts + 1, last_run_at = now()
+              FROM free
+             WHERE k.id = free.id AND NOT free.too_old
+            RETURNING k.id, k.recovery_point, k.attempts
+        ), flagged AS (
+            UPDATE idempotency_keys k
+               SET needs_human_at = now(), owner_token = NULL, locked_until = NULL,
+                   last_error = 'older than the processor''s idempotency window'
+                                || coalesce(' (last error: ' || k.last_error || ')', '')
+              FROM free
+             WHERE k.id = free.id AND free.too_old
+            RETURNING k.id
         ), logged AS (
             INSERT INTO idempotency_attempts (key_id, attempt, request_id, took_over, recovery_point)
             SELECT id, attempts, $5, $2::uuid IS NOT NULL, recovery_point FROM taken
         )
-        SELECT recovery_point AS "recovery_point!", attempts AS "attempts!" FROM taken
+        SELECT free.too_old AS "too_old!", taken.recovery_point AS "recovery_point?",
+               taken.attempts AS "attempts?"
+          FROM free LEFT JOIN taken ON true
         "#,
         key_id,
         observed,
         token,
         lease_ms as f64,
         request_id,
+        window_ms.map(|ms| ms as f64),
     )
     .fetch_optional(executor)
     .await?;
-    Ok(row.map(|r| (r.recovery_point, r.attempts)))
+    Ok(match row {
+        None => TakeOver::Missed,
+        Some(row) if row.too_old => TakeOver::Flagged,
+        Some(row) => match (row.recovery_point, row.attempts) {
+            (Some(point), Some(attempts)) => TakeOver::Taken(point, attempts),
+            _ => return Err(IdemError::Corrupt("a free key that could not be taken")),
+        },
+    })
 }
 
 /// The fence: moves the key to its next recovery point, renewing the lease, only if `token`
@@ -190,19 +229,22 @@ pub(crate) async fn advance(
     token: Uuid,
     expected: &str,
     next: &str,
+    plan: Option<&Value>,
     lease_ms: i64,
 ) -> Result<bool, sqlx::Error> {
     let moved = sqlx::query!(
         r#"
         UPDATE idempotency_keys
-           SET recovery_point = $4, locked_until = now() + $5 * interval '1 millisecond',
-               last_run_at = now()
+           SET recovery_point = $4, locked_until = now() + $6 * interval '1 millisecond',
+               last_run_at = now(), planned_call = $5,
+               called_at = CASE WHEN $5::jsonb IS NULL THEN NULL ELSE now() END
          WHERE id = $1 AND owner_token = $2 AND recovery_point = $3
         "#,
         key_id,
         token,
         expected,
         next,
+        plan,
         lease_ms as f64,
     )
     .execute(conn)
@@ -211,8 +253,54 @@ pub(crate) async fn advance(
     Ok(moved == 1)
 }
 
-/// The fence for the last phase: stores the final response and releases the lease, under the
-/// same conditions as `advance`.
+/// Right before a foreign call: checks, fenced, that `token` still holds the key at `expected`,
+/// extends the lease and stamps the call's start. `None` when the lease is lost; otherwise the
+/// call planned at the recovery point, if any.
+pub(crate) async fn before_call(
+    executor: impl PgExecutor<'_>,
+    key_id: i64,
+    token: Uuid,
+    expected: &str,
+    lease_ms: i64,
+) -> Result<Option<Option<Value>>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+           SET locked_until = now() + $4 * interval '1 millisecond', called_at = now()
+         WHERE id = $1 AND owner_token = $2 AND recovery_point = $3
+        RETURNING planned_call
+        "#,
+        key_id,
+        token,
+        expected,
+        lease_ms as f64,
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|r| r.planned_call))
+}
+
+/// How long ago, by the database clock, the latest attempt at the planned call began; fenced.
+/// `None` when the lease is lost; `Some(None)` when no call was stamped.
+pub(crate) async fn since_call(
+    executor: impl PgExecutor<'_>,
+    key_id: i64,
+    token: Uuid,
+) -> Result<Option<Option<f64>>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"
+        SELECT extract(epoch FROM now() - called_at)::float8 AS seconds
+          FROM idempotency_keys
+         WHERE id = $1 AND owner_token = $2
+        "#,
+        key_id,
+        token,
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|r| r.seconds))
+}
+
 pub(crate) async fn finish(
     conn: &mut PgConnection,
     key_id: i64,

@@ -9,10 +9,10 @@ use rand::Rng;
 use reqwest::{Method, StatusCode, header};
 use serde::de::DeserializeOwned;
 
+use serde::Deserialize;
+
 use crate::keys::DownstreamKey;
-use crate::types::{
-    Charge, ChargeRequest, ErrorBody, ErrorEnvelope, Refund, RefundRequest, mask_token,
-};
+use crate::types::{Charge, ErrorBody, ErrorEnvelope, FrozenRequest, Refund, mask_token};
 
 /// How the processor is reached.
 #[derive(Clone)]
@@ -33,6 +33,10 @@ pub struct ProcessorConfig {
     pub backoff_cap: Duration,
     /// Largest `Retry-After` honoured; a longer one is cut to this.
     pub retry_after_cap: Duration,
+    /// How far the processor's search may trail its writes (Stripe: up to about a minute). A
+    /// search that finds nothing proves nothing until the call it looks for is older than this
+    /// plus the longest call.
+    pub search_lag: Duration,
 }
 
 impl fmt::Debug for ProcessorConfig {
@@ -43,6 +47,7 @@ impl fmt::Debug for ProcessorConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("max_retries", &self.max_retries)
+            .field("search_lag", &self.search_lag)
             .finish_non_exhaustive()
     }
 }
@@ -68,6 +73,21 @@ pub enum ErrorClass {
     /// The request may or may not have been acted on: retry later with the same key, which makes
     /// the processor return what it did, if it did anything.
     UnknownOutcome,
+    /// The processor will not tell us, under this key, what the first request with it did (it
+    /// refuses our retry as different, or replays a failure it stored for the key): no retry
+    /// with the key can help. Look the object up by our own id instead (reconcile).
+    Reconcile,
+}
+
+/// Why an answer leaves the first request's outcome to a lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconcileCause {
+    /// `400 idempotency_error`: the key was first used with other parameters (an earlier release
+    /// built the request differently, or someone else used the key).
+    KeyReused,
+    /// A 5xx replayed for the key (`Idempotent-Replayed: true`): the processor stored a failure
+    /// of the first request, which may have acted before it failed, and will answer it for ever.
+    ReplayedFailure(u16),
 }
 
 /// Why a transient failure happened.
@@ -125,6 +145,15 @@ pub enum ProcessorError {
         /// For logs.
         message: String,
     },
+    /// The key can no longer tell us what the first request with it did. Never a final answer:
+    /// look the object up.
+    #[error("processor outcome must be reconciled ({cause:?}): {message}")]
+    MustReconcile {
+        /// Which answer said so.
+        cause: ReconcileCause,
+        /// For logs.
+        message: String,
+    },
 }
 
 impl ProcessorError {
@@ -134,33 +163,31 @@ impl ProcessorError {
             Self::Declined { .. } | Self::Invalid { .. } => ErrorClass::Final,
             Self::Unavailable { .. } => ErrorClass::Transient,
             Self::UnknownOutcome { .. } => ErrorClass::UnknownOutcome,
+            Self::MustReconcile { .. } => ErrorClass::Reconcile,
         }
     }
 }
 
 /// The operations we need from a card processor. The HTTP client implements it; tests may use a
-/// deterministic double.
+/// deterministic double. The money-moving calls take a [`FrozenRequest`]: what is sent was
+/// decided, and stored, before the first attempt.
 pub trait CardProcessor: Send + Sync + 'static {
-    /// Creates (and, with `capture`, captures) a charge.
+    /// Creates (and, with `capture`, captures) a charge: `POST /v1/charges`.
     fn create_charge(
         &self,
-        request: &ChargeRequest,
-        key: &DownstreamKey,
+        request: &FrozenRequest,
     ) -> impl Future<Output = Result<Charge, ProcessorError>> + Send;
 
-    /// Captures an authorized charge, all of it or `amount`.
+    /// Captures an authorized charge: `POST /v1/charges/{id}/capture`.
     fn capture_charge(
         &self,
-        charge_id: &str,
-        amount: Option<i64>,
-        key: &DownstreamKey,
+        request: &FrozenRequest,
     ) -> impl Future<Output = Result<Charge, ProcessorError>> + Send;
 
-    /// Refunds a captured charge, or releases an uncaptured one.
+    /// Refunds a captured charge, or releases an uncaptured one: `POST /v1/refunds`.
     fn create_refund(
         &self,
-        request: &RefundRequest,
-        key: &DownstreamKey,
+        request: &FrozenRequest,
     ) -> impl Future<Output = Result<Refund, ProcessorError>> + Send;
 
     /// Reads a charge.
@@ -169,8 +196,24 @@ pub trait CardProcessor: Send + Sync + 'static {
         charge_id: &str,
     ) -> impl Future<Output = Result<Charge, ProcessorError>> + Send;
 
+    /// The charges whose `metadata[payment_id]` is `payment_id`, through the processor's search,
+    /// which may trail writes by up to [`CardProcessor::search_lag`].
+    fn search_charges(
+        &self,
+        payment_id: &str,
+    ) -> impl Future<Output = Result<Vec<Charge>, ProcessorError>> + Send;
+
+    /// Every refund of a charge (a consistent list, no lag).
+    fn list_refunds(
+        &self,
+        charge_id: &str,
+    ) -> impl Future<Output = Result<Vec<Refund>, ProcessorError>> + Send;
+
     /// The longest a call may take, retries included (for the lease check).
     fn longest_call(&self) -> Duration;
+
+    /// How far the processor's search may trail its writes.
+    fn search_lag(&self) -> Duration;
 }
 
 /// The HTTP client.
@@ -201,6 +244,7 @@ impl ProcessorClient {
         let mut retries = 0;
         loop {
             let started = std::time::Instant::now();
+            // A read is only ever retried here, never stored: no key needed.
             let (result, retry_after) = self.call_once(method.clone(), path, form, key).await;
             let elapsed = started.elapsed().as_secs_f64();
             let elapsed_ms = elapsed * 1000.0;
@@ -210,6 +254,7 @@ impl ProcessorClient {
                     ErrorClass::Final => "final",
                     ErrorClass::Transient => "transient",
                     ErrorClass::UnknownOutcome => "unknown_outcome",
+                    ErrorClass::Reconcile => "reconcile",
                 },
             };
             metrics::counter!("processor_calls_total", "path" => metric_path(path), "outcome" => outcome).increment(1);
@@ -221,7 +266,10 @@ impl ProcessorClient {
                     return Ok(value);
                 }
                 Err(err)
-                    if err.class() != ErrorClass::Final && retries < self.config.max_retries =>
+                    if matches!(
+                        err.class(),
+                        ErrorClass::Transient | ErrorClass::UnknownOutcome
+                    ) && retries < self.config.max_retries =>
                 {
                     retries += 1;
                     let delay = self.backoff(retries, retry_after);
@@ -280,6 +328,10 @@ impl ProcessorClient {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
+        let replayed = response
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let body = match response.bytes().await {
             Ok(body) => body,
             // The answer started and broke off: the processor may have acted.
@@ -290,7 +342,7 @@ impl ProcessorClient {
                 .map_err(|err| unknown(format!("unreadable answer with status {status}: {err}")));
             return (parsed, retry_after);
         }
-        (Err(status_error(status, &body)), retry_after)
+        (Err(status_error(status, &body, replayed)), retry_after)
     }
 }
 
@@ -299,6 +351,8 @@ fn metric_path(path: &str) -> &'static str {
     match path {
         "/v1/charges" => "/v1/charges",
         "/v1/refunds" => "/v1/refunds",
+        p if p.starts_with("/v1/refunds?") => "/v1/refunds",
+        p if p.starts_with("/v1/charges/search") => "/v1/charges/search",
         p if p.ends_with("/capture") => "/v1/charges/{id}/capture",
         _ => "/v1/charges/{id}",
     }
@@ -317,94 +371,138 @@ fn transport_error(err: &reqwest::Error) -> ProcessorError {
     }
 }
 
-fn status_error(status: StatusCode, body: &[u8]) -> ProcessorError {
-    let error: ErrorBody = serde_json::from_slice::<ErrorEnvelope>(body)
-        .map(|envelope| envelope.error)
-        .unwrap_or_else(|_| ErrorBody {
-            message: format!("status {status}"),
-            ..ErrorBody::default()
-        });
-    let unavailable = |cause| ProcessorError::Unavailable {
+fn status_error(status: StatusCode, body: &[u8], replayed: bool) -> ProcessorError {
+    let unavailable = |cause, message: &str| ProcessorError::Unavailable {
         cause,
-        message: format!("{status}: {}", error.message),
+        message: format!("{status}: {message}"),
     };
-    match status.as_u16() {
-        402 => ProcessorError::Declined {
-            decline_code: error
-                .decline_code
-                .clone()
-                .unwrap_or_else(|| "generic_decline".to_owned()),
-            message: error.message.clone(),
-            charge_id: error.charge.clone(),
+    let parsed = serde_json::from_slice::<ErrorEnvelope>(body).map(|envelope| envelope.error);
+    match (status.as_u16(), parsed) {
+        // A failure the processor stored for the key and replays: a retry can only get it again.
+        (code @ 500..=599, _) if replayed => ProcessorError::MustReconcile {
+            cause: ReconcileCause::ReplayedFailure(code),
+            message: format!("the processor replays a {status} for this key"),
         },
-        401 | 403 => unavailable(TransientCause::Authentication),
-        409 => unavailable(TransientCause::Conflict),
-        429 => unavailable(TransientCause::RateLimited),
-        code @ 500..=599 => unavailable(TransientCause::ServerError(code)),
-        code => ProcessorError::Invalid {
+        (401 | 403, error) => unavailable(TransientCause::Authentication, &message_of(error)),
+        (409, error) => unavailable(TransientCause::Conflict, &message_of(error)),
+        (429, error) => unavailable(TransientCause::RateLimited, &message_of(error)),
+        (code @ 500..=599, error) => {
+            unavailable(TransientCause::ServerError(code), &message_of(error))
+        }
+        (_, Ok(error)) if error.type_ == "idempotency_error" => ProcessorError::MustReconcile {
+            cause: ReconcileCause::KeyReused,
+            message: error.message,
+        },
+        (402, Ok(error)) => ProcessorError::Declined {
+            decline_code: error.decline_code.unwrap_or_else(|| "generic_decline".to_owned()),
+            message: error.message,
+            charge_id: error.charge,
+        },
+        (code, Ok(error)) => ProcessorError::Invalid {
             status: code,
-            code: error.code.clone(),
-            param: error.param.clone(),
-            message: error.message.clone(),
+            code: error.code,
+            param: error.param,
+            message: error.message,
         },
+        // A refusal we cannot read is no answer to store: we do not know what was refused.
+        (_, Err(err)) => unknown(format!("an unreadable error answer with status {status}: {err}")),
     }
 }
 
+fn message_of(error: Result<ErrorBody, serde_json::Error>) -> String {
+    error.map(|e| e.message).unwrap_or_else(|_| "(no readable error body)".to_owned())
+}
+
+/// Stripe's search result page.
+#[derive(Debug, Deserialize)]
+struct SearchPage<T> {
+    data: Vec<T>,
+    #[serde(default)]
+    has_more: bool,
+    #[serde(default)]
+    next_page: Option<String>,
+}
+
+/// Stripe's list page.
+#[derive(Debug, Deserialize)]
+struct ListPage<T> {
+    data: Vec<T>,
+    #[serde(default)]
+    has_more: bool,
+}
+
+/// Lookups read at most this many pages: a reconciliation looks for one object, and a runaway
+/// cursor must not hold a lease for ever.
+const MAX_PAGES: usize = 10;
+
+/// A value for a Stripe search query string literal.
+fn search_literal(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('\'', "\\'")
+}
+
 impl CardProcessor for ProcessorClient {
-    async fn create_charge(
-        &self,
-        request: &ChargeRequest,
-        key: &DownstreamKey,
-    ) -> Result<Charge, ProcessorError> {
-        let mut form = vec![
-            ("amount".to_owned(), request.amount.to_string()),
-            ("currency".to_owned(), request.currency.clone()),
-            ("source".to_owned(), request.source.clone()),
-            ("capture".to_owned(), request.capture.to_string()),
-            ("metadata[payment_id]".to_owned(), request.payment_id.clone()),
-        ];
-        if let Some(description) = &request.description {
-            form.push(("description".to_owned(), description.clone()));
-        }
-        tracing::debug!(payment_id = %request.payment_id, source = %mask_token(&request.source), "creating a charge");
-        self.call(Method::POST, "/v1/charges", Some(&form), Some(key)).await
+    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+        tracing::debug!(key = %request.key, source = %request.field("source").map(mask_token).unwrap_or_default(), "creating a charge");
+        self.call(Method::POST, &request.path, Some(&request.form), Some(&request.key)).await
     }
 
-    async fn capture_charge(
-        &self,
-        charge_id: &str,
-        amount: Option<i64>,
-        key: &DownstreamKey,
-    ) -> Result<Charge, ProcessorError> {
-        let form: Vec<(String, String)> =
-            amount.map(|a| ("amount".to_owned(), a.to_string())).into_iter().collect();
-        self.call(Method::POST, &format!("/v1/charges/{charge_id}/capture"), Some(&form), Some(key))
-            .await
+    async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+        self.call(Method::POST, &request.path, Some(&request.form), Some(&request.key)).await
     }
 
-    async fn create_refund(
-        &self,
-        request: &RefundRequest,
-        key: &DownstreamKey,
-    ) -> Result<Refund, ProcessorError> {
-        let mut form = vec![
-            ("charge".to_owned(), request.charge_id.clone()),
-            ("metadata[payment_id]".to_owned(), request.payment_id.clone()),
-        ];
-        if let Some(refund_id) = &request.refund_id {
-            form.push(("metadata[refund_id]".to_owned(), refund_id.clone()));
-        }
-        if let Some(amount) = request.amount {
-            form.push(("amount".to_owned(), amount.to_string()));
-        }
-        if let Some(reason) = &request.reason {
-            form.push(("reason".to_owned(), reason.clone()));
-        }
-        self.call(Method::POST, "/v1/refunds", Some(&form), Some(key)).await
+    async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
+        self.call(Method::POST, &request.path, Some(&request.form), Some(&request.key)).await
     }
 
     async fn retrieve_charge(&self, charge_id: &str) -> Result<Charge, ProcessorError> {
         self.call(Method::GET, &format!("/v1/charges/{charge_id}"), None, None).await
+    }
+
+    async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
+        let query = format!("metadata['payment_id']:'{}'", search_literal(payment_id));
+        let mut found = Vec::new();
+        let mut page: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let mut params = vec![("query", query.as_str()), ("limit", "100")];
+            if let Some(page) = &page {
+                params.push(("page", page));
+            }
+            let encoded = serde_urlencoded::to_string(&params)
+                .map_err(|err| unknown(format!("cannot encode a search: {err}")))?;
+            let result: SearchPage<Charge> = self
+                .call(Method::GET, &format!("/v1/charges/search?{encoded}"), None, None)
+                .await?;
+            found.extend(result.data);
+            match result.next_page {
+                Some(next) if result.has_more => page = Some(next),
+                _ => return Ok(found),
+            }
+        }
+        Err(unknown(format!("the search for {payment_id} has more than {MAX_PAGES} pages")))
+    }
+
+    async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
+        let mut found: Vec<Refund> = Vec::new();
+        for _ in 0..MAX_PAGES {
+            let mut params = vec![("charge", charge_id), ("limit", "100")];
+            if let Some(last) = found.last() {
+                params.push(("starting_after", &last.id));
+            }
+            let encoded = serde_urlencoded::to_string(&params)
+                .map_err(|err| unknown(format!("cannot encode a list: {err}")))?;
+            let result: ListPage<Refund> =
+                self.call(Method::GET, &format!("/v1/refunds?{encoded}"), None, None).await?;
+            let more = result.has_more && !result.data.is_empty();
+            found.extend(result.data);
+            if !more {
+                return Ok(found);
+            }
+        }
+        Err(unknown(format!("the refunds of {charge_id} fill more than {MAX_PAGES} pages")))
+    }
+
+    fn search_lag(&self) -> Duration {
+        self.config.search_lag
     }
 
     fn longest_call(&self) -> Duration {

@@ -9,11 +9,19 @@
 //!   the same client key still send different downstream keys;
 //! - **never the client's key**: the client's key is theirs, scoped to their account, and may
 //!   contain anything; it must not leak to a third party nor collide there.
+//!
+//! A key has generations. The first is the bare key; when the processor can no longer tell us
+//! what a key did (it forgot the key, or refuses our retry) and a lookup proves that nothing was
+//! done under it, the operation moves to the next generation (`pay_…/charge/2`), recorded before
+//! the call, so two generations are never in flight.
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 /// An `Idempotency-Key` for the processor.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct DownstreamKey(String);
 
 impl DownstreamKey {
@@ -41,6 +49,28 @@ impl DownstreamKey {
         Self(format!("{record_id}/{action}"))
     }
 
+    /// The key of generation `generation` (1 is this key itself): `…/charge/2` and so on.
+    pub fn generation(&self, generation: u32) -> Self {
+        let base = self.base();
+        if generation <= 1 { Self(base.to_owned()) } else { Self(format!("{base}/{generation}")) }
+    }
+
+    /// Which generation this key is (1 for a key without a suffix).
+    pub fn generation_number(&self) -> u32 {
+        match self.0.rsplit_once('/') {
+            Some((_, last)) => last.parse().unwrap_or(1),
+            None => 1,
+        }
+    }
+
+    /// The key without its generation suffix.
+    fn base(&self) -> &str {
+        match self.0.rsplit_once('/') {
+            Some((base, last)) if last.parse::<u32>().is_ok() => base,
+            _ => &self.0,
+        }
+    }
+
     /// The key as sent.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -65,5 +95,17 @@ mod tests {
         assert_ne!(DownstreamKey::charge("pay_1"), DownstreamKey::capture("pay_1"));
         assert_ne!(DownstreamKey::capture("pay_1"), DownstreamKey::cancel("pay_1"));
         assert_eq!(DownstreamKey::refund("re_9").as_str(), "re_9/refund");
+    }
+
+    #[test]
+    fn generations_count_from_the_bare_key() {
+        let first = DownstreamKey::charge("pay_1");
+        assert_eq!(first.generation_number(), 1);
+        let second = first.generation(2);
+        assert_eq!(second.as_str(), "pay_1/charge/2");
+        assert_eq!(second.generation_number(), 2);
+        assert_eq!(second.generation(3).as_str(), "pay_1/charge/3");
+        assert_eq!(second.generation(1), first);
+        assert_eq!(serde_json::to_value(&second).ok(), Some(serde_json::json!("pay_1/charge/2")));
     }
 }

@@ -1,8 +1,10 @@
 //! Everything that leaves our database goes through this crate.
 //!
 //! - [`client`]: a Stripe-compatible card-processor client (`POST /v1/charges`, capture, refunds,
-//!   retrieve) whose errors are typed by what the caller may do ([`ErrorClass`]: final, transient,
-//!   unknown outcome), with bounded full-jitter retries that always reuse the same key.
+//!   retrieve, search) whose errors are typed by what the caller may do ([`ErrorClass`]: final,
+//!   transient, unknown outcome, reconcile), with bounded full-jitter retries that always reuse
+//!   the same key, and money-moving requests frozen before their first attempt
+//!   ([`FrozenRequest`]).
 //! - [`keys`]: the downstream idempotency keys, derived from our own record ids.
 //! - [`sim`]: the stand-in processor (`processor-sim`), with real in-memory state, Stripe's
 //!   idempotency semantics and seeded fault injection.
@@ -15,7 +17,8 @@ pub mod sim;
 pub mod types;
 
 pub use client::{
-    CardProcessor, ErrorClass, ProcessorClient, ProcessorConfig, ProcessorError, TransientCause,
+    CardProcessor, ErrorClass, ProcessorClient, ProcessorConfig, ProcessorError, ReconcileCause,
+    TransientCause,
 };
 pub use keys::DownstreamKey;
-pub use types::{Charge, ChargeRequest, Refund, RefundRequest};
+pub use types::{Charge, ChargeRequest, FrozenRequest, Refund, RefundRequest};

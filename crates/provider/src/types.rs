@@ -1,6 +1,10 @@
 //! The processor's objects and the requests we send, in the Stripe wire format's subset.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+
+use crate::keys::DownstreamKey;
 
 /// A charge at the processor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,6 +27,12 @@ pub struct Charge {
     pub amount_refunded: i64,
     /// Whether the whole charge was refunded or released.
     pub refunded: bool,
+    /// Why a failed charge failed (`card_declined`, …).
+    #[serde(default)]
+    pub failure_code: Option<String>,
+    /// Our ids on it (`payment_id`), as the client sent them.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A refund at the processor.
@@ -36,6 +46,9 @@ pub struct Refund {
     pub amount: i64,
     /// `succeeded`.
     pub status: String,
+    /// Our ids on it (`payment_id`, `refund_id`), as the client sent them.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A charge to create.
@@ -53,6 +66,30 @@ pub struct ChargeRequest {
     pub capture: bool,
     /// Free text.
     pub description: Option<String>,
+    /// Further `metadata[…]` members, beside `payment_id` (a deployment's own tags).
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl ChargeRequest {
+    /// The request as it will be sent, under `key`, on every attempt.
+    pub fn freeze(&self, key: DownstreamKey) -> FrozenRequest {
+        let mut form = vec![
+            ("amount".to_owned(), self.amount.to_string()),
+            ("currency".to_owned(), self.currency.clone()),
+            ("source".to_owned(), self.source.clone()),
+            ("capture".to_owned(), self.capture.to_string()),
+            ("metadata[payment_id]".to_owned(), self.payment_id.clone()),
+        ];
+        for (name, value) in &self.metadata {
+            if name != "payment_id" {
+                form.push((format!("metadata[{name}]"), value.clone()));
+            }
+        }
+        if let Some(description) = &self.description {
+            form.push(("description".to_owned(), description.clone()));
+        }
+        FrozenRequest { path: "/v1/charges".to_owned(), form, key }
+    }
 }
 
 impl std::fmt::Debug for ChargeRequest {
@@ -80,6 +117,73 @@ pub struct RefundRequest {
     pub amount: Option<i64>,
     /// `duplicate`, `fraudulent`, `requested_by_customer`.
     pub reason: Option<String>,
+}
+
+impl RefundRequest {
+    /// The request as it will be sent, under `key`, on every attempt.
+    pub fn freeze(&self, key: DownstreamKey) -> FrozenRequest {
+        let mut form = vec![
+            ("charge".to_owned(), self.charge_id.clone()),
+            ("metadata[payment_id]".to_owned(), self.payment_id.clone()),
+        ];
+        if let Some(refund_id) = &self.refund_id {
+            form.push(("metadata[refund_id]".to_owned(), refund_id.clone()));
+        }
+        if let Some(amount) = self.amount {
+            form.push(("amount".to_owned(), amount.to_string()));
+        }
+        if let Some(reason) = &self.reason {
+            form.push(("reason".to_owned(), reason.clone()));
+        }
+        FrozenRequest { path: "/v1/refunds".to_owned(), form, key }
+    }
+}
+
+/// A processor request decided once, in the phase before the call, and stored: every attempt, by
+/// any process and any release, sends exactly this path, these fields in this order, and this
+/// key. Nothing changed afterwards (the local object, a default, the code) can change it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrozenRequest {
+    /// The path, e.g. `/v1/charges`.
+    pub path: String,
+    /// The form's fields, in the order sent.
+    pub form: Vec<(String, String)>,
+    /// The downstream idempotency key, with its generation.
+    pub key: DownstreamKey,
+}
+
+impl FrozenRequest {
+    /// The capture of charge `charge_id`, all of it or `amount`.
+    pub fn capture(charge_id: &str, amount: Option<i64>, key: DownstreamKey) -> Self {
+        let form = amount.map(|a| ("amount".to_owned(), a.to_string())).into_iter().collect();
+        Self { path: format!("/v1/charges/{charge_id}/capture"), form, key }
+    }
+
+    /// The same request under the key's next generation.
+    pub fn next_generation(&self) -> Self {
+        let key = self.key.generation(self.key.generation_number() + 1);
+        Self { key, ..self.clone() }
+    }
+
+    /// A form field's value.
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.form.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+impl std::fmt::Debug for FrozenRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let form: Vec<(&str, String)> = self
+            .form
+            .iter()
+            .map(|(k, v)| (k.as_str(), if k == "source" { mask_token(v) } else { v.clone() }))
+            .collect();
+        f.debug_struct("FrozenRequest")
+            .field("path", &self.path)
+            .field("form", &form)
+            .field("key", &self.key)
+            .finish()
+    }
 }
 
 /// A card token as it may appear in logs: its first few characters.
@@ -133,7 +237,12 @@ mod tests {
             source: "tok_visa_4242424242424242".into(),
             capture: true,
             description: None,
+            metadata: BTreeMap::new(),
         };
         assert!(!format!("{request:?}").contains("4242"));
+        let frozen = request.freeze(DownstreamKey::charge("pay_1"));
+        assert!(!format!("{frozen:?}").contains("4242"));
+        assert_eq!(frozen.field("metadata[payment_id]"), Some("pay_1"));
+        assert_eq!(frozen.next_generation().key.as_str(), "pay_1/charge/2");
     }
 }

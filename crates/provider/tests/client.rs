@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use provider::{
-    CardProcessor, ChargeRequest, DownstreamKey, ErrorClass, ProcessorClient, ProcessorConfig,
-    ProcessorError, RefundRequest, TransientCause,
+    CardProcessor, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorClient,
+    ProcessorConfig, ProcessorError, RefundRequest, TransientCause,
 };
 use serde_json::json;
 use wiremock::matchers::{body_string_contains, header, method, path};
@@ -21,6 +21,7 @@ fn config(base_url: &str) -> ProcessorConfig {
         backoff_base: Duration::from_millis(5),
         backoff_cap: Duration::from_millis(20),
         retry_after_cap: Duration::from_secs(2),
+        search_lag: Duration::ZERO,
     }
 }
 
@@ -36,6 +37,7 @@ fn charge_request() -> ChargeRequest {
         source: "pm_card_visa".into(),
         capture: false,
         description: Some("Two books & a pen".into()),
+        metadata: Default::default(),
     }
 }
 
@@ -62,7 +64,7 @@ async fn a_charge_is_sent_as_stripe_expects() {
         .mount(&server)
         .await;
     let charge = client(&server)
-        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .create_charge(&charge_request().freeze(DownstreamKey::charge("pay_123")))
         .await
         .unwrap();
     assert_eq!(charge.id, "ch_1");
@@ -114,10 +116,17 @@ async fn refunds_and_captures_carry_their_keys_and_metadata() {
         reason: Some("requested_by_customer".into()),
     };
     assert_eq!(
-        client.create_refund(&refund, &DownstreamKey::refund("re_9")).await.unwrap().amount,
+        client.create_refund(&refund.freeze(DownstreamKey::refund("re_9"))).await.unwrap().amount,
         200
     );
-    client.capture_charge("ch_1", Some(300), &DownstreamKey::capture("pay_123")).await.unwrap();
+    client
+        .capture_charge(&FrozenRequest::capture(
+            "ch_1",
+            Some(300),
+            DownstreamKey::capture("pay_123"),
+        ))
+        .await
+        .unwrap();
 }
 
 async fn error_for(status: u16, body: serde_json::Value) -> (ProcessorError, usize) {
@@ -127,7 +136,7 @@ async fn error_for(status: u16, body: serde_json::Value) -> (ProcessorError, usi
         .mount(&server)
         .await;
     let err = client(&server)
-        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .create_charge(&charge_request().freeze(DownstreamKey::charge("pay_123")))
         .await
         .unwrap_err();
     (err, server.received_requests().await.unwrap().len())
@@ -205,7 +214,7 @@ async fn every_retry_reuses_the_same_key() {
         .mount(&server)
         .await;
     client(&server)
-        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .create_charge(&charge_request().freeze(DownstreamKey::charge("pay_123")))
         .await
         .unwrap();
     let requests = server.received_requests().await.unwrap();
@@ -230,7 +239,7 @@ async fn retry_after_is_honoured() {
         .await;
     let started = Instant::now();
     client(&server)
-        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .create_charge(&charge_request().freeze(DownstreamKey::charge("pay_123")))
         .await
         .unwrap();
     // The back-off alone is at most 20 ms; the processor asked for a second.
@@ -253,7 +262,7 @@ async fn a_timeout_is_an_unknown_outcome_not_a_final_answer() {
     config.max_retries = 1;
     let client = ProcessorClient::new(config).unwrap();
     let err = client
-        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .create_charge(&charge_request().freeze(DownstreamKey::charge("pay_123")))
         .await
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::UnknownOutcome, "{err:?}");
@@ -284,7 +293,7 @@ async fn an_unreadable_success_is_an_unknown_outcome() {
         .mount(&server)
         .await;
     let err = client(&server)
-        .create_charge(&charge_request(), &DownstreamKey::charge("pay_123"))
+        .create_charge(&charge_request().freeze(DownstreamKey::charge("pay_123")))
         .await
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::UnknownOutcome);

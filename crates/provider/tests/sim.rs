@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use provider::sim::{FaultConfig, Simulator};
 use provider::{
-    CardProcessor, ChargeRequest, DownstreamKey, ErrorClass, ProcessorClient, ProcessorConfig,
-    ProcessorError, RefundRequest,
+    CardProcessor, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorClient,
+    ProcessorConfig, ProcessorError, RefundRequest,
 };
 use serde_json::{Value, json};
 
@@ -34,6 +34,7 @@ impl Sim {
             backoff_base: Duration::from_millis(1),
             backoff_cap: Duration::from_millis(5),
             retry_after_cap: Duration::from_millis(5),
+            search_lag: Duration::ZERO,
         })
         .unwrap()
     }
@@ -71,6 +72,7 @@ fn charge(payment_id: &str, source: &str) -> ChargeRequest {
         source: source.into(),
         capture: true,
         description: None,
+        metadata: Default::default(),
     }
 }
 
@@ -117,8 +119,10 @@ async fn every_test_token_decides_the_outcome() {
     let client = sim.client(0);
     for (n, token) in ["pm_card_visa", "pm_card_mastercard"].into_iter().enumerate() {
         let id = format!("pay_{n}");
-        let made =
-            client.create_charge(&charge(&id, token), &DownstreamKey::charge(&id)).await.unwrap();
+        let made = client
+            .create_charge(&charge(&id, token).freeze(DownstreamKey::charge(&id)))
+            .await
+            .unwrap();
         assert!(made.paid && made.captured && made.status == "succeeded", "{token}");
     }
     let declines = [
@@ -129,7 +133,7 @@ async fn every_test_token_decides_the_outcome() {
     for (n, (token, expected)) in declines.into_iter().enumerate() {
         let id = format!("pay_d{n}");
         let err = client
-            .create_charge(&charge(&id, token), &DownstreamKey::charge(&id))
+            .create_charge(&charge(&id, token).freeze(DownstreamKey::charge(&id)))
             .await
             .unwrap_err();
         match err {
@@ -141,7 +145,7 @@ async fn every_test_token_decides_the_outcome() {
         }
     }
     let err = client
-        .create_charge(&charge("pay_x", "pm_card_unknown"), &DownstreamKey::charge("pay_x"))
+        .create_charge(&charge("pay_x", "pm_card_unknown").freeze(DownstreamKey::charge("pay_x")))
         .await
         .unwrap_err();
     assert!(
@@ -155,10 +159,15 @@ async fn captures_and_refunds_keep_the_books_straight() {
     let client = sim.client(0);
     let mut request = charge("pay_1", "pm_card_visa");
     request.capture = false;
-    let authorized = client.create_charge(&request, &DownstreamKey::charge("pay_1")).await.unwrap();
+    let authorized =
+        client.create_charge(&request.freeze(DownstreamKey::charge("pay_1"))).await.unwrap();
     assert!(!authorized.captured);
     let captured = client
-        .capture_charge(&authorized.id, Some(600), &DownstreamKey::capture("pay_1"))
+        .capture_charge(&FrozenRequest::capture(
+            &authorized.id,
+            Some(600),
+            DownstreamKey::capture("pay_1"),
+        ))
         .await
         .unwrap();
     assert_eq!((captured.amount_captured, captured.amount_refunded), (600, 400));
@@ -170,16 +179,21 @@ async fn captures_and_refunds_keep_the_books_straight() {
         amount,
         reason: None,
     };
-    client.create_refund(&refund("re_1", Some(500)), &DownstreamKey::refund("re_1")).await.unwrap();
+    client
+        .create_refund(&refund("re_1", Some(500)).freeze(DownstreamKey::refund("re_1")))
+        .await
+        .unwrap();
     let too_much = client
-        .create_refund(&refund("re_2", Some(200)), &DownstreamKey::refund("re_2"))
+        .create_refund(&refund("re_2", Some(200)).freeze(DownstreamKey::refund("re_2")))
         .await
         .unwrap_err();
     assert!(
         matches!(too_much, ProcessorError::Invalid { ref code, .. } if code.as_deref() == Some("amount_too_large"))
     );
-    let rest =
-        client.create_refund(&refund("re_3", None), &DownstreamKey::refund("re_3")).await.unwrap();
+    let rest = client
+        .create_refund(&refund("re_3", None).freeze(DownstreamKey::refund("re_3")))
+        .await
+        .unwrap();
     assert_eq!(rest.amount, 100);
     let after = client.retrieve_charge(&authorized.id).await.unwrap();
     assert!(after.refunded);
@@ -196,7 +210,7 @@ async fn charges_are_listed_newest_first_with_their_payment_ids() {
     for n in 0..3 {
         let id = format!("pay_{n}");
         client
-            .create_charge(&charge(&id, "pm_card_visa"), &DownstreamKey::charge(&id))
+            .create_charge(&charge(&id, "pm_card_visa").freeze(DownstreamKey::charge(&id)))
             .await
             .unwrap();
     }
@@ -215,12 +229,18 @@ async fn a_lost_response_still_records_the_charge_and_a_retry_returns_it() {
     let sim = start(FaultConfig { lost_response_rate: 1.0, ..FaultConfig::default() }).await;
     let client = sim.client(0);
     let key = DownstreamKey::charge("pay_lost");
-    let err = client.create_charge(&charge("pay_lost", "pm_card_visa"), &key).await.unwrap_err();
+    let err = client
+        .create_charge(&charge("pay_lost", "pm_card_visa").freeze(key.clone()))
+        .await
+        .unwrap_err();
     assert_eq!(err.class(), ErrorClass::UnknownOutcome, "{err:?}");
     assert_eq!(sim.stats().await["charges_created"], 1, "the charge happened");
 
     sim.set_faults(json!({})).await;
-    let charge = client.create_charge(&charge("pay_lost", "pm_card_visa"), &key).await.unwrap();
+    let charge = client
+        .create_charge(&charge("pay_lost", "pm_card_visa").freeze(key.clone()))
+        .await
+        .unwrap();
     let listed = sim.get("/v1/charges").await;
     assert_eq!(listed["data"].as_array().unwrap().len(), 1, "no second charge");
     assert_eq!(listed["data"][0]["id"], charge.id.as_str());
@@ -232,7 +252,7 @@ async fn a_dropped_request_does_nothing() {
     let sim = start(FaultConfig { drop_rate: 1.0, ..FaultConfig::default() }).await;
     let err = sim
         .client(0)
-        .create_charge(&charge("pay_1", "pm_card_visa"), &DownstreamKey::charge("pay_1"))
+        .create_charge(&charge("pay_1", "pm_card_visa").freeze(DownstreamKey::charge("pay_1")))
         .await
         .unwrap_err();
     assert_ne!(err.class(), ErrorClass::Final);
@@ -284,7 +304,7 @@ async fn server_errors_and_rate_limits_are_injected_without_acting() {
     let sim = start(FaultConfig { error_rate: 1.0, ..FaultConfig::default() }).await;
     let err = sim
         .client(1)
-        .create_charge(&charge("pay_1", "pm_card_visa"), &DownstreamKey::charge("pay_1"))
+        .create_charge(&charge("pay_1", "pm_card_visa").freeze(DownstreamKey::charge("pay_1")))
         .await
         .unwrap_err();
     assert_eq!(err.class(), ErrorClass::Transient);

@@ -4,7 +4,7 @@
 //! environment variable that sets it. One schema for both, so that the worker stores answers
 //! exactly as the API would (the same public base URL, the same processor, the same lease).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -145,6 +145,14 @@ pub struct ProcessorSettings {
     pub backoff_cap_ms: u64,
     /// Longest `Retry-After` honoured.
     pub retry_after_cap_ms: u64,
+    /// How far the processor's search may trail its writes; a reconciliation trusts a search
+    /// that finds nothing only once the call it looks for is older than this plus the longest
+    /// call.
+    pub search_lag_ms: u64,
+    /// Further `metadata[…]` members sent with every new charge (a deployment's own tags).
+    /// Frozen with each charge request: changing them never changes a request in flight.
+    #[serde(default)]
+    pub charge_metadata: BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for ProcessorSettings {
@@ -167,6 +175,7 @@ impl ProcessorSettings {
             backoff_base: Duration::from_millis(self.backoff_base_ms),
             backoff_cap: Duration::from_millis(self.backoff_cap_ms),
             retry_after_cap: Duration::from_millis(self.retry_after_cap_ms),
+            search_lag: Duration::from_millis(self.search_lag_ms),
         }
     }
 }
@@ -236,6 +245,13 @@ pub enum SettingsError {
 }
 
 impl Settings {
+    /// The engine's tunables, with the processor's window: the API and the worker both refuse to
+    /// drive a key older than it.
+    pub fn engine_config(&self) -> idem::EngineConfig {
+        let window = Duration::from_secs(u64::from(self.worker.processor_window_hours) * 3600);
+        idem::EngineConfig { processor_window: Some(window), ..self.idempotency.engine_config() }
+    }
+
     /// Loads the settings from the process environment.
     pub fn load() -> Result<Self, SettingsError> {
         Self::load_from(std::env::vars())
@@ -306,8 +322,7 @@ impl Settings {
         // The lease must outlive the longest processor call, or a slow call would let another
         // process take the key over while this one still waits.
         let longest = self.processor.client_config().longest_call();
-        self.idempotency
-            .engine_config()
+        self.engine_config()
             .check_lease_covers(longest)
             .map_err(|reason| invalid("idempotency.lease_ms", reason))?;
         if self.worker.batch_size == 0 || self.worker.batch_size > 10_000 {

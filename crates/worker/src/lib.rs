@@ -111,10 +111,10 @@ impl<P: CardProcessor> Worker<P> {
         settings: &Settings,
         mailer: Arc<dyn Mailer>,
     ) -> Self {
-        let engine =
-            Engine::new(pool.clone(), settings.idempotency.engine_config(), Arc::new(NoObserver));
+        let engine = Engine::new(pool.clone(), settings.engine_config(), Arc::new(NoObserver));
         Self {
-            ctx: Context { pool, processor, public_base_url },
+            ctx: Context::new(pool, processor, public_base_url)
+                .with_charge_metadata(settings.processor.charge_metadata.clone()),
             engine,
             settings: settings.worker.clone(),
             retention: Duration::from_secs(u64::from(settings.idempotency.retention_hours) * 3600),
@@ -199,6 +199,7 @@ impl<P: CardProcessor> Worker<P> {
                             }
                             Err(Interrupted::LeaseLost) => report.lost += 1,
                             Err(Interrupted::Transient { .. }) => report.released += 1,
+                            Err(Interrupted::NeedsHuman { .. }) => report.flagged += 1,
                         }
                     }
                 }

@@ -69,13 +69,8 @@ async fn harness(pool: PgPool) -> Harness {
         ..settings.processor.client_config()
     })
     .unwrap();
-    let ctx = Context {
-        pool: pool.clone(),
-        processor: Arc::new(processor),
-        public_base_url: "http://test".into(),
-    };
-    let engine =
-        Engine::new(pool.clone(), settings.idempotency.engine_config(), Arc::new(NoObserver));
+    let ctx = Context::new(pool.clone(), Arc::new(processor), "http://test".into());
+    let engine = Engine::new(pool.clone(), settings.engine_config(), Arc::new(NoObserver));
     let (account, _, _) = payments_domain::accounts::create_account(&pool, "shop").await.unwrap();
     Harness {
         pool,
