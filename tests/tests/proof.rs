@@ -571,3 +571,389 @@ async fn processor_timeouts_are_unknown_outcomes_that_resume_without_a_second_ch
     assert!(stats["idempotent_replays"].as_u64().unwrap() >= 3, "{stats}");
     finish_and_check(&sys).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// When the processor cannot tell us: frozen requests, reconciliation, the processor's window.
+// The stand-in runs in its strict mode (as Stripe does: every executed request's answer, a 500
+// included, is kept for its key; the same key with other parameters is an idempotency_error).
+
+/// The operation's request (path, body) on a fresh payment made through `api`; `n` keeps the
+/// set-up keys apart.
+async fn operation_request(
+    sys: &System,
+    api: &str,
+    account: &Account,
+    operation: &str,
+    n: usize,
+) -> (String, Value) {
+    match operation {
+        "payments.create" => ("/v1/payments".to_owned(), payment_body("automatic")),
+        "payments.capture" => {
+            let id = payment(sys, api, account, &format!("setup-{operation}-{n}"), "manual").await;
+            (format!("/v1/payments/{id}/capture"), json!({"amount_to_capture": 700}))
+        }
+        "payments.cancel" => {
+            let id = payment(sys, api, account, &format!("setup-{operation}-{n}"), "manual").await;
+            (format!("/v1/payments/{id}/cancel"), json!({}))
+        }
+        "refunds.create" => {
+            let id =
+                payment(sys, api, account, &format!("setup-{operation}-{n}"), "automatic").await;
+            (format!("/v1/payments/{id}/refunds"), json!({"amount": 400}))
+        }
+        other => panic!("{other}"),
+    }
+}
+
+fn success_status(operation: &str) -> u16 {
+    if matches!(operation, "payments.create" | "refunds.create") { 201 } else { 200 }
+}
+
+const MONEY_MOVING: [&str; 4] =
+    ["payments.create", "payments.capture", "payments.cancel", "refunds.create"];
+
+/// The audit actions recorded for objects of the account, in order.
+async fn audit_actions(sys: &System, action_like: &str) -> Vec<(String, Value)> {
+    sqlx::query_as("SELECT action, detail FROM audit_events WHERE action LIKE $1 ORDER BY id")
+        .bind(action_like)
+        .fetch_all(&sys.pool)
+        .await
+        .expect("the audit records")
+}
+
+async fn patch_payment(sys: &System, api: &str, account: &Account, id: &str, body: Value) -> u16 {
+    sys.http
+        .patch(format!("{api}/v1/payments/{id}"))
+        .bearer_auth(&account.secret)
+        .header("content-type", "application/merge-patch+json")
+        .json(&body)
+        .send()
+        .await
+        .expect("the PATCH is answered")
+        .status()
+        .as_u16()
+}
+
+async fn newest_payment(sys: &System) -> String {
+    sqlx::query_scalar("SELECT id FROM payments ORDER BY created_at DESC, id LIMIT 1")
+        .fetch_one(&sys.pool)
+        .await
+        .expect("a payment")
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_patch_between_a_lost_answer_and_the_retry_changes_no_request_in_flight(pool: PgPool) {
+    let sys = System::start(pool).await;
+    let api = sys.api("").await;
+    let account = sys.account("patch").await;
+    for (n, operation) in
+        ["payments.create", "payments.capture", "refunds.create"].iter().enumerate()
+    {
+        let (path, mut body) = operation_request(&sys, &api.url, &account, operation, n).await;
+        if *operation == "payments.create" {
+            body["description"] = json!("before");
+        }
+        let key = format!("patched-{operation}");
+        // Every answer is lost: the processor acts, and the API cannot know.
+        sys.faults(json!({"lost_response_rate": 1.0})).await;
+        let lost = sys.post(&api.url, &account, &path, &key, &body, Duration::from_secs(10)).await;
+        assert_eq!(lost.map(|(status, _)| status), Some(503), "{operation}");
+        let id = newest_payment(&sys).await;
+        let patched = json!({"description": format!("changed while {operation} was in flight")});
+        assert_eq!(patch_payment(&sys, &api.url, &account, &id, patched).await, 200);
+        sys.faults(json!({})).await;
+        let (status, _) =
+            sys.post_until_final(&api.url, &account, &path, &key, &body, 10).await.unwrap();
+        assert_eq!(status, success_status(operation), "{operation}");
+    }
+    // The retries sent what the first attempts sent: the processor never saw a changed request.
+    assert_eq!(sys.sim_stats().await["idempotency_errors"], 0);
+    assert!(audit_actions(&sys, "%.reconciled").await.is_empty());
+    sys.check_invariants(false).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_release_that_changes_the_charge_form_sends_the_frozen_charge(pool: PgPool) {
+    let sys = System::start(pool).await;
+    let account = sys.account("release").await;
+    let body = payment_body("automatic");
+    let mut old_release = sys.api("").await;
+    sys.faults(json!({"lost_response_rate": 1.0})).await;
+    let lost = sys
+        .post(&old_release.url, &account, "/v1/payments", "deploy", &body, Duration::from_secs(10))
+        .await;
+    assert_eq!(lost.map(|(status, _)| status), Some(503));
+    old_release.kill9().await;
+    // The next release tags every new charge.
+    let new_release =
+        sys.api_with("", &[("PAYMENTS__PROCESSOR__CHARGE_METADATA__RELEASE", "two")]).await;
+    sys.faults(json!({})).await;
+    let (status, _) = sys
+        .post_until_final(&new_release.url, &account, "/v1/payments", "deploy", &body, 10)
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    let (status, _) = sys
+        .post_until_final(&new_release.url, &account, "/v1/payments", "after-deploy", &body, 10)
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    let tags: Vec<Option<String>> = sys
+        .charges()
+        .await
+        .iter()
+        .rev()
+        .map(|charge| charge["metadata"]["release"].as_str().map(str::to_owned))
+        .collect();
+    // The charge in flight kept its first form; the new one has the new form.
+    assert_eq!(tags, vec![None, Some("two".to_owned())]);
+    assert_eq!(sys.sim_stats().await["idempotency_errors"], 0);
+    sys.check_invariants(false).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_500_after_processing_is_reconciled_on_the_request_itself(pool: PgPool) {
+    let sys = System::start(pool).await;
+    let api = sys.api("").await;
+    let account = sys.account("stored-500").await;
+    for (n, operation) in MONEY_MOVING.iter().enumerate() {
+        let (path, body) = operation_request(&sys, &api.url, &account, operation, n).await;
+        // The processor acts, answers 500 and keeps that 500 for the key: the client's retry
+        // with the same key can only get it again, so the API looks the object up.
+        sys.faults(json!({"error_after_processing_rate": 1.0})).await;
+        let (status, _) = sys
+            .post_until_final(&api.url, &account, &path, &format!("stored-500-{n}"), &body, 5)
+            .await
+            .unwrap();
+        sys.faults(json!({})).await;
+        assert_eq!(status, success_status(operation), "{operation}");
+    }
+    let adopted = audit_actions(&sys, "%.reconciled").await;
+    assert_eq!(adopted.len(), MONEY_MOVING.len(), "{adopted:?}");
+    assert!(adopted.iter().all(|(_, detail)| detail["outcome"] == "adopted"), "{adopted:?}");
+    let report = finish_and_check(&sys).await;
+    assert_eq!(report.payments, 4);
+}
+
+async fn five_hundred_after_processing_matrix(pool: PgPool, recovery: Recovery) {
+    let sys = System::start(pool).await;
+    let api = sys.api("").await;
+    let account = sys.account("stored-500").await;
+    for (n, operation) in MONEY_MOVING.iter().enumerate() {
+        let (path, body) = operation_request(&sys, &api.url, &account, operation, n).await;
+        sys.faults(json!({"error_after_processing_rate": 1.0})).await;
+        // The API dies right after the call; a retry or the completer meets the kept 500.
+        let key = format!("stored-500-{n}");
+        let request = Request { path: &path, key: &key, body: &body };
+        let failpoint = format!("{operation}.after_call");
+        let status =
+            crash_and_recover(&sys, &api.url, &account, &request, &failpoint, recovery).await;
+        sys.faults(json!({})).await;
+        assert_eq!(status, success_status(operation), "{operation}");
+    }
+    assert_eq!(audit_actions(&sys, "%.reconciled").await.len(), MONEY_MOVING.len());
+    finish_and_check(&sys).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_500_after_processing_at_every_call_is_reconciled_by_the_client_retry(pool: PgPool) {
+    five_hundred_after_processing_matrix(pool, Recovery::ClientRetry).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_500_after_processing_at_every_call_is_reconciled_by_the_completer(pool: PgPool) {
+    five_hundred_after_processing_matrix(pool, Recovery::Completer).await;
+}
+
+/// A create that ends with an unknown outcome, its key then made `hours` old.
+async fn unknown_outcome_aged(sys: &System, api: &str, account: &Account, key: &str, hours: i32) {
+    sys.faults(json!({"lost_response_rate": 1.0})).await;
+    let lost = sys
+        .post(
+            api,
+            account,
+            "/v1/payments",
+            key,
+            &payment_body("automatic"),
+            Duration::from_secs(10),
+        )
+        .await;
+    assert_eq!(lost.map(|(status, _)| status), Some(503));
+    sys.faults(json!({})).await;
+    sqlx::query("UPDATE idempotency_keys SET created_at = now() - make_interval(hours => $2) WHERE idempotency_key = $1")
+        .bind(key)
+        .bind(hours)
+        .execute(&sys.pool)
+        .await
+        .expect("the key ages");
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_retry_past_the_processors_window_calls_nobody_and_is_referred_to_a_person(pool: PgPool) {
+    let sys = System::start(pool).await;
+    let api = sys.api("").await;
+    let account = sys.account("late").await;
+    unknown_outcome_aged(&sys, &api.url, &account, "late", 25).await;
+    let requests = sys.sim_stats().await["requests"].clone();
+    // The worker is stopped; the client comes back a day later.
+    let answer = sys
+        .http
+        .post(format!("{}/v1/payments", api.url))
+        .bearer_auth(&account.secret)
+        .header("idempotency-key", "late")
+        .json(&payment_body("automatic"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 422);
+    assert!(answer.headers().get("retry-after").is_none(), "no retry can help");
+    let problem: Value = answer.json().await.unwrap();
+    assert_eq!(problem["code"], "operation_needs_review");
+    // Every later retry gets the same answer, and nobody called the processor.
+    let again = sys
+        .post(
+            &api.url,
+            &account,
+            "/v1/payments",
+            "late",
+            &payment_body("automatic"),
+            Duration::from_secs(5),
+        )
+        .await;
+    assert_eq!(again.map(|(status, _)| status), Some(422));
+    assert_eq!(sys.sim_stats().await["requests"], requests);
+    let flagged: bool = sqlx::query_scalar(
+        "SELECT needs_human_at IS NOT NULL FROM idempotency_keys WHERE idempotency_key = 'late'",
+    )
+    .fetch_one(&sys.pool)
+    .await
+    .unwrap();
+    assert!(flagged);
+    sys.check_invariants(true).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn the_completer_never_drives_a_key_past_the_processors_window(pool: PgPool) {
+    let sys = System::start(pool).await;
+    let api = sys.api("").await;
+    let account = sys.account("late").await;
+    unknown_outcome_aged(&sys, &api.url, &account, "late", 25).await;
+    let requests = sys.sim_stats().await["requests"].clone();
+    sys.make_due().await;
+    assert!(sys.worker_once().await.success());
+    assert_eq!(sys.sim_stats().await["requests"], requests);
+    let (status, body) = sys
+        .post(
+            &api.url,
+            &account,
+            "/v1/payments",
+            "late",
+            &payment_body("automatic"),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 422, "{}", String::from_utf8_lossy(&body));
+    sys.check_invariants(true).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_search_inside_its_lag_is_never_taken_for_not_found(pool: PgPool) {
+    let sys = System::start(pool).await;
+    // The API knows the processor's search may trail by 2 s; the processor trails by 1.5 s.
+    let api = sys.api_with("", &[("PAYMENTS__PROCESSOR__SEARCH_LAG_MS", "2000")]).await;
+    let account = sys.account("lag").await;
+    sys.faults(json!({"error_after_processing_rate": 1.0, "search_lag_ms": 1500})).await;
+    let body = payment_body("automatic");
+    let first =
+        sys.post(&api.url, &account, "/v1/payments", "lag", &body, Duration::from_secs(10)).await;
+    assert_eq!(first.map(|(status, _)| status), Some(503), "the charge is not visible yet");
+    // Even with the call made long ago by the database's clock, retries inside the processor's
+    // own lag would find nothing; the API must not start a second charge. Here the call is
+    // recent, so nothing found proves nothing.
+    for _ in 0..3 {
+        let again = sys
+            .post(&api.url, &account, "/v1/payments", "lag", &body, Duration::from_secs(10))
+            .await;
+        assert_eq!(again.map(|(status, _)| status), Some(503));
+    }
+    assert_eq!(sys.sim_stats().await["charges_created"], 1);
+    // The lag passes: the charge shows, and it is adopted.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let (status, _) =
+        sys.post_until_final(&api.url, &account, "/v1/payments", "lag", &body, 5).await.unwrap();
+    assert_eq!(status, 201);
+    assert_eq!(sys.sim_stats().await["charges_created"], 1);
+    sys.faults(json!({})).await;
+    sys.check_invariants(false).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_key_used_by_someone_else_moves_to_its_next_generation_once_nothing_is_found(
+    pool: PgPool,
+) {
+    let sys = System::start(pool).await;
+    let account = sys.account("squatted").await;
+    let body = payment_body("automatic");
+    // The first attempt stops right before its call, and dies there.
+    let mut doomed = sys.api("payments.create.before_call=pause").await;
+    let pending = {
+        let (sys_http, url, secret, body) =
+            (sys.http.clone(), doomed.url.clone(), account.secret.clone(), body.clone());
+        tokio::spawn(async move {
+            sys_http
+                .post(format!("{url}/v1/payments"))
+                .bearer_auth(secret)
+                .header("idempotency-key", "squatted")
+                .json(&body)
+                .timeout(Duration::from_secs(20))
+                .send()
+                .await
+        })
+    };
+    assert!(
+        doomed.wait_for("FAILPOINT payments.create.before_call", Duration::from_secs(20)).await
+    );
+    doomed.kill9().await;
+    let _ = pending.await;
+    // Someone else (another deployment with our processor key) uses the payment's downstream key
+    // first, with other parameters; the processor refuses it (an unknown card) and keeps that
+    // answer for the key. No charge was made.
+    let id = newest_payment(&sys).await;
+    let squat = sys
+        .http
+        .post(format!("{}/v1/charges", sys.sim.url))
+        .bearer_auth("sk_test_processor")
+        .header("idempotency-key", format!("{id}/charge"))
+        .form(&[("amount", "1"), ("currency", "usd"), ("source", "pm_card_unknown")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(squat.status(), 400);
+    sys.expire_leases().await;
+    let api = sys.api_with("", &[("PAYMENTS__PROCESSOR__SEARCH_LAG_MS", "0")]).await;
+    // The processor refuses our frozen request under that key; nothing is found, but the call
+    // is too recent for "nothing" to be trusted.
+    let refused = sys
+        .post(&api.url, &account, "/v1/payments", "squatted", &body, Duration::from_secs(10))
+        .await;
+    assert_eq!(refused.map(|(status, _)| status), Some(503));
+    assert_eq!(sys.sim_stats().await["charges_created"], 0);
+    // By the database's clock the call is now old enough: the next generation is charged.
+    sqlx::query("UPDATE idempotency_keys SET called_at = called_at - interval '1 minute'")
+        .execute(&sys.pool)
+        .await
+        .unwrap();
+    let (status, _) = sys
+        .post_until_final(&api.url, &account, "/v1/payments", "squatted", &body, 5)
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    let charges = sys.charges().await;
+    assert_eq!(charges.len(), 1);
+    let generations = audit_actions(&sys, "payment.reconciled").await;
+    assert_eq!(generations.len(), 1, "{generations:?}");
+    assert_eq!(generations[0].1["outcome"], "next_generation");
+    assert_eq!(generations[0].1["downstream_key"], format!("{id}/charge/2"));
+    sys.check_invariants(false).await;
+}

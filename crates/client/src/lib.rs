@@ -181,6 +181,9 @@ pub enum Code {
     Unauthorized,
     /// `precondition_failed`.
     PreconditionFailed,
+    /// `operation_needs_review`: the operation was referred to an operator. Do not retry it, and
+    /// do not repeat it under a new key: it may already have taken effect.
+    OperationNeedsReview,
     /// Any other code (`payload_too_large`, …, or one this client does not know yet).
     Other(String),
 }
@@ -197,6 +200,7 @@ impl Code {
             "resource_missing" => Self::ResourceMissing,
             "authentication_required" | "invalid_api_key" => Self::Unauthorized,
             "precondition_failed" => Self::PreconditionFailed,
+            "operation_needs_review" => Self::OperationNeedsReview,
             other => Self::Other(other.to_owned()),
         }
     }

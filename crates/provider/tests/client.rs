@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use provider::{
     CardProcessor, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorClient,
-    ProcessorConfig, ProcessorError, RefundRequest, TransientCause,
+    ProcessorConfig, ProcessorError, ReconcileCause, RefundRequest, TransientCause,
 };
 use serde_json::json;
 use wiremock::matchers::{body_string_contains, header, method, path};
@@ -312,4 +312,137 @@ fn the_processor_key_and_card_tokens_never_print() {
 fn the_longest_call_counts_every_try_and_pause() {
     // 3 tries × (500 + 500) ms + 2 pauses × max(20 ms, 2 s).
     assert_eq!(config("http://x").longest_call(), Duration::from_millis(3000 + 4000));
+}
+
+#[tokio::test]
+async fn an_idempotency_error_is_reconciled_not_retried_and_never_final() {
+    let (err, requests) = error_for(
+        400,
+        json!({"error": {"type": "idempotency_error",
+               "message": "Keys for idempotent requests can only be used with the same parameters they were first used with."}}),
+    )
+    .await;
+    assert_eq!(err.class(), ErrorClass::Reconcile);
+    assert!(matches!(err, ProcessorError::MustReconcile { cause: ReconcileCause::KeyReused, .. }));
+    assert_eq!(requests, 1, "no retry with the key can change that answer");
+}
+
+#[tokio::test]
+async fn a_500_the_processor_replays_for_the_key_is_reconciled() {
+    let server = MockServer::start().await;
+    // The first try's 500 is retried with the same key; the processor replays the 500 it kept.
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(500)
+                .insert_header("idempotent-replayed", "true")
+                .set_body_json(json!({"error": {"type": "api_error", "message": "x"}})),
+        )
+        .mount(&server)
+        .await;
+    let err = client(&server)
+        .create_charge(&charge_request().freeze(DownstreamKey::charge("pay_123")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Reconcile);
+    assert!(matches!(
+        err,
+        ProcessorError::MustReconcile { cause: ReconcileCause::ReplayedFailure(500), .. }
+    ));
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_unreadable_refusal_is_an_unknown_outcome_never_a_final_answer() {
+    for status in [400, 402, 404] {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(status).set_body_string("<html>proxy</html>"))
+            .mount(&server)
+            .await;
+        let err = client(&server)
+            .create_charge(&charge_request().freeze(DownstreamKey::charge("pay_123")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.class(), ErrorClass::UnknownOutcome, "{status}");
+        assert_eq!(server.received_requests().await.unwrap().len(), 3, "retried, {status}");
+    }
+}
+
+#[tokio::test]
+async fn a_frozen_request_is_sent_exactly_as_frozen() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(charge_json()))
+        .mount(&server)
+        .await;
+    let frozen = charge_request().freeze(DownstreamKey::charge("pay_123").generation(2));
+    // Stored and read back, as the engine does between attempts.
+    let stored = serde_json::to_value(&frozen).unwrap();
+    let read: FrozenRequest = serde_json::from_value(stored).unwrap();
+    client(&server).create_charge(&read).await.unwrap();
+    let received = &server.received_requests().await.unwrap()[0];
+    assert_eq!(received.headers["idempotency-key"], "pay_123/charge/2");
+    assert_eq!(form(received), frozen.form);
+}
+
+#[tokio::test]
+async fn a_search_reads_every_page_of_charges_for_a_payment() {
+    let server = MockServer::start().await;
+    let charge = |id: &str| {
+        let mut charge = charge_json();
+        charge["id"] = json!(id);
+        charge["metadata"] = json!({"payment_id": "pay_123"});
+        charge
+    };
+    Mock::given(method("GET"))
+        .and(path("/v1/charges/search"))
+        .and(wiremock::matchers::query_param("page", "p2"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "object": "search_result", "data": [charge("ch_2")], "has_more": false, "next_page": null})))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/charges/search"))
+        .and(wiremock::matchers::query_param("query", "metadata['payment_id']:'pay_123'"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "object": "search_result", "data": [charge("ch_1")], "has_more": true, "next_page": "p2"})))
+        .mount(&server)
+        .await;
+    let found = client(&server).search_charges("pay_123").await.unwrap();
+    let ids: Vec<&str> = found.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["ch_1", "ch_2"]);
+    assert_eq!(found[0].metadata["payment_id"], "pay_123");
+}
+
+#[tokio::test]
+async fn a_charges_refunds_are_listed_page_by_page() {
+    let server = MockServer::start().await;
+    let refund = |id: &str| {
+        json!({"id": id, "object": "refund", "charge": "ch_1", "amount": 100,
+                                   "status": "succeeded", "metadata": {"refund_id": format!("re_{id}")}})
+    };
+    Mock::given(method("GET"))
+        .and(path("/v1/refunds"))
+        .and(wiremock::matchers::query_param("starting_after", "re_a"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(
+                json!({"object": "list", "data": [refund("re_b")], "has_more": false}),
+            ),
+        )
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/refunds"))
+        .and(wiremock::matchers::query_param("charge", "ch_1"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(
+                json!({"object": "list", "data": [refund("re_a")], "has_more": true}),
+            ),
+        )
+        .mount(&server)
+        .await;
+    let found = client(&server).list_refunds("ch_1").await.unwrap();
+    let ids: Vec<&str> = found.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["re_a", "re_b"]);
 }
