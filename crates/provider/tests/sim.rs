@@ -687,3 +687,28 @@ async fn every_answer_names_its_request() {
     assert!(id(&first).starts_with("req_"));
     assert_ne!(id(&first), id(&second));
 }
+
+#[tokio::test]
+async fn the_fidelity_settings_are_validated_and_read_back() {
+    let sim = start(FaultConfig::default()).await;
+    let defaults: Value = sim.get("/_sim/faults").await;
+    assert_eq!(
+        (&defaults["idempotency"], &defaults["key_ttl_s"], &defaults["search_lag_ms"]),
+        (&json!("stripe"), &json!(86400), &json!(0))
+    );
+    assert_eq!(defaults["error_after_processing_rate"], 0.0);
+    for refused in [
+        json!({"idempotency": "sloppy"}),
+        json!({"key_ttl_s": 0}),
+        json!({"search_lag_ms": 600_001}),
+        json!({"error_after_processing_rate": 1.5}),
+    ] {
+        assert_eq!(sim.set_faults(refused.clone()).await.status(), 400, "{refused}");
+    }
+    let set = json!({"idempotency": "lenient", "key_ttl_s": 60, "search_lag_ms": 250});
+    let applied: Value = sim.set_faults(set).await.json().await.unwrap();
+    assert_eq!(
+        (&applied["idempotency"], &applied["key_ttl_s"], &applied["search_lag_ms"]),
+        (&json!("lenient"), &json!(60), &json!(250))
+    );
+}

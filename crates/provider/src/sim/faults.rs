@@ -3,7 +3,6 @@
 //! (idempotency rule, key lifetime, search lag).
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -31,18 +30,6 @@ impl fmt::Display for Idempotency {
             Self::Stripe => "stripe",
             Self::Lenient => "lenient",
         })
-    }
-}
-
-impl FromStr for Idempotency {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "stripe" => Ok(Self::Stripe),
-            "lenient" => Ok(Self::Lenient),
-            other => Err(format!("idempotency must be \"stripe\" or \"lenient\", not {other:?}")),
-        }
     }
 }
 
