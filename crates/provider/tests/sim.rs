@@ -712,3 +712,14 @@ async fn the_fidelity_settings_are_validated_and_read_back() {
         (&json!("lenient"), &json!(60), &json!(250))
     );
 }
+
+#[tokio::test]
+async fn a_key_longer_than_stripe_keeps_is_refused_before_anything_happens() {
+    let sim = start(FaultConfig::default()).await;
+    let longest = "k".repeat(255);
+    assert_eq!(sim.post("/v1/charges", &longest, &VISA_500).await.status(), 200);
+    let too_long = sim.post("/v1/charges", &"k".repeat(256), &VISA_500).await;
+    assert_eq!(too_long.status(), 400);
+    assert_eq!(too_long.json::<Value>().await.unwrap()["error"]["type"], "invalid_request_error");
+    assert_eq!(sim.stats().await["charges_created"], 1);
+}

@@ -134,6 +134,21 @@ impl Answer {
         }
     }
 
+    /// Stripe's refusal of an idempotency key longer than it keeps.
+    fn key_too_long() -> Self {
+        let message = format!(
+            "Keys for idempotent requests can be at most {MAX_KEY_LENGTH} characters long."
+        );
+        let body = json!({"error": {"type": "invalid_request_error", "message": message}});
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            body,
+            replayed: false,
+            executed: false,
+            kept: false,
+        }
+    }
+
     /// Whether the key keeps this answer under `rule`.
     fn is_kept(&self, rule: Idempotency) -> bool {
         match rule {
@@ -200,6 +215,9 @@ impl RefundRecord {
     }
 }
 
+/// Stripe's longest idempotency key; it also bounds what a record can hold.
+const MAX_KEY_LENGTH: usize = 255;
+
 /// A POST, as the idempotency rules see it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Post<'a> {
@@ -207,6 +225,7 @@ pub(super) struct Post<'a> {
     pub api_key: &'a str,
     /// The `Idempotency-Key` header, if sent.
     pub key: Option<&'a str>,
+    /// The path, part of what a retry must match.
     pub path: &'a str,
     /// The form's parameters, as sent.
     pub params: &'a [(String, String)],
@@ -347,6 +366,9 @@ impl Ledger {
             }
         };
         let Some(key) = key else { return execute(self) };
+        if key.len() > MAX_KEY_LENGTH {
+            return Answer::key_too_long();
+        }
         let mut sorted = params.to_vec();
         sorted.sort();
         let request = request_line(path, &sorted);
@@ -601,32 +623,23 @@ impl Ledger {
         list_page(older.iter().rev(), limit, "/v1/charges", ChargeRecord::to_json)
     }
 
-    /// Refunds, newest first: all of them, or those of one charge (`charge`).
+    /// Refunds, newest first: all of them, or those of one charge (`charge`). Only the page is
+    /// serialized.
     pub(super) fn list_refunds(
         &self,
         charge: Option<&str>,
         limit: Option<usize>,
         starting_after: Option<&str>,
     ) -> Answer {
-        let positions: Vec<usize> = match charge {
-            None => (0..self.refunds.len()).rev().collect(),
-            Some(charge) => {
-                let Some(position) = self.charge_index.get(charge) else {
-                    return no_such_charge("charge");
-                };
-                let of_charge = self.refunds_by_charge.get(position);
-                of_charge.map(|all| all.iter().rev().copied().collect()).unwrap_or_default()
-            }
+        let Some(charge) = charge else {
+            return refund_page(self.refunds.iter().rev(), limit, starting_after);
         };
-        let refunds = positions.iter().filter_map(|&p| self.refunds.get(p));
-        let start = match starting_after {
-            None => 0,
-            Some(id) => match refunds.clone().position(|refund| refund.id == id) {
-                Some(position) => position + 1,
-                None => return no_such_object(),
-            },
+        let Some(position) = self.charge_index.get(charge) else {
+            return no_such_charge("charge");
         };
-        list_page(refunds.skip(start), limit, "/v1/refunds", RefundRecord::to_json)
+        let of_charge = self.refunds_by_charge.get(position).map_or(&[][..], Vec::as_slice);
+        let refunds = of_charge.iter().rev().filter_map(|&p| self.refunds.get(p));
+        refund_page(refunds, limit, starting_after)
     }
 
     /// `GET /v1/charges/search`: the charges whose metadata hold every clause of `query`, newest
@@ -687,6 +700,23 @@ impl Ledger {
             "next_page": next_page, "url": "/v1/charges/search",
         }))
     }
+}
+
+/// A page of refunds, newest first, after `starting_after` (found by its id: refunds are few
+/// beside charges, and a scan compares ids without serializing anything).
+fn refund_page<'a>(
+    refunds: impl Iterator<Item = &'a RefundRecord> + Clone,
+    limit: Option<usize>,
+    starting_after: Option<&str>,
+) -> Answer {
+    let start = match starting_after {
+        None => 0,
+        Some(id) => match refunds.clone().position(|refund| refund.id == id) {
+            Some(position) => position + 1,
+            None => return no_such_object(),
+        },
+    };
+    list_page(refunds.skip(start), limit, "/v1/refunds", RefundRecord::to_json)
 }
 
 fn no_such_object() -> Answer {
