@@ -459,10 +459,15 @@ fn charge_form() -> Vec<(&'static str, &'static str)> {
 #[tokio::test]
 async fn lenient_mode_keeps_only_successes_and_declines() {
     let lenient = FaultConfig { idempotency: Idempotency::Lenient, ..FaultConfig::default() };
-    let sim = start(lenient.clone()).await;
+    let sim = start(lenient).await;
     let charge = charge_with(&sim, "c1", &[("payment_id", "pay_1")], false).await;
     let replay = sim.post("/v1/charges", "c1", &charge_form_uncaptured()).await;
     assert_eq!(replay.headers()["idempotent-replayed"], "true", "a 2xx is kept");
+    let declined = [("amount", "500"), ("currency", "usd"), ("source", "pm_card_chargeDeclined")];
+    sim.post("/v1/charges", "d", &declined).await;
+    let decline = sim.post("/v1/charges", "d", &declined).await;
+    assert_eq!(decline.status(), 402);
+    assert_eq!(decline.headers()["idempotent-replayed"], "true", "a 402 is kept");
 
     let path = format!("/v1/charges/{}/capture", charge["id"].as_str().unwrap());
     sim.post(&path, "cap", &[("amount", "2000")]).await;
@@ -478,8 +483,8 @@ async fn lenient_mode_keeps_only_successes_and_declines() {
     assert!(retry.headers().get("idempotent-replayed").is_none());
     assert_eq!(
         sim.stats().await["charges_created"],
-        3,
-        "the 500's charge was forgotten: two of them"
+        4,
+        "c1, the decline, and two for key k: the 500's charge was forgotten"
     );
     let faults: Value = sim.get("/_sim/faults").await;
     assert_eq!(faults["idempotency"], "lenient");
