@@ -54,8 +54,9 @@ pub struct FaultConfig {
     pub drop_rate: f64,
     /// Share acted on (the charge, capture or refund happens), then answered `500 api_error`.
     /// In `stripe` mode that 500 is what the key keeps and replays ever after; in `lenient` mode
-    /// nothing is kept, so the real result is forgotten and a retry executes again. It touches
-    /// only requests that execute: a replay or an idempotency error is answered as usual.
+    /// nothing is kept, so the real result is forgotten and a retry executes again. Among POSTs
+    /// it touches only those that execute: a replay, an idempotency error or a refusal on the
+    /// parameters is answered as usual. A read that draws it is answered 500 (it kept nothing).
     pub error_after_processing_rate: f64,
     /// Which results are kept against idempotency keys.
     pub idempotency: Idempotency,
