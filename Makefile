@@ -1,5 +1,5 @@
 # The two commands of the quick start are `make run` and `make test`; the rest are helpers.
-.PHONY: run test proof bench fuzz-api fmt lint db-up db-down sqlx-prepare help
+.PHONY: run test proof bench fuzz-api stripe-sdk fmt lint db-up db-down sqlx-prepare help
 
 help:
 	@echo "make run           start Postgres (if needed), the API and friends, print a demo key"
@@ -7,6 +7,7 @@ help:
 	@echo "make proof         the fault matrix at a larger scale (PROOF_SCALE=5, PROOF_SEED=…)"
 	@echo "make bench         throughput, latency, statements and memory against the pgbench floor"
 	@echo "make fuzz-api      schemathesis against /openapi.json (FUZZ_EXAMPLES=200 for a long run)"
+	@echo "make stripe-sdk    Stripe's Python SDK against processor-sim, every endpoint it serves"
 	@echo "make fmt           format the code"
 	@echo "make sqlx-prepare  refresh .sqlx/ after changing a query (needs a migrated DATABASE_URL)"
 	@echo "make db-up|db-down start or stop the private Postgres cluster under target/"
@@ -37,6 +38,12 @@ bench:
 FUZZ_EXAMPLES ?= 100
 fuzz-api:
 	@FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) scripts/fuzz-api.sh
+
+# stripe-python (pinned in tests/stripe_sdk/requirements.txt, installed into
+# target/stripe-sdk-venv) against the stand-in. `make test` runs it after the tests.
+stripe-sdk:
+	SQLX_OFFLINE=true cargo build -p provider --bin processor-sim
+	@scripts/stripe-sdk.sh
 
 fmt:
 	cargo fmt --all

@@ -39,5 +39,8 @@ if has_browser || [ -n "${CI:-}" ]; then export PAYMENTS_REQUIRE_BROWSER=1; fi
 step "tests"
 cargo test --workspace --locked --no-fail-fast
 
+step "Stripe's Python SDK against processor-sim (make stripe-sdk)"
+scripts/stripe-sdk.sh
+
 step "schema-driven fuzz run against /openapi.json (make fuzz-api, small and seeded)"
 FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-10} FUZZ_SEED=${FUZZ_SEED:-1} scripts/fuzz-api.sh

@@ -3,12 +3,22 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use provider::sim::{DEFAULT_PORT, FaultConfig, Simulator};
+use provider::sim::{DEFAULT_KEY_TTL_S, DEFAULT_PORT, FaultConfig, Idempotency, Simulator};
 
-/// A stand-in card processor speaking a subset of Stripe's Charges and Refunds API, with
-/// Stripe's idempotency semantics, the test tokens (pm_card_visa, pm_card_chargeDeclined, …) and
-/// seeded fault injection. Faults can be changed at run time with `PUT /_sim/faults`; counters
-/// are at `GET /_sim/stats`. All state lives in memory: a restart forgets every charge.
+/// A stand-in card processor speaking a subset of Stripe's Charges and Refunds API (create,
+/// capture, refund, retrieve, list, search by metadata), with Stripe's idempotency semantics,
+/// the test tokens (pm_card_visa, pm_card_chargeDeclined, …) and seeded fault injection.
+///
+/// By default it is as strict as Stripe (`--idempotency stripe`): the answer of every request
+/// that began executing (2xx, 402, an operation's 4xx, a 500 after processing) is kept against
+/// its Idempotency-Key and replayed with `Idempotent-Replayed: true`; a request refused before
+/// executing (no API key, a malformed body or parameter, an injected 429 or plain 500, a drop)
+/// keeps nothing; the same key with other parameters is `400 idempotency_error`; a key is
+/// forgotten after `--key-ttl-s`. `--idempotency lenient` keeps only 2xx and 402.
+///
+/// Faults and these settings can be changed at run time with `PUT /_sim/faults` (a JSON document
+/// of the same names); counters are at `GET /_sim/stats`. All state lives in memory: a restart
+/// forgets every charge and key.
 #[derive(Debug, Parser)]
 #[command(name = "processor-sim", version)]
 struct Args {
@@ -39,6 +49,21 @@ struct Args {
     /// Share of requests answered with a broken connection without acting.
     #[arg(long, env = "SIM_DROP_RATE", default_value_t = 0.0)]
     drop_rate: f64,
+    /// Share of requests acted on (the charge, capture or refund happens) and then answered
+    /// `500 api_error`; in strict mode that 500 is what the key keeps and replays.
+    #[arg(long, env = "SIM_ERROR_AFTER_PROCESSING_RATE", default_value_t = 0.0)]
+    error_after_processing_rate: f64,
+    /// Which answers are kept against idempotency keys: `stripe` (every request that began
+    /// executing) or `lenient` (2xx and 402 only).
+    #[arg(long, env = "SIM_IDEMPOTENCY", value_enum, default_value_t = Idempotency::Stripe)]
+    idempotency: Idempotency,
+    /// Seconds an idempotency key is remembered (Stripe: 24 hours).
+    #[arg(long, env = "SIM_KEY_TTL_S", default_value_t = DEFAULT_KEY_TTL_S)]
+    key_ttl_s: u64,
+    /// Milliseconds before a new charge shows in `GET /v1/charges/search` (Stripe's search can
+    /// trail writes by up to about a minute).
+    #[arg(long, env = "SIM_SEARCH_LAG_MS", default_value_t = 0)]
+    search_lag_ms: u64,
 }
 
 #[tokio::main]
@@ -59,6 +84,10 @@ async fn main() -> ExitCode {
         rate_limit_rate: args.rate_limit_rate,
         lost_response_rate: args.lost_response_rate,
         drop_rate: args.drop_rate,
+        error_after_processing_rate: args.error_after_processing_rate,
+        idempotency: args.idempotency,
+        key_ttl_s: args.key_ttl_s,
+        search_lag_ms: args.search_lag_ms,
     };
     let address = format!("{}:{}", args.host, args.port);
     let simulator = match Simulator::build(&address, faults).await {

@@ -2,9 +2,20 @@
 //! uses, with real in-memory state, Stripe's idempotency semantics, the test tokens, and seeded
 //! fault injection, so that a run can be repeated exactly.
 //!
+//! By default it is as strict as Stripe ([`Idempotency::Stripe`]): the answer of every request
+//! that began executing is kept against its key and replayed with `Idempotent-Replayed: true`
+//! (2xx, 402, the 4xx an operation raises, 500s); a key reused with other parameters is
+//! `400 idempotency_error`; a key is forgotten after `key_ttl_s`; charges can be found by
+//! metadata with `GET /v1/charges/search` (after `search_lag_ms`), and a charge's refunds with
+//! `GET /v1/refunds?charge=…`. [`Idempotency::Lenient`] keeps only 2xx and 402, as the stand-in
+//! first did.
+//!
 //! State lives in memory: a restart forgets every charge.
 
+mod clock;
 mod faults;
+mod idempotency;
+mod search;
 mod state;
 
 use std::future::Future;
@@ -13,18 +24,20 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 
-use faults::Fault;
-pub use faults::FaultConfig;
+use clock::Clock;
+pub use clock::ManualClock;
+pub use faults::{DEFAULT_KEY_TTL_S, FaultConfig, Idempotency};
+use faults::{ErrorAfterProcessing, Fault};
 pub use state::Stats;
-use state::{Answer, Ledger};
+use state::{Answer, Ledger, Post};
 
 /// The default port, the one Stripe's own mock server uses.
 pub const DEFAULT_PORT: u16 = 12111;
@@ -53,16 +66,32 @@ pub struct Simulator {
 }
 
 impl Simulator {
-    /// Binds `address` (port 0 picks a free port) with the given faults in force.
+    /// Binds `address` (port 0 picks a free port) with the given faults in force; its time is
+    /// the monotonic clock.
     pub async fn build(address: &str, faults: FaultConfig) -> std::io::Result<Self> {
+        Self::build_on(address, faults, Clock::Monotonic(std::time::Instant::now())).await
+    }
+
+    /// As [`Simulator::build`], on a clock the caller moves: for tests that cross a key's
+    /// lifetime or the search lag without sleeping.
+    pub async fn build_with_clock(
+        address: &str,
+        faults: FaultConfig,
+        clock: ManualClock,
+    ) -> std::io::Result<Self> {
+        Self::build_on(address, faults, Clock::Manual(clock)).await
+    }
+
+    async fn build_on(address: &str, faults: FaultConfig, clock: Clock) -> std::io::Result<Self> {
         faults.validate().map_err(std::io::Error::other)?;
         let listener = TcpListener::bind(address).await?;
         let sim = Sim(Arc::new(Mutex::new(Inner {
-            ledger: Ledger::default(),
+            ledger: Ledger::new(clock),
             faults: faults::Injector::new(faults),
         })));
         let api = Router::new()
             .route("/v1/charges", post(create_charge).get(list_charges))
+            .route("/v1/charges/search", get(search_charges))
             .route("/v1/charges/{id}", get(retrieve_charge))
             .route("/v1/charges/{id}/capture", post(capture_charge))
             .route("/v1/refunds", post(create_refund).get(list_refunds))
@@ -89,32 +118,48 @@ impl Simulator {
     }
 }
 
-/// Applies the fault plan of this request: delay, then drop, fail, or answer with nothing.
+/// Applies the fault plan of this request: delay, then drop, fail, or answer with nothing; and
+/// names every answer with a `Request-Id`, as Stripe does.
 async fn inject_faults(State(sim): State<Sim>, request: Request, next: Next) -> Response {
-    let (fault, delay) = {
+    let (fault, delay, number) = {
         let mut inner = sim.lock();
         inner.ledger.stats.requests += 1;
-        let plan = inner.faults.plan();
-        if plan.0 != Fault::None {
+        let (fault, delay) = inner.faults.plan();
+        if fault != Fault::None {
             inner.ledger.stats.faults_injected += 1;
         }
-        plan
+        (fault, delay, inner.ledger.stats.requests)
     };
+    let mut response = faulted(fault, delay, request, next).await;
+    if let Ok(id) = HeaderValue::from_str(&format!("req_{number:014}")) {
+        response.headers_mut().insert("request-id", id);
+    }
+    response
+}
+
+/// Carries out one fault plan around the request.
+async fn faulted(fault: Fault, delay: Duration, mut request: Request, next: Next) -> Response {
     match fault {
-        Fault::None | Fault::LostResponse => {
-            // A request that arrived is processed to the end, as at a real processor, even if
-            // the caller stops waiting: the latency is in the answer's way back. So a caller
-            // that times out does not know whether the charge happened; it did.
-            let processed = tokio::spawn(next.run(request));
-            let response = match processed.await {
-                Ok(response) => response,
-                Err(_) => error(
+        Fault::ErrorAfterProcessing => {
+            // A POST executes and its handler answers the 500 (and keeps it against the key);
+            // a read has nothing to keep, so the 500 simply replaces its answer.
+            let is_post = request.method() == Method::POST;
+            request.extensions_mut().insert(ErrorAfterProcessing);
+            let response = processed(request, next).await;
+            pause(delay).await;
+            if is_post {
+                response
+            } else {
+                error(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "api_error",
                     None,
-                    "The processor failed.",
-                ),
-            };
+                    "An error occurred after the request was processed (injected).",
+                )
+            }
+        }
+        Fault::None | Fault::LostResponse => {
+            let response = processed(request, next).await;
             pause(delay).await;
             if fault == Fault::LostResponse { broken_answer() } else { response }
         }
@@ -141,6 +186,18 @@ async fn inject_faults(State(sim): State<Sim>, request: Request, next: Next) -> 
             );
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             response
+        }
+    }
+}
+
+/// Runs the request to the end, as at a real processor, even if the caller stops waiting: the
+/// latency is in the answer's way back. So a caller that times out does not know whether the
+/// charge happened; it did.
+async fn processed(request: Request, next: Next) -> Response {
+    match tokio::spawn(next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            error(StatusCode::INTERNAL_SERVER_ERROR, "api_error", None, "The processor failed.")
         }
     }
 }
@@ -175,7 +232,7 @@ fn api_key(headers: &HeaderMap) -> Result<String, Answer> {
         .filter(|key| !key.trim().is_empty())
         .map(|key| key.trim().to_owned())
         .ok_or_else(|| {
-            Answer::error(
+            Answer::refused(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
                 "api_key_missing",
@@ -190,13 +247,13 @@ fn authorized(headers: &HeaderMap, read: impl FnOnce() -> Answer) -> Response {
     into_response(api_key(headers).map_or_else(|refused| refused, |_| read()))
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Option<String> {
-    headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned)
+fn idempotency_key(headers: &HeaderMap) -> Option<&str> {
+    headers.get("idempotency-key").and_then(|v| v.to_str().ok())
 }
 
 fn form(body: &Bytes) -> Result<Vec<(String, String)>, Answer> {
     serde_urlencoded::from_bytes(body).map_err(|_| {
-        Answer::error(
+        Answer::refused(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             "parameter_invalid",
@@ -211,18 +268,24 @@ fn into_response(answer: Answer) -> Response {
     if answer.replayed {
         response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
+    if answer.kept && answer.status.is_server_error() {
+        // What Stripe tells its SDKs about a 500 its idempotency layer will replay: a retry
+        // with the same key gets the same 500.
+        response.headers_mut().insert("stripe-should-retry", HeaderValue::from_static("false"));
+    }
     response
 }
 
-/// Runs a POST under Stripe's idempotency rules.
+/// Runs a POST under Stripe's idempotency rules (see [`Ledger::idempotent`]).
 fn idempotent_post(
     sim: &Sim,
     headers: &HeaderMap,
+    fault: Option<Extension<ErrorAfterProcessing>>,
     path: &str,
     body: &Bytes,
     run: impl FnOnce(&mut Ledger, &[(String, String)]) -> Answer,
 ) -> Response {
-    let key = match api_key(headers) {
+    let api_key = match api_key(headers) {
         Ok(key) => key,
         Err(answer) => return into_response(answer),
     };
@@ -230,26 +293,47 @@ fn idempotent_post(
         Ok(params) => params,
         Err(answer) => return into_response(answer),
     };
-    let mut inner = sim.lock();
-    into_response(inner.ledger.idempotent(&key, idempotency_key(headers), path, &params, run))
+    let mut guard = sim.lock();
+    let inner = &mut *guard;
+    let post = Post {
+        api_key: &api_key,
+        key: idempotency_key(headers),
+        path,
+        params: &params,
+        error_after_processing: fault.is_some(),
+    };
+    into_response(inner.ledger.idempotent(post, inner.faults.config(), run))
 }
 
-async fn create_charge(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
-    idempotent_post(&sim, &headers, "/v1/charges", &body, Ledger::create_charge)
+async fn create_charge(
+    State(sim): State<Sim>,
+    fault: Option<Extension<ErrorAfterProcessing>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    idempotent_post(&sim, &headers, fault, "/v1/charges", &body, Ledger::create_charge)
 }
 
 async fn capture_charge(
     State(sim): State<Sim>,
+    fault: Option<Extension<ErrorAfterProcessing>>,
     Path(id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let path = format!("/v1/charges/{id}/capture");
-    idempotent_post(&sim, &headers, &path, &body, |ledger, params| ledger.capture(&id, params))
+    idempotent_post(&sim, &headers, fault, &path, &body, |ledger, params| {
+        ledger.capture(&id, params)
+    })
 }
 
-async fn create_refund(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
-    idempotent_post(&sim, &headers, "/v1/refunds", &body, Ledger::create_refund)
+async fn create_refund(
+    State(sim): State<Sim>,
+    fault: Option<Extension<ErrorAfterProcessing>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    idempotent_post(&sim, &headers, fault, "/v1/refunds", &body, Ledger::create_refund)
 }
 
 async fn retrieve_charge(
@@ -277,13 +361,47 @@ async fn list_charges(
     })
 }
 
+/// A refund list's query: a list's, and the charge whose refunds to list.
+#[derive(Debug, Deserialize)]
+struct RefundListQuery {
+    charge: Option<String>,
+    limit: Option<usize>,
+    starting_after: Option<String>,
+}
+
 async fn list_refunds(
     State(sim): State<Sim>,
-    Query(query): Query<ListQuery>,
+    Query(query): Query<RefundListQuery>,
     headers: HeaderMap,
 ) -> Response {
     authorized(&headers, || {
-        sim.lock().ledger.list_refunds(query.limit, query.starting_after.as_deref())
+        let charge = query.charge.as_deref();
+        sim.lock().ledger.list_refunds(charge, query.limit, query.starting_after.as_deref())
+    })
+}
+
+/// `query`, `limit` and `page`, as Stripe's search takes them.
+#[derive(Debug, Deserialize)]
+struct SearchQuery {
+    query: Option<String>,
+    limit: Option<usize>,
+    page: Option<String>,
+}
+
+async fn search_charges(
+    State(sim): State<Sim>,
+    Query(query): Query<SearchQuery>,
+    headers: HeaderMap,
+) -> Response {
+    authorized(&headers, || {
+        let mut inner = sim.lock();
+        let lag_ms = inner.faults.config().search_lag_ms;
+        inner.ledger.search_charges(
+            query.query.as_deref(),
+            query.limit,
+            query.page.as_deref(),
+            lag_ms,
+        )
     })
 }
 

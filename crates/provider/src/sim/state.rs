@@ -1,4 +1,4 @@
-//! The stand-in's books: charges, refunds, idempotency records and counters.
+//! The stand-in's books: charges, refunds, idempotency records, the search index and counters.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -7,6 +7,11 @@ use rand::Rng;
 use rand::distributions::Alphanumeric;
 use serde::Serialize;
 use serde_json::{Value, json};
+
+use super::clock::Clock;
+use super::faults::{FaultConfig, Idempotency};
+use super::idempotency::{Found, IdempotencyRecord, KeyStore, request_line, slot};
+use super::search::{self, MetadataIndex};
 
 /// Counters, as `GET /_sim/stats` shows them.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -23,6 +28,13 @@ pub struct Stats {
     pub idempotent_replays: u64,
     /// Requests that drew a fault.
     pub faults_injected: u64,
+    /// Requests refused because their key was first used with other parameters or another path.
+    pub idempotency_errors: u64,
+    /// Idempotency records forgotten because they outlived `key_ttl_s` (found when their key
+    /// came back, or swept out as the records grew).
+    pub keys_expired: u64,
+    /// Requests to `GET /v1/charges/search`, refused ones included.
+    pub searches: u64,
 }
 
 /// One answer, ready to send.
@@ -30,14 +42,23 @@ pub struct Stats {
 pub(super) struct Answer {
     pub status: StatusCode,
     pub body: Value,
+    /// Sent from an idempotency record.
     pub replayed: bool,
+    /// The operation began executing: it was not refused on the request's form or parameters.
+    /// In `stripe` mode this is what decides that the key keeps the answer.
+    pub executed: bool,
+    /// The key keeps this answer (or it came from a record): a kept 500 will be replayed, so
+    /// retrying it cannot help.
+    pub kept: bool,
 }
 
 impl Answer {
     fn ok(body: Value) -> Self {
-        Self { status: StatusCode::OK, body, replayed: false }
+        Self { status: StatusCode::OK, body, replayed: false, executed: true, kept: false }
     }
 
+    /// An error the operation raised once it was executing (a missing charge, a charge in the
+    /// wrong state): kept against the key in `stripe` mode.
     pub(super) fn error(
         status: StatusCode,
         type_: &str,
@@ -49,37 +70,94 @@ impl Answer {
         if let Some(param) = param {
             error["param"] = param.into();
         }
-        Self { status, body: json!({ "error": error }), replayed: false }
+        Self {
+            status,
+            body: json!({ "error": error }),
+            replayed: false,
+            executed: true,
+            kept: false,
+        }
     }
 
+    /// A refusal before the operation began (no API key, a malformed body, a parameter that
+    /// fails validation): never kept, so a corrected retry with the same key executes.
+    pub(super) fn refused(
+        status: StatusCode,
+        type_: &str,
+        code: &str,
+        param: Option<&str>,
+        message: &str,
+    ) -> Self {
+        Self { executed: false, ..Self::error(status, type_, code, param, message) }
+    }
+
+    /// A 400 the operation raised.
     fn invalid(code: &str, param: Option<&str>, message: &str) -> Self {
         Self::error(StatusCode::BAD_REQUEST, "invalid_request_error", code, param, message)
     }
 
-    /// Whether Stripe would keep this answer for the key: results of requests that began
-    /// executing (successes and declines), not validation failures.
-    fn is_kept(&self) -> bool {
-        self.status.is_success() || self.status == StatusCode::PAYMENT_REQUIRED
+    /// A 400 for a parameter that fails validation, before the operation began.
+    fn bad_param(code: &str, param: Option<&str>, message: &str) -> Self {
+        Self::refused(StatusCode::BAD_REQUEST, "invalid_request_error", code, param, message)
     }
-}
 
-/// What the stand-in keeps per idempotency key, compactly: it holds one per charge, and a
-/// test run makes hundreds of thousands.
-#[derive(Debug)]
-struct IdempotencyRecord {
-    /// The path and the sorted parameters, `path?k=v&k=v`: a retry must match them exactly.
-    request: String,
-    status: StatusCode,
-    /// The answer's body as sent.
-    body: Box<str>,
-}
+    /// The "500 after processing" fault's answer: the operation happened, the caller is told
+    /// that something failed. Stripe's `api_error` carries no code.
+    fn error_after_processing() -> Self {
+        let body = json!({"error": {
+            "type": "api_error",
+            "message": "An error occurred with our connection to the processor after the request was processed (injected).",
+        }});
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            body,
+            replayed: false,
+            executed: true,
+            kept: false,
+        }
+    }
 
-/// `path?k=v&k=v` of a request whose parameters are sorted (`=` and `&` inside them escaped).
-fn request_line(path: &str, sorted: &[(String, String)]) -> String {
-    let escape = |s: &str| s.replace('%', "%25").replace('&', "%26").replace('=', "%3D");
-    let params: Vec<String> =
-        sorted.iter().map(|(k, v)| format!("{}={}", escape(k), escape(v))).collect();
-    format!("{path}?{}", params.join("&"))
+    /// Stripe's answer to a key reused with other parameters: `idempotency_error`, no code.
+    fn idempotency_error(key: &str) -> Self {
+        let message = format!(
+            "Keys for idempotent requests can only be used with the same parameters they were \
+             first used with. Try using a key other than '{key}' if you meant to execute a \
+             different request."
+        );
+        let body = json!({"error": {"type": "idempotency_error", "message": message}});
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            body,
+            replayed: false,
+            executed: false,
+            kept: false,
+        }
+    }
+
+    /// Stripe's refusal of an idempotency key longer than it keeps.
+    fn key_too_long() -> Self {
+        let message = format!(
+            "Keys for idempotent requests can be at most {MAX_KEY_LENGTH} characters long."
+        );
+        let body = json!({"error": {"type": "invalid_request_error", "message": message}});
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            body,
+            replayed: false,
+            executed: false,
+            kept: false,
+        }
+    }
+
+    /// Whether the key keeps this answer under `rule`.
+    fn is_kept(&self, rule: Idempotency) -> bool {
+        match rule {
+            Idempotency::Stripe => self.executed,
+            Idempotency::Lenient => {
+                self.status.is_success() || self.status == StatusCode::PAYMENT_REQUIRED
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -96,6 +174,8 @@ struct ChargeRecord {
     metadata: BTreeMap<String, String>,
     failure_code: Option<String>,
     created: u64,
+    /// When it was made, on the stand-in's clock: search sees it `search_lag_ms` later.
+    created_ms: u64,
 }
 
 impl ChargeRecord {
@@ -108,6 +188,10 @@ impl ChargeRecord {
             "description": self.description, "metadata": self.metadata,
             "failure_code": self.failure_code, "created": self.created,
         })
+    }
+
+    fn holds(&self, clause: &search::Clause) -> bool {
+        self.metadata.get(&clause.key) == Some(&clause.value)
     }
 }
 
@@ -131,13 +215,37 @@ impl RefundRecord {
     }
 }
 
+/// Stripe's longest idempotency key; it also bounds what a record can hold.
+const MAX_KEY_LENGTH: usize = 255;
+
+/// A POST, as the idempotency rules see it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Post<'a> {
+    /// The caller's API key: idempotency keys belong to it.
+    pub api_key: &'a str,
+    /// The `Idempotency-Key` header, if sent.
+    pub key: Option<&'a str>,
+    /// The path, part of what a retry must match.
+    pub path: &'a str,
+    /// The form's parameters, as sent.
+    pub params: &'a [(String, String)],
+    /// The request drew the "500 after processing" fault.
+    pub error_after_processing: bool,
+}
+
 /// Everything the stand-in knows.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Ledger {
+    clock: Clock,
     charges: Vec<ChargeRecord>,
     charge_index: HashMap<String, usize>,
+    /// Charges by metadata, for search.
+    metadata_index: MetadataIndex,
     refunds: Vec<RefundRecord>,
-    idempotency: HashMap<(String, String), IdempotencyRecord>,
+    /// The positions in `refunds` of each charge's refunds (by the charge's position), oldest
+    /// first; only charges with refunds have an entry.
+    refunds_by_charge: HashMap<usize, Vec<usize>>,
+    keys: KeyStore,
     sequence: u64,
     pub stats: Stats,
 }
@@ -193,7 +301,7 @@ fn amount(params: &[(String, String)], name: &str) -> Result<Option<i64>, Answer
         None => Ok(None),
         Some(raw) => match raw.parse::<i64>() {
             Ok(value) if value > 0 => Ok(Some(value)),
-            _ => Err(Answer::invalid(
+            _ => Err(Answer::bad_param(
                 "parameter_invalid_integer",
                 Some(name),
                 "Invalid positive integer",
@@ -202,46 +310,92 @@ fn amount(params: &[(String, String)], name: &str) -> Result<Option<i64>, Answer
     }
 }
 
+fn no_such_charge(param: &str) -> Answer {
+    Answer::error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "resource_missing",
+        Some(param),
+        "No such charge.",
+    )
+}
+
+/// Stripe's lists take at most 100 a page, 10 unless told.
+fn page_size(limit: Option<usize>) -> usize {
+    limit.unwrap_or(10).clamp(1, 100)
+}
+
 impl Ledger {
+    pub(super) fn new(clock: Clock) -> Self {
+        Self {
+            clock,
+            charges: Vec::new(),
+            charge_index: HashMap::new(),
+            metadata_index: MetadataIndex::default(),
+            refunds: Vec::new(),
+            refunds_by_charge: HashMap::new(),
+            keys: KeyStore::default(),
+            sequence: 0,
+            stats: Stats::default(),
+        }
+    }
+
     fn next_created(&mut self) -> u64 {
         self.sequence += 1;
         self.sequence
     }
 
-    /// Stripe's idempotency: the same key with the same parameters returns the kept answer; with
-    /// other parameters it is an `idempotency_error`.
+    /// Runs a POST under Stripe's idempotency rules: the same key with the same parameters
+    /// returns the kept answer; with other parameters (or on another path) it is an
+    /// `idempotency_error`; a record older than `key_ttl_s` is forgotten. Which answers are kept
+    /// is `config.idempotency`'s rule. If the request drew the "500 after processing" fault and
+    /// the operation executes, its answer is replaced by a 500, and the 500 is what the key keeps.
     pub(super) fn idempotent(
         &mut self,
-        api_key: &str,
-        key: Option<String>,
-        path: &str,
-        params: &[(String, String)],
+        post: Post<'_>,
+        config: &FaultConfig,
         run: impl FnOnce(&mut Self, &[(String, String)]) -> Answer,
     ) -> Answer {
-        let Some(key) = key else { return run(self, params) };
+        let Post { api_key, key, path, params, error_after_processing } = post;
+        let execute = |ledger: &mut Self| {
+            let answer = run(ledger, params);
+            if error_after_processing && answer.executed {
+                Answer::error_after_processing()
+            } else {
+                answer
+            }
+        };
+        let Some(key) = key else { return execute(self) };
+        if key.len() > MAX_KEY_LENGTH {
+            return Answer::key_too_long();
+        }
         let mut sorted = params.to_vec();
         sorted.sort();
         let request = request_line(path, &sorted);
-        let slot = (api_key.to_owned(), key);
-        if let Some(record) = self.idempotency.get(&slot) {
-            if record.request != request {
-                return Answer::error(
-                    StatusCode::BAD_REQUEST,
-                    "idempotency_error",
-                    "idempotency_key_in_use",
-                    None,
-                    "Keys for idempotent requests can only be used with the same parameters they were first used with.",
-                );
+        let slot = slot(api_key, key);
+        let now_ms = self.clock.now_ms();
+        let ttl_ms = config.key_ttl_ms();
+        match self.keys.find(&slot, now_ms, ttl_ms) {
+            Found::Record(record) if record.request != request => {
+                self.stats.idempotency_errors += 1;
+                return Answer::idempotency_error(key);
             }
-            self.stats.idempotent_replays += 1;
-            let body = serde_json::from_str(&record.body).unwrap_or(Value::Null);
-            return Answer { status: record.status, body, replayed: true };
+            Found::Record(record) => {
+                let (status, body) = (record.status, serde_json::from_str(&record.body));
+                self.stats.idempotent_replays += 1;
+                let body = body.unwrap_or(Value::Null);
+                return Answer { status, body, replayed: true, executed: true, kept: true };
+            }
+            Found::Expired => self.stats.keys_expired += 1,
+            Found::Nothing => {}
         }
-        let answer = run(self, params);
-        if answer.is_kept() {
+        let mut answer = execute(self);
+        if answer.is_kept(config.idempotency) {
+            answer.kept = true;
             let body = answer.body.to_string().into_boxed_str();
-            self.idempotency
-                .insert(slot, IdempotencyRecord { request, status: answer.status, body });
+            let record =
+                IdempotencyRecord { request, body, stored_at_ms: now_ms, status: answer.status };
+            self.stats.keys_expired += self.keys.keep(slot, record, ttl_ms);
         }
         answer
     }
@@ -250,7 +404,7 @@ impl Ledger {
         let amount = match amount(params, "amount") {
             Ok(Some(amount)) => amount,
             Ok(None) => {
-                return Answer::invalid(
+                return Answer::bad_param(
                     "parameter_missing",
                     Some("amount"),
                     "Missing required param: amount.",
@@ -261,29 +415,35 @@ impl Ledger {
         let currency = match param(params, "currency") {
             Some(c) if c.len() == 3 && c.bytes().all(|b| b.is_ascii_lowercase()) => c.to_owned(),
             _ => {
-                return Answer::invalid("parameter_invalid", Some("currency"), "Invalid currency.");
+                return Answer::bad_param(
+                    "parameter_invalid",
+                    Some("currency"),
+                    "Invalid currency.",
+                );
             }
         };
         let Some(source) = param(params, "source") else {
-            return Answer::invalid(
+            return Answer::bad_param(
                 "parameter_missing",
                 Some("source"),
                 "Missing required param: source.",
             );
         };
-        let Some(outcome) = token_outcome(source) else {
-            return Answer::invalid("resource_missing", Some("source"), "No such payment method.");
-        };
         let capture = match param(params, "capture") {
             None | Some("true") => true,
             Some("false") => false,
             Some(_) => {
-                return Answer::invalid(
+                return Answer::bad_param(
                     "parameter_invalid",
                     Some("capture"),
                     "capture must be true or false.",
                 );
             }
+        };
+        // Looking the payment method up is part of executing, as at Stripe: an unknown one is
+        // an answer the key keeps.
+        let Some(outcome) = token_outcome(source) else {
+            return Answer::invalid("resource_missing", Some("source"), "No such payment method.");
         };
         let created = self.next_created();
         let mut charge = ChargeRecord {
@@ -299,6 +459,7 @@ impl Ledger {
             metadata: metadata(params),
             failure_code: None,
             created,
+            created_ms: self.clock.now_ms(),
         };
         let answer = match outcome {
             TokenOutcome::Succeeds => {
@@ -316,11 +477,15 @@ impl Ledger {
                     "type": "card_error", "code": code, "decline_code": decline_code,
                     "message": message, "charge": charge.id,
                 }});
-                Answer { status: StatusCode::PAYMENT_REQUIRED, body, replayed: false }
+                Answer { status: StatusCode::PAYMENT_REQUIRED, body, ..Answer::ok(Value::Null) }
             }
         };
         self.stats.charges_created += 1;
-        self.charge_index.insert(charge.id.clone(), self.charges.len());
+        let position = self.charges.len();
+        for (key, value) in &charge.metadata {
+            self.metadata_index.add(key, value, position);
+        }
+        self.charge_index.insert(charge.id.clone(), position);
         self.charges.push(charge);
         answer
     }
@@ -336,13 +501,7 @@ impl Ledger {
             Err(answer) => return answer,
         };
         let Some(charge) = self.charge_mut(id) else {
-            return Answer::error(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                "resource_missing",
-                Some("charge"),
-                "No such charge.",
-            );
+            return no_such_charge("charge");
         };
         if !charge.paid || charge.captured || charge.amount_refunded > 0 {
             return Answer::invalid(
@@ -374,7 +533,7 @@ impl Ledger {
             Err(answer) => return answer,
         };
         let Some(charge_id) = param(params, "charge").map(str::to_owned) else {
-            return Answer::invalid(
+            return Answer::bad_param(
                 "parameter_missing",
                 Some("charge"),
                 "Missing required param: charge.",
@@ -382,15 +541,12 @@ impl Ledger {
         };
         let reason = param(params, "reason").map(str::to_owned);
         let refund_metadata = metadata(params);
+        let Some(&position) = self.charge_index.get(&charge_id) else {
+            return no_such_charge("charge");
+        };
         let created = self.next_created();
-        let Some(charge) = self.charge_mut(&charge_id) else {
-            return Answer::error(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                "resource_missing",
-                Some("charge"),
-                "No such charge.",
-            );
+        let Some(charge) = self.charges.get_mut(position) else {
+            return no_such_charge("charge");
         };
         if !charge.paid {
             return Answer::invalid(
@@ -436,6 +592,7 @@ impl Ledger {
             created,
         };
         let body = refund.to_json();
+        self.refunds_by_charge.entry(position).or_default().push(self.refunds.len());
         self.refunds.push(refund);
         self.stats.refunds_created += 1;
         Answer::ok(body)
@@ -444,59 +601,136 @@ impl Ledger {
     pub(super) fn retrieve_charge(&self, id: &str) -> Answer {
         match self.charge_index.get(id).and_then(|&i| self.charges.get(i)) {
             Some(charge) => Answer::ok(charge.to_json()),
-            None => Answer::error(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                "resource_missing",
-                Some("id"),
-                "No such charge.",
-            ),
+            None => no_such_charge("id"),
         }
     }
 
+    /// Charges, newest first. Only the page is serialized, and `starting_after` is found through
+    /// the index, so a page costs the same however many charges there are.
     pub(super) fn list_charges(
         &self,
         limit: Option<usize>,
         starting_after: Option<&str>,
     ) -> Answer {
-        let items: Vec<(&str, Value)> =
-            self.charges.iter().rev().map(|c| (c.id.as_str(), c.to_json())).collect();
-        list(items, limit, starting_after, "/v1/charges")
+        let end = match starting_after {
+            None => self.charges.len(),
+            Some(id) => match self.charge_index.get(id) {
+                Some(&position) => position,
+                None => return no_such_object(),
+            },
+        };
+        let older = self.charges.get(..end).unwrap_or_default();
+        list_page(older.iter().rev(), limit, "/v1/charges", ChargeRecord::to_json)
     }
 
+    /// Refunds, newest first: all of them, or those of one charge (`charge`). Only the page is
+    /// serialized.
     pub(super) fn list_refunds(
         &self,
+        charge: Option<&str>,
         limit: Option<usize>,
         starting_after: Option<&str>,
     ) -> Answer {
-        let items: Vec<(&str, Value)> =
-            self.refunds.iter().rev().map(|r| (r.id.as_str(), r.to_json())).collect();
-        list(items, limit, starting_after, "/v1/refunds")
+        let Some(charge) = charge else {
+            return refund_page(self.refunds.iter().rev(), limit, starting_after);
+        };
+        let Some(position) = self.charge_index.get(charge) else {
+            return no_such_charge("charge");
+        };
+        let of_charge = self.refunds_by_charge.get(position).map_or(&[][..], Vec::as_slice);
+        let refunds = of_charge.iter().rev().filter_map(|&p| self.refunds.get(p));
+        refund_page(refunds, limit, starting_after)
+    }
+
+    /// `GET /v1/charges/search`: the charges whose metadata hold every clause of `query`, newest
+    /// first, leaving out those younger than `search_lag_ms`; `page` is a cursor this answered.
+    pub(super) fn search_charges(
+        &mut self,
+        query: Option<&str>,
+        limit: Option<usize>,
+        page: Option<&str>,
+        search_lag_ms: u64,
+    ) -> Answer {
+        self.stats.searches += 1;
+        let Some(query) = query else {
+            return Answer::bad_param(
+                "parameter_missing",
+                Some("query"),
+                "Missing required param: query.",
+            );
+        };
+        let clauses = match search::parse(query) {
+            Ok(clauses) => clauses,
+            Err(message) => return Answer::bad_param("parameter_invalid", Some("query"), &message),
+        };
+        let below = match page {
+            None => usize::MAX,
+            Some(token) => match search::read_page_token(token) {
+                Some(bound) => bound,
+                None => {
+                    return Answer::bad_param("parameter_invalid", Some("page"), "Invalid page.");
+                }
+            },
+        };
+        // The rarest clause gives the candidates; each is checked against every clause, which
+        // also drops any that only share a hash.
+        let candidates = clauses
+            .iter()
+            .map(|clause| self.metadata_index.candidates(&clause.key, &clause.value))
+            .min_by_key(|candidates| candidates.len())
+            .unwrap_or_default();
+        let now_ms = self.clock.now_ms();
+        let mut matches =
+            candidates.iter().rev().filter(|&&position| position < below).filter_map(|&position| {
+                let charge = self.charges.get(position)?;
+                let visible = now_ms.saturating_sub(charge.created_ms) >= search_lag_ms;
+                (visible && clauses.iter().all(|clause| charge.holds(clause)))
+                    .then_some((position, charge))
+            });
+        let limit = page_size(limit);
+        let found: Vec<(usize, &ChargeRecord)> = matches.by_ref().take(limit).collect();
+        let has_more = matches.next().is_some();
+        let next_page = match found.last() {
+            Some(&(position, _)) if has_more => Some(search::page_token(position)),
+            _ => None,
+        };
+        let data: Vec<Value> = found.iter().map(|(_, charge)| charge.to_json()).collect();
+        Answer::ok(json!({
+            "object": "search_result", "data": data, "has_more": has_more,
+            "next_page": next_page, "url": "/v1/charges/search",
+        }))
     }
 }
 
-/// A page of a newest-first list, Stripe's way.
-fn list(
-    items: Vec<(&str, Value)>,
+/// A page of refunds, newest first, after `starting_after` (found by its id: refunds are few
+/// beside charges, and a scan compares ids without serializing anything).
+fn refund_page<'a>(
+    refunds: impl Iterator<Item = &'a RefundRecord> + Clone,
     limit: Option<usize>,
     starting_after: Option<&str>,
-    url: &str,
 ) -> Answer {
-    let limit = limit.unwrap_or(10).clamp(1, 100);
     let start = match starting_after {
         None => 0,
-        Some(id) => match items.iter().position(|(item_id, _)| *item_id == id) {
+        Some(id) => match refunds.clone().position(|refund| refund.id == id) {
             Some(position) => position + 1,
-            None => {
-                return Answer::invalid(
-                    "resource_missing",
-                    Some("starting_after"),
-                    "No such object.",
-                );
-            }
+            None => return no_such_object(),
         },
     };
-    let rest = items.len().saturating_sub(start);
-    let data: Vec<Value> = items.into_iter().skip(start).take(limit).map(|(_, v)| v).collect();
-    Answer::ok(json!({"object": "list", "data": data, "has_more": rest > limit, "url": url}))
+    list_page(refunds.skip(start), limit, "/v1/refunds", RefundRecord::to_json)
+}
+
+fn no_such_object() -> Answer {
+    Answer::bad_param("resource_missing", Some("starting_after"), "No such object.")
+}
+
+/// A page of a newest-first list, Stripe's way: `items` starts just after `starting_after`.
+fn list_page<'a, T: 'a>(
+    mut items: impl Iterator<Item = &'a T>,
+    limit: Option<usize>,
+    url: &str,
+    to_json: impl Fn(&T) -> Value,
+) -> Answer {
+    let data: Vec<Value> = items.by_ref().take(page_size(limit)).map(to_json).collect();
+    let has_more = items.next().is_some();
+    Answer::ok(json!({"object": "list", "data": data, "has_more": has_more, "url": url}))
 }

@@ -1,0 +1,269 @@
+"""Stripe's own Python SDK against the stand-in processor (`processor-sim`).
+
+Every endpoint the stand-in serves is called the way an application calls Stripe: through
+`stripe.Charge`, `stripe.Refund` and their list, search and paging helpers, with the SDK's own
+retries on. Each check is a function named `check_…`; the script runs them all in order against
+one fresh stand-in and ends with `N passed, M failed`, exiting non-zero if any failed.
+
+    python test_stand_in.py --bin target/debug/processor-sim   # starts it on a free port
+    python test_stand_in.py --url http://127.0.0.1:12111       # uses one already running
+
+`scripts/stripe-sdk.sh` (`make stripe-sdk`) installs the pinned SDK into a venv and runs this.
+"""
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import urllib.request
+import uuid
+
+import stripe
+
+API_KEY = "sk_test_stripe_sdk"
+# A prefix that no earlier run can have used, so that search and lists see only this run's
+# charges even against a stand-in that was already running.
+RUN = uuid.uuid4().hex[:12]
+
+
+def sim_request(method, path, body=None):
+    """A call to the stand-in's own control surface (`/_sim/...`), outside the SDK."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        stripe.api_base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def set_faults(faults):
+    sim_request("PUT", "/_sim/faults", faults)
+
+
+def stats():
+    return sim_request("GET", "/_sim/stats")
+
+
+def visa(payment_id, **extra):
+    """Parameters of a 1000-cent charge on the test Visa card, tagged with `payment_id`."""
+    params = {
+        "amount": 1000,
+        "currency": "usd",
+        "source": "pm_card_visa",
+        "metadata": {"payment_id": payment_id, "run": RUN},
+    }
+    params.update(extra)
+    return params
+
+
+def check_a_charge_with_an_idempotency_key_is_replayed_with_the_same_id():
+    key = f"{RUN}-replay"
+    first = stripe.Charge.create(idempotency_key=key, **visa(f"pay_{RUN}_1"))
+    assert first.object == "charge" and first.id.startswith("ch_"), first
+    assert first.paid and first.captured and first.status == "succeeded", first
+    assert first.metadata["payment_id"] == f"pay_{RUN}_1"
+    assert first.last_response.request_id.startswith("req_")
+    again = stripe.Charge.create(idempotency_key=key, **visa(f"pay_{RUN}_1"))
+    assert again.id == first.id, (again.id, first.id)
+    assert again.last_response.headers["Idempotent-Replayed"] == "true"
+
+
+def check_a_key_reused_with_other_parameters_raises_idempotency_error():
+    key = f"{RUN}-mismatch"
+    stripe.Charge.create(idempotency_key=key, **visa(f"pay_{RUN}_2"))
+    try:
+        stripe.Charge.create(idempotency_key=key, **visa(f"pay_{RUN}_2", amount=1001))
+    except stripe.IdempotencyError as err:
+        assert err.http_status == 400, err.http_status
+        assert f"a key other than '{key}'" in err.user_message, err.user_message
+    else:
+        raise AssertionError("no IdempotencyError")
+    assert issubclass(stripe.error.IdempotencyError, stripe.StripeError)
+
+
+def check_a_declined_card_raises_card_error_with_its_decline_code():
+    params = visa(f"pay_{RUN}_3", source="pm_card_chargeDeclined")
+    try:
+        stripe.Charge.create(idempotency_key=f"{RUN}-decline", **params)
+    except stripe.CardError as err:
+        assert err.http_status == 402, err.http_status
+        assert err.code == "card_declined", err.code
+        assert err.error.decline_code == "generic_decline", err.error
+        assert err.error.charge.startswith("ch_"), err.error
+    else:
+        raise AssertionError("no CardError")
+
+
+def check_an_authorization_is_captured_refunded_and_retrieved():
+    authorized = stripe.Charge.create(
+        idempotency_key=f"{RUN}-auth", **visa(f"pay_{RUN}_4", capture=False)
+    )
+    assert not authorized.captured and authorized.amount_captured == 0, authorized
+    captured = stripe.Charge.capture(authorized.id, idempotency_key=f"{RUN}-capture")
+    assert captured.id == authorized.id and captured.captured, captured
+    assert captured.amount_captured == 1000, captured
+    refund = stripe.Refund.create(
+        idempotency_key=f"{RUN}-refund",
+        charge=authorized.id,
+        amount=300,
+        metadata={"refund_id": f"re_{RUN}_1"},
+    )
+    assert refund.object == "refund" and refund.id.startswith("re_"), refund
+    assert (refund.charge, refund.amount) == (authorized.id, 300), refund
+    assert refund.metadata["refund_id"] == f"re_{RUN}_1"
+    retrieved = stripe.Charge.retrieve(authorized.id)
+    assert retrieved.amount_refunded == 300 and not retrieved.refunded, retrieved
+
+
+def check_a_charges_refunds_are_listed_by_charge():
+    charge = stripe.Charge.create(idempotency_key=f"{RUN}-refunded", **visa(f"pay_{RUN}_5"))
+    made = [
+        stripe.Refund.create(idempotency_key=f"{RUN}-r{n}", charge=charge.id, amount=100).id
+        for n in range(3)
+    ]
+    listed = stripe.Refund.list(charge=charge.id, limit=2)
+    assert listed.object == "list" and listed.has_more, listed
+    every = [refund.id for refund in listed.auto_paging_iter()]
+    assert every == made[::-1], (every, made)
+
+
+def check_charges_are_listed_page_by_page_with_auto_paging():
+    before = {charge.id for charge in stripe.Charge.list(limit=100).auto_paging_iter()}
+    made = [
+        stripe.Charge.create(idempotency_key=f"{RUN}-list{n}", **visa(f"pay_{RUN}_l{n}")).id
+        for n in range(5)
+    ]
+    first_page = stripe.Charge.list(limit=2)
+    assert len(first_page.data) == 2 and first_page.has_more, first_page
+    every = [charge.id for charge in stripe.Charge.list(limit=2).auto_paging_iter()]
+    assert len(every) == len(set(every)), "no charge twice"
+    assert every[:5] == made[::-1], "newest first"
+    assert set(every) == before | set(made), "every charge once"
+
+
+def check_charges_are_found_by_search_page_by_page():
+    order = f"order_{RUN}"
+    made = [
+        stripe.Charge.create(
+            idempotency_key=f"{RUN}-search{n}",
+            **visa(f"pay_{RUN}_s{n}", metadata={"payment_id": f"pay_{RUN}_s{n}", "order": order}),
+        ).id
+        for n in range(3)
+    ]
+    one = stripe.Charge.search(query=f"metadata['payment_id']:'pay_{RUN}_s1'")
+    assert one.object == "search_result", one
+    assert [charge.id for charge in one.data] == [made[1]], one
+    page = stripe.Charge.search(query=f"metadata['order']:'{order}'", limit=1)
+    assert page.has_more and page.next_page, page
+    every = [charge.id for charge in page.auto_paging_iter()]
+    assert every == made[::-1], (every, made)
+    both = stripe.Charge.search(
+        query=f"metadata['order']:'{order}' AND metadata['payment_id']:'pay_{RUN}_s2'"
+    )
+    assert [charge.id for charge in both.data] == [made[2]], both
+    try:
+        stripe.Charge.search(query="amount>100")
+    except stripe.InvalidRequestError as err:
+        assert err.http_status == 400 and err.param == "query", err
+    else:
+        raise AssertionError("no InvalidRequestError")
+
+
+def check_a_500_after_processing_is_replayed_and_not_retried_by_the_sdk():
+    key = f"{RUN}-after"
+    set_faults({"error_after_processing_rate": 1.0})
+    try:
+        requests_before = stats()["requests"]
+        try:
+            stripe.Charge.create(idempotency_key=key, **visa(f"pay_{RUN}_6"))
+        except stripe.APIError as err:
+            assert err.http_status == 500, err.http_status
+        else:
+            raise AssertionError("no APIError")
+        # Stripe-Should-Retry: false, as Stripe sends with a 500 it will replay: one request,
+        # though the SDK may retry twice.
+        assert stats()["requests"] == requests_before + 1
+    finally:
+        set_faults({})
+    created = stats()["charges_created"]
+    try:
+        stripe.Charge.create(idempotency_key=key, **visa(f"pay_{RUN}_6"))
+    except stripe.APIError as err:
+        assert err.headers["Idempotent-Replayed"] == "true", err.headers
+    else:
+        raise AssertionError("the kept 500 was not replayed")
+    assert stats()["charges_created"] == created, "no second charge"
+    found = stripe.Charge.search(query=f"metadata['payment_id']:'pay_{RUN}_6'")
+    assert len(found.data) == 1, "the charge behind the 500 exists"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(binary):
+    """Starts the stand-in on a free port; returns the process and its base URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            with urllib.request.urlopen(url + "/_sim/stats", timeout=1):
+                return process, url
+        except OSError:
+            if process.poll() is not None:
+                raise SystemExit(f"processor-sim exited with {process.returncode}")
+            time.sleep(0.05)
+    process.kill()
+    raise SystemExit(f"processor-sim did not answer on {url}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--bin", help="the processor-sim binary to start on a free port")
+    where.add_argument("--url", help="the base URL of a stand-in already running")
+    args = parser.parse_args()
+
+    process = None
+    if args.bin:
+        process, url = start(args.bin)
+    else:
+        url = args.url.rstrip("/")
+    stripe.api_key = API_KEY
+    stripe.api_base = url
+    stripe.max_network_retries = 2
+    stripe.enable_telemetry = False
+
+    checks = [(name, f) for name, f in globals().items() if name.startswith("check_")]
+    passed = failed = 0
+    try:
+        set_faults({})
+        for name, check in checks:
+            try:
+                check()
+            except Exception:  # a failed check is reported, and the others still run
+                failed += 1
+                print(f"FAIL {name}", flush=True)
+                traceback.print_exc(file=sys.stdout)
+            else:
+                passed += 1
+                print(f"ok   {name}", flush=True)
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=10)
+    print(f"stripe-python {stripe.VERSION} against {url}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed or not passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
