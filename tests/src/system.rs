@@ -136,6 +136,11 @@ impl Process {
         panic!("{} never became ready: {:?}", self.url, self.lines.lock().map(|l| l.clone()));
     }
 
+    /// Everything the process printed so far, for a failing test's message.
+    pub fn log(&self) -> String {
+        self.lines.lock().map(|lines| lines.join("\n")).unwrap_or_default()
+    }
+
     /// SIGKILL: the process dies where it stands, as in a crash.
     pub async fn kill9(&mut self) {
         let _ = self.child.kill().await;

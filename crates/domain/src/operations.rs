@@ -279,25 +279,18 @@ enum Reconciled<T> {
     NextGeneration,
 }
 
-/// Whether a lookup that found nothing can be trusted: every attempt at the call has had time to
-/// end (`longest_call`) and to show in the lookup (`lag`), by the database clock.
-async fn nothing_found_is_trusted(
-    lease: &Lease,
-    longest_call: Duration,
-    lag: Duration,
-) -> Result<bool, Interrupted> {
-    Ok(lease.since_call().await?.is_some_and(|since| since > longest_call + lag))
-}
-
-/// `Reconciled::NextGeneration` if nothing found can be trusted yet, else a transient failure:
-/// the key is released and the lookup done again later.
+/// `Reconciled::NextGeneration` if a lookup that found nothing can be trusted, else a transient
+/// failure (the key is released and the lookup done again later). Whatever the call made was made
+/// before the first answer that could not tell us (or within the longest call of it, for a
+/// request still executing), so "nothing" is the truth once that first answer is older than the
+/// longest call and the lookup's lag (`Lease::unresolved_for`, by the database clock).
 async fn when_nothing_found<T>(
     lease: &Lease,
     longest_call: Duration,
     lag: Duration,
     what: &str,
 ) -> Result<Reconciled<T>, Interrupted> {
-    if nothing_found_is_trusted(lease, longest_call, lag).await? {
+    if lease.unresolved_for().await? > longest_call + lag {
         Ok(Reconciled::NextGeneration)
     } else {
         count_reconciliation(what, "not_yet");

@@ -602,10 +602,10 @@ impl Lease {
     }
 
     /// Right before a foreign call: makes sure this lease still holds the key at its recovery
-    /// point (fenced, so a holder that lost the key stops here, before acting outside), extends
-    /// the lease and stamps the call's start; answers the call planned at the point (`None` for a
-    /// key planned by a release that did not freeze its calls). Right after this lease's own
-    /// phase planned the call, that commit was the check, and no round trip is made.
+    /// point (fenced, so a holder that lost the key stops here, before acting outside) and
+    /// extends the lease; answers the call planned at the point (`None` for a key planned by a
+    /// release that did not freeze its calls). Right after this lease's own phase planned the
+    /// call, that commit was the check, and no round trip is made.
     pub async fn before_call(&mut self) -> Result<Option<Value>, Interrupted> {
         if let Some(plan) = self.just_planned.take() {
             return Ok(Some(plan));
@@ -634,17 +634,20 @@ impl Lease {
         }
     }
 
-    /// How long ago, by the database clock, the latest attempt at the planned call began
-    /// (`None` if no call was stamped). Fenced: a lost lease is an error.
-    pub async fn since_call(&self) -> Result<Option<Duration>, Interrupted> {
+    /// For an operation that cannot learn what its planned call did, and found nothing where
+    /// the call's object would be: marks the outcome unresolved (the first time) and answers for
+    /// how long it has been, by the database clock. Anything the call made was made before the
+    /// first such answer, so once this outlives the call and the lookup's lag, "nothing" is the
+    /// truth. A new plan (the next generation) clears the mark. Fenced.
+    pub async fn unresolved_for(&self) -> Result<Duration, Interrupted> {
         let seconds = self
             .engine
             .retrying(|| async {
-                Ok(store::since_call(&self.engine.pool, self.key_id, self.token).await?)
+                Ok(store::unresolved_for(&self.engine.pool, self.key_id, self.token).await?)
             })
             .await?
             .ok_or(Interrupted::LeaseLost)?;
-        Ok(seconds.map(|s| Duration::from_secs_f64(s.max(0.0))))
+        Ok(Duration::from_secs_f64(seconds.max(0.0)))
     }
 
     /// Flags the key for a person: no one drives it automatically again. Fenced on this lease.

@@ -236,8 +236,7 @@ pub(crate) async fn advance(
         r#"
         UPDATE idempotency_keys
            SET recovery_point = $4, locked_until = now() + $6 * interval '1 millisecond',
-               last_run_at = now(), planned_call = $5,
-               called_at = CASE WHEN $5::jsonb IS NULL THEN NULL ELSE now() END
+               last_run_at = now(), planned_call = $5, unresolved_at = NULL
          WHERE id = $1 AND owner_token = $2 AND recovery_point = $3
         "#,
         key_id,
@@ -253,9 +252,9 @@ pub(crate) async fn advance(
     Ok(moved == 1)
 }
 
-/// Right before a foreign call: checks, fenced, that `token` still holds the key at `expected`,
-/// extends the lease and stamps the call's start. `None` when the lease is lost; otherwise the
-/// call planned at the recovery point, if any.
+/// Right before a foreign call: checks, fenced, that `token` still holds the key at `expected`
+/// and extends the lease. `None` when the lease is lost; otherwise the call planned at the
+/// recovery point, if any.
 pub(crate) async fn before_call(
     executor: impl PgExecutor<'_>,
     key_id: i64,
@@ -266,7 +265,7 @@ pub(crate) async fn before_call(
     let row = sqlx::query!(
         r#"
         UPDATE idempotency_keys
-           SET locked_until = now() + $4 * interval '1 millisecond', called_at = now()
+           SET locked_until = now() + $4 * interval '1 millisecond'
          WHERE id = $1 AND owner_token = $2 AND recovery_point = $3
         RETURNING planned_call
         "#,
@@ -280,18 +279,19 @@ pub(crate) async fn before_call(
     Ok(row.map(|r| r.planned_call))
 }
 
-/// How long ago, by the database clock, the latest attempt at the planned call began; fenced.
-/// `None` when the lease is lost; `Some(None)` when no call was stamped.
-pub(crate) async fn since_call(
+/// Marks the planned call's outcome as unresolved, unless it already was, and answers for how
+/// long it has been, by the database clock; fenced. `None` when the lease is lost.
+pub(crate) async fn unresolved_for(
     executor: impl PgExecutor<'_>,
     key_id: i64,
     token: Uuid,
-) -> Result<Option<Option<f64>>, sqlx::Error> {
+) -> Result<Option<f64>, sqlx::Error> {
     let row = sqlx::query!(
         r#"
-        SELECT extract(epoch FROM now() - called_at)::float8 AS seconds
-          FROM idempotency_keys
+        UPDATE idempotency_keys
+           SET unresolved_at = coalesce(unresolved_at, now())
          WHERE id = $1 AND owner_token = $2
+        RETURNING extract(epoch FROM now() - unresolved_at)::float8 AS "seconds!"
         "#,
         key_id,
         token,

@@ -56,7 +56,7 @@ pub struct FaultConfig {
     /// In `stripe` mode that 500 is what the key keeps and replays ever after; in `lenient` mode
     /// nothing is kept, so the real result is forgotten and a retry executes again. Among POSTs
     /// it touches only those that execute: a replay, an idempotency error or a refusal on the
-    /// parameters is answered as usual. A read that draws it is answered 500 (it kept nothing).
+    /// parameters is answered as usual. A read acts on nothing and is answered as usual.
     pub error_after_processing_rate: f64,
     /// Which results are kept against idempotency keys.
     pub idempotency: Idempotency,

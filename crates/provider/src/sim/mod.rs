@@ -124,7 +124,12 @@ async fn inject_faults(State(sim): State<Sim>, request: Request, next: Next) -> 
     let (fault, delay, number) = {
         let mut inner = sim.lock();
         inner.ledger.stats.requests += 1;
-        let (fault, delay) = inner.faults.plan();
+        let (mut fault, delay) = inner.faults.plan();
+        // "500 after processing" is a fault of requests that act: a read has nothing to act on,
+        // and is answered as usual (the draw is made all the same, to keep the sequence).
+        if fault == Fault::ErrorAfterProcessing && request.method() != Method::POST {
+            fault = Fault::None;
+        }
         if fault != Fault::None {
             inner.ledger.stats.faults_injected += 1;
         }
@@ -141,22 +146,11 @@ async fn inject_faults(State(sim): State<Sim>, request: Request, next: Next) -> 
 async fn faulted(fault: Fault, delay: Duration, mut request: Request, next: Next) -> Response {
     match fault {
         Fault::ErrorAfterProcessing => {
-            // A POST executes and its handler answers the 500 (and keeps it against the key);
-            // a read has nothing to keep, so the 500 simply replaces its answer.
-            let is_post = request.method() == Method::POST;
+            // The POST executes and its handler answers the 500 (and keeps it against the key).
             request.extensions_mut().insert(ErrorAfterProcessing);
             let response = processed(request, next).await;
             pause(delay).await;
-            if is_post {
-                response
-            } else {
-                error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "api_error",
-                    None,
-                    "An error occurred after the request was processed (injected).",
-                )
-            }
+            response
         }
         Fault::None | Fault::LostResponse => {
             let response = processed(request, next).await;
