@@ -129,6 +129,7 @@ pub struct ClaimRequest<'a> {
 
 /// What a claim decided.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // matched at once by the caller; a box would allocate per claim
 pub enum Claim {
     /// This request holds the key: a new key, or one resumed from its recovery point.
     Acquired(Lease),
@@ -394,6 +395,7 @@ impl Engine {
 
 /// What the completer found.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // matched at once by the completer
 pub enum Due {
     /// A key to drive to its end.
     Lease(Lease),
