@@ -304,8 +304,9 @@ impl Engine {
         Ok(due)
     }
 
-    /// The reaper: deletes up to `limit` completed keys older than `retention`. Unfinished keys
-    /// are never deleted; those older than `retention` are flagged for a person instead.
+    /// The reaper: deletes up to `limit` keys completed longer than `retention` ago. Unfinished
+    /// keys are never deleted; those created longer than `retention` ago are flagged for a person
+    /// instead.
     pub async fn reap(&self, limit: u32, retention: Duration) -> Result<Reaped, IdemError> {
         let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
         let deleted = store::reap(&self.pool, i64::from(limit), retention_ms).await?;

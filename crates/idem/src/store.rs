@@ -390,7 +390,8 @@ pub(crate) async fn flag(
     Ok(flagged == 1)
 }
 
-/// Deletes up to `limit` completed keys created before the retention window.
+/// Deletes up to `limit` keys completed before the retention window: retention counts from
+/// completion, so a key the completer finished late still replays for the whole window.
 pub(crate) async fn reap(
     executor: impl PgExecutor<'_>,
     limit: i64,
@@ -401,9 +402,8 @@ pub(crate) async fn reap(
         DELETE FROM idempotency_keys
          WHERE id IN (
             SELECT id FROM idempotency_keys
-             WHERE completed_at IS NOT NULL
-               AND created_at < now() - $2 * interval '1 millisecond'
-             ORDER BY created_at
+             WHERE completed_at < now() - $2 * interval '1 millisecond'
+             ORDER BY completed_at
              LIMIT $1
              FOR UPDATE SKIP LOCKED)
         "#,
