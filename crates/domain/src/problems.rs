@@ -52,6 +52,9 @@ pub enum ProblemCode {
     ProcessorUnavailable,
     /// Anything unexpected; nothing was committed beyond the last recovery point.
     InternalError,
+    /// The server gave up waiting (for a connection, or for the key's row held by another
+    /// transaction) before anything was stored.
+    ServiceUnavailable,
 }
 
 /// Documentation of one problem code, served at `/problems/{code}`.
@@ -69,7 +72,7 @@ pub struct ProblemDoc {
 
 impl ProblemCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ProblemCode; 18] = [
+    pub const ALL: [ProblemCode; 19] = [
         Self::IdempotencyKeyMissing,
         Self::IdempotencyKeyInvalid,
         Self::IdempotencyKeyReused,
@@ -88,6 +91,7 @@ impl ProblemCode {
         Self::RateLimited,
         Self::ProcessorUnavailable,
         Self::InternalError,
+        Self::ServiceUnavailable,
     ];
 
     /// The machine-readable code.
@@ -111,6 +115,7 @@ impl ProblemCode {
             Self::RateLimited => "rate_limited",
             Self::ProcessorUnavailable => "processor_unavailable",
             Self::InternalError => "internal_error",
+            Self::ServiceUnavailable => "service_unavailable",
         }
     }
 
@@ -138,6 +143,7 @@ impl ProblemCode {
             Self::IdempotencyKeyReused => 422,
             Self::RateLimited => 429,
             Self::InternalError => 500,
+            Self::ServiceUnavailable => 503,
             Self::ProcessorUnavailable => 503,
         }
     }
@@ -163,6 +169,7 @@ impl ProblemCode {
             Self::RateLimited => "Too many requests",
             Self::ProcessorUnavailable => "Card processor unavailable",
             Self::InternalError => "Internal error",
+            Self::ServiceUnavailable => "Service unavailable",
         }
     }
 
@@ -257,6 +264,11 @@ impl ProblemCode {
             Self::InternalError => (
                 "An unexpected failure. Nothing was committed beyond the operation's last recovery point.",
                 "Retry with the same Idempotency-Key; the operation resumes where it stopped. Quote the request_id when you report it.",
+                "No.",
+            ),
+            Self::ServiceUnavailable => (
+                "The server gave up waiting before the request began: for a database connection, or for the key's record, which another transaction holds. Nothing was stored.",
+                "Retry with the same Idempotency-Key after Retry-After.",
                 "No.",
             ),
         };
