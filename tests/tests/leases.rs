@@ -237,7 +237,7 @@ async fn a_deploy_during_slow_processor_calls_leaves_no_key_answering_409(pool: 
     let next = TestApp::spawn_with(pool.clone(), pool.clone(), &overrides).await;
     let (next, secret) = (&next, &secret);
     let retries = keys.iter().map(|key| async move {
-        let response = next.post("/v1/payments", &secret, Some(key), &payment_body()).await;
+        let response = next.post("/v1/payments", secret, Some(key), &payment_body()).await;
         assert_eq!(response.status(), 201, "{key} resumed at once");
     });
     futures::future::join_all(retries).await;
