@@ -181,6 +181,70 @@ async fn a_key_row_held_by_a_stuck_transaction_blocks_no_other_accounts_claims(p
 }
 
 #[sqlx::test(migrations = "../migrations")]
+async fn a_takeover_behind_a_transaction_holding_the_key_row_gives_up_in_time(pool: PgPool) {
+    let sys = System::start(pool.clone()).await;
+    let api = sys.api("idem.claim.before_take_over=sleep(1000)").await;
+    let account = sys.account("shop").await;
+    sys.faults(json!({"error_rate": 1.0})).await;
+    let (status, _) = sys
+        .post(&api.url, &account, "/v1/payments", "k", &payment_body(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "the processor failed, the key was released");
+    sys.faults(json!({})).await;
+    let attempts_before: i32 =
+        sqlx::query_scalar("SELECT attempts FROM idempotency_keys").fetch_one(&pool).await.unwrap();
+
+    // The retry reads the free key; before it takes it over, a transaction updates the row and
+    // stays open.
+    let retry = {
+        let (http, url, secret) = (sys.http.clone(), api.url.clone(), account.secret.clone());
+        tokio::spawn(async move {
+            let response = http
+                .post(format!("{url}/v1/payments"))
+                .bearer_auth(secret)
+                .header("idempotency-key", "k")
+                .json(&payment_body())
+                .send()
+                .await
+                .expect("the retry is answered");
+            let retry_after = response.headers().contains_key("retry-after");
+            (response.status().as_u16(), retry_after, response.json::<Value>().await.unwrap())
+        })
+    };
+    assert!(api.wait_for("FAILPOINT idem.claim.before_take_over", Duration::from_secs(5)).await);
+    let mut stuck_tx = pool.begin().await.unwrap();
+    sqlx::query("UPDATE idempotency_keys SET last_run_at = now() WHERE idempotency_key = 'k'")
+        .execute(&mut *stuck_tx)
+        .await
+        .unwrap();
+    // The takeover gives up after the claim timeout (2 s by default), long before this.
+    let (status, retry_after, body) = tokio::time::timeout(Duration::from_secs(8), retry)
+        .await
+        .expect("answered in time")
+        .unwrap();
+    assert_eq!((status, retry_after), (503, true), "{body}");
+    assert_eq!(body["code"], "service_unavailable", "{body}");
+    stuck_tx.rollback().await.unwrap();
+    let (attempts, leased): (i32, bool) =
+        sqlx::query_as("SELECT attempts, owner_token IS NOT NULL FROM idempotency_keys")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (attempts, leased),
+        (attempts_before, false),
+        "the timed-out takeover stored nothing"
+    );
+
+    let (status, _) = sys
+        .post_until_final(&api.url, &account, "/v1/payments", "k", &payment_body(), 20)
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+}
+
+#[sqlx::test(migrations = "../migrations")]
 async fn a_deploy_during_slow_processor_calls_leaves_no_key_answering_409(pool: PgPool) {
     let sim =
         start_sim(provider::sim::FaultConfig { latency_ms: 3000, ..Default::default() }).await;

@@ -90,6 +90,10 @@ impl EngineConfig {
         i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
     }
 
+    fn claim_timeout_ms(&self) -> i64 {
+        i64::try_from(self.claim_timeout.as_millis()).unwrap_or(i64::MAX).max(1)
+    }
+
     /// Delay before the completer's attempt after `attempts` attempts.
     pub fn retry_delay(&self, attempts: i32) -> Duration {
         let exponent = u32::try_from(attempts.saturating_sub(1)).unwrap_or(0).min(20);
@@ -250,10 +254,26 @@ impl Engine {
                 self.observer.event(Event::InUse);
                 return Ok(Claim::InUse);
             }
+            // The stall tests stop here, between reading the row and taking it over.
+            crate::failpoint(|| "idem.claim.before_take_over".to_owned()).await;
             let taken = self
-                .retrying(|| {
+                .retrying(|| async {
+                    // Bounded like a claim lane's statement: the row may be held by a stuck
+                    // transaction that updated it after the claim read it.
+                    let mut tx = self.pool.begin().await?;
+                    store::bound_waits(&mut tx, self.config.claim_timeout_ms()).await?;
                     let owner = row.owner_token;
-                    store::take_over(&self.pool, row.id, owner, token, lease_ms, request.request_id)
+                    let taken = store::take_over(
+                        &mut *tx,
+                        row.id,
+                        owner,
+                        token,
+                        lease_ms,
+                        request.request_id,
+                    )
+                    .await?;
+                    tx.commit().await?;
+                    Ok(taken)
                 })
                 .await?;
             if let Some((point, attempts)) = taken {

@@ -143,6 +143,20 @@ pub(crate) async fn insert_or_read(
     }))
 }
 
+/// Bounds, for the rest of the transaction, how long a statement runs and waits for a row lock
+/// (`SET LOCAL statement_timeout, lock_timeout`).
+pub(crate) async fn bound_waits(conn: &mut PgConnection, timeout_ms: i64) -> Result<(), IdemError> {
+    let bound = format!("{timeout_ms}ms");
+    sqlx::query!(
+        r#"SELECT set_config('lock_timeout', $1, true) AS "lock!",
+                  set_config('statement_timeout', $1, true) AS "statement!""#,
+        bound,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(())
+}
+
 /// Takes the lease of an unfinished key whose lease is free or expired, if nobody changed the
 /// owner since `observed` was read (compare and swap), and records the attempt for `request_id`.
 /// Returns the recovery point and attempts.
