@@ -52,6 +52,8 @@ pub enum ProblemCode {
     ProcessorUnavailable,
     /// Anything unexpected; nothing was committed beyond the last recovery point.
     InternalError,
+    /// The server sheds load: more requests in flight than it serves at once.
+    ServiceUnavailable,
 }
 
 /// Documentation of one problem code, served at `/problems/{code}`.
@@ -69,7 +71,7 @@ pub struct ProblemDoc {
 
 impl ProblemCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ProblemCode; 18] = [
+    pub const ALL: [ProblemCode; 19] = [
         Self::IdempotencyKeyMissing,
         Self::IdempotencyKeyInvalid,
         Self::IdempotencyKeyReused,
@@ -88,6 +90,7 @@ impl ProblemCode {
         Self::RateLimited,
         Self::ProcessorUnavailable,
         Self::InternalError,
+        Self::ServiceUnavailable,
     ];
 
     /// The machine-readable code.
@@ -111,6 +114,7 @@ impl ProblemCode {
             Self::RateLimited => "rate_limited",
             Self::ProcessorUnavailable => "processor_unavailable",
             Self::InternalError => "internal_error",
+            Self::ServiceUnavailable => "service_unavailable",
         }
     }
 
@@ -138,7 +142,7 @@ impl ProblemCode {
             Self::IdempotencyKeyReused => 422,
             Self::RateLimited => 429,
             Self::InternalError => 500,
-            Self::ProcessorUnavailable => 503,
+            Self::ProcessorUnavailable | Self::ServiceUnavailable => 503,
         }
     }
 
@@ -163,6 +167,7 @@ impl ProblemCode {
             Self::RateLimited => "Too many requests",
             Self::ProcessorUnavailable => "Card processor unavailable",
             Self::InternalError => "Internal error",
+            Self::ServiceUnavailable => "Service unavailable",
         }
     }
 
@@ -257,6 +262,11 @@ impl ProblemCode {
             Self::InternalError => (
                 "An unexpected failure. Nothing was committed beyond the operation's last recovery point.",
                 "Retry with the same Idempotency-Key; the operation resumes where it stopped. Quote the request_id when you report it.",
+                "No.",
+            ),
+            Self::ServiceUnavailable => (
+                "The server is serving as many requests as it takes at once, and refused this one before reading it. Nothing ran.",
+                "Retry after the number of seconds in Retry-After, with the same Idempotency-Key.",
                 "No.",
             ),
         };
