@@ -36,6 +36,7 @@ impl ApiError {
             ProblemCode::IdempotencyKeyInUse
             | ProblemCode::RateLimited
             | ProblemCode::ProcessorUnavailable
+            | ProblemCode::ServiceUnavailable
             | ProblemCode::InternalError => Some(1),
             _ => None,
         };

@@ -75,6 +75,17 @@ pub struct HttpSettings {
     pub body_limit_bytes: usize,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
+    /// Limit for a request's line and headers, counted from when the connection waits for a
+    /// request (so it also bounds an idle keep-alive connection).
+    pub header_read_timeout_ms: u64,
+    /// Longest pause between two pieces of a request body.
+    pub body_timeout_ms: u64,
+    /// Limit for a whole request, headers to answer.
+    pub request_timeout_ms: u64,
+    /// Open connections at most.
+    pub max_connections: u32,
+    /// Requests served at once at most; more are answered 503.
+    pub max_in_flight_requests: u32,
 }
 
 /// `[rate_limit]`
@@ -85,6 +96,12 @@ pub struct RateLimitSettings {
     pub per_second: u32,
     /// Requests an account may make at once.
     pub burst: u32,
+    /// Requests per second per client address without a key known to be live; 0: no limit.
+    pub per_address_per_second: u32,
+    /// Such requests one address may make at once.
+    pub per_address_burst: u32,
+    /// How long an unknown API key is answered 401 without a lookup.
+    pub unknown_key_cache_ms: u64,
 }
 
 /// `[database]`
@@ -97,6 +114,8 @@ pub struct DatabaseSettings {
     pub max_connections: u32,
     /// How long a request waits for a connection.
     pub acquire_timeout_ms: u64,
+    /// Postgres' `statement_timeout` for the pool's sessions; 0 leaves the server's default.
+    pub statement_timeout_ms: u64,
 }
 
 /// `[idempotency]`
@@ -277,6 +296,23 @@ impl Settings {
             // The URL itself is not repeated: it may hold a password.
             return Err(invalid("database.url", "not a valid postgres:// URL".into()));
         }
+        for (setting, value) in [
+            ("http.header_read_timeout_ms", self.http.header_read_timeout_ms),
+            ("http.body_timeout_ms", self.http.body_timeout_ms),
+            ("http.request_timeout_ms", self.http.request_timeout_ms),
+            ("http.max_connections", u64::from(self.http.max_connections)),
+            ("http.max_in_flight_requests", u64::from(self.http.max_in_flight_requests)),
+        ] {
+            if value == 0 {
+                return Err(invalid(setting, "must be at least 1".into()));
+            }
+        }
+        if self.rate_limit.per_address_per_second > 0 && self.rate_limit.per_address_burst == 0 {
+            return Err(invalid(
+                "rate_limit.per_address_burst",
+                "must be at least 1 when a rate is set".into(),
+            ));
+        }
         if self.database.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be at least 1".into()));
         }
@@ -374,7 +410,12 @@ impl Settings {
 impl DatabaseSettings {
     /// The parsed connection options.
     pub fn connect_options(&self) -> Result<PgConnectOptions, sqlx::Error> {
-        PgConnectOptions::from_str(&self.url)
+        let options = PgConnectOptions::from_str(&self.url)?;
+        Ok(if self.statement_timeout_ms > 0 {
+            options.options([("statement_timeout", format!("{}ms", self.statement_timeout_ms))])
+        } else {
+            options
+        })
     }
 
     /// How long a request waits for a pooled connection.
