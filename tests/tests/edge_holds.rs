@@ -434,3 +434,21 @@ async fn the_pool_runs_with_a_statement_timeout(pool: PgPool) {
     let err = slow.expect_err("a statement over the timeout is cancelled");
     assert!(err.to_string().contains("statement timeout"), "{err}");
 }
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn connections_beyond_the_bound_wait_until_one_closes(pool: PgPool) {
+    let limits = [("PAYMENTS__HTTP__MAX_CONNECTIONS", "1")];
+    let app = TestApp::spawn_with(pool.clone(), pool, &limits).await;
+    let mut first = connect(&app).await;
+    first.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut buffer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), first.read(&mut buffer)).await;
+    assert!(String::from_utf8_lossy(&buffer[..n.unwrap().unwrap()]).starts_with("HTTP/1.1 200"));
+
+    // The first connection stays open (keep-alive): the second is not served meanwhile.
+    let second = app.http.get(app.url("/healthz")).timeout(Duration::from_millis(500)).send();
+    assert!(second.await.is_err(), "a connection beyond the bound waits");
+    drop(first);
+    let third = app.http.get(app.url("/healthz")).timeout(Duration::from_secs(10)).send();
+    assert_eq!(third.await.unwrap().status(), 200, "served once the first connection closed");
+}
