@@ -5,7 +5,9 @@
 # It starts processor-sim and payments-api on free ports against a database of its own
 # (payments_fuzz on the server scripts/postgres.sh finds), and installs schemathesis into
 # target/fuzz-venv the first time. FUZZ_EXAMPLES (default 25) sets the test cases per operation;
-# FUZZ_SEED fixes the run (make test uses a fixed seed; by hand it is random).
+# FUZZ_DATABASE names its database (default payments_fuzz). FUZZ_SEED fixes the run (make test
+# uses a fixed seed; by hand it is random). The hooks in scripts/fuzz_hooks.py put control
+# characters (NUL, ESC, DEL, …) into the generated strings.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -24,7 +26,7 @@ BIN=$ROOT/target/debug
 
 eval "$(scripts/postgres.sh up | sed 's/^/export /')"
 STARTED=${PG_STARTED:-}
-export DATABASE_URL=${DATABASE_URL%/*}/payments_fuzz
+export DATABASE_URL=${DATABASE_URL%/*}/${FUZZ_DATABASE:-payments_fuzz}
 export PAYMENTS__LOG__FILTER=${PAYMENTS__LOG__FILTER:-warn}
 PIDS=()
 cleanup() {
@@ -65,10 +67,12 @@ status=0
 # worker: with two threads, hypothesis parses lambdas' source concurrently and CPython 3.11's ast
 # module can fail with "AST constructor recursion depth mismatch" (an error of the tool, not of
 # the server, seen here once in four runs).
-(cd target && "$VENV/bin/schemathesis" run "http://127.0.0.1:$API_PORT/openapi.json" \
+(cd target && PYTHONPATH="$ROOT/scripts" SCHEMATHESIS_HOOKS=fuzz_hooks \
+  "$VENV/bin/schemathesis" run "http://127.0.0.1:$API_PORT/openapi.json" \
   --header "Authorization: Bearer $KEY" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance \
   --max-examples "$EXAMPLES" --workers 1 --generation-database none --no-color \
+  --generation-allow-x00 true --generation-codec utf-8 \
   --report junit --report-dir fuzz-report "${SEED_ARGS[@]}") || status=$?
 if [ "$status" != 0 ]; then
   say "failed; the server's log is target/fuzz-api.log"

@@ -15,6 +15,7 @@ fn quick() -> RetryPolicy {
         base: Duration::from_millis(5),
         cap: Duration::from_millis(50),
         request_timeout: Duration::from_secs(5),
+        ..RetryPolicy::default()
     }
 }
 

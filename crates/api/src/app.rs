@@ -5,6 +5,11 @@
 //! SIGTERM or Ctrl-C and then lets requests in flight finish, up to the configured grace. What is
 //! still running at the end of the grace gives its keys back at their recovery points, so that a
 //! retry on the next process resumes at once instead of answering `409` until the lease expires.
+//!
+//! The accept loop is hyper's own connection builder rather than `axum::serve`, which runs
+//! without a timer: here every connection has a header-read timeout (which also closes idle
+//! keep-alive connections), the number of open connections is bounded, and each request knows
+//! its peer's address (`ConnectInfo`) for the per-address limit.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,17 +17,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::OriginalUri;
+use axum::extract::{ConnectInfo, OriginalUri};
 use axum::http::Method;
 use axum::routing::{get, post};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
 use idem::Engine;
 use payments_domain::operations::Context;
 use provider::ProcessorClient;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
 
-use crate::edge::{self, EdgeConfig};
+use crate::edge::{self, EdgeConfig, EdgeLimits};
 use crate::error::{ApiError, ProblemCode};
 use crate::idempotency::Runner;
 use crate::routes;
@@ -54,8 +64,12 @@ pub struct Services {
     pub operations: Context<ProcessorClient>,
     /// Per-account request rates; `None` when off.
     pub rate_limiter: Option<Arc<crate::auth::AccountLimiter>>,
+    /// Per-address rates of requests without a key known to be live; `None` when off.
+    pub address_limiter: Option<Arc<crate::auth::AddressLimiter>>,
     /// The accounts of the API keys seen lately.
     pub known_keys: Arc<crate::auth::KnownKeys>,
+    /// API keys found unknown lately, answered 401 without a lookup.
+    pub unknown_keys: crate::auth::UnknownKeys,
     /// The OpenAPI document, rendered once.
     pub openapi: axum::body::Bytes,
 }
@@ -66,6 +80,8 @@ pub struct Application {
     listener: TcpListener,
     router: Router,
     shutdown_grace: Duration,
+    header_read_timeout: Duration,
+    max_connections: usize,
     /// Operations that outlive their requests; shutdown waits for them.
     tasks: TaskTracker,
     /// The engine, whose leases still held at the end of the grace are released.
@@ -90,8 +106,15 @@ impl Application {
         let edge = EdgeConfig {
             public_base_url: settings.public_base_url(port).into(),
             body_limit_bytes: settings.http.body_limit_bytes,
+            limits: EdgeLimits {
+                body_timeout: Duration::from_millis(settings.http.body_timeout_ms),
+                request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
+                in_flight: Arc::new(Semaphore::new(settings.http.max_in_flight_requests as usize)),
+            },
         };
         let shutdown_grace = Duration::from_millis(settings.http.shutdown_grace_ms);
+        let header_read_timeout = Duration::from_millis(settings.http.header_read_timeout_ms);
+        let max_connections = settings.http.max_connections as usize;
         // Install the metrics recorder before anything records.
         let _ = payments_settings::telemetry::metrics();
         let tasks = TaskTracker::new();
@@ -106,6 +129,10 @@ impl Application {
             Context::new(pool.clone(), Arc::new(processor), edge.public_base_url.clone())
                 .with_charge_metadata(settings.processor.charge_metadata.clone());
         let rate_limiter = crate::auth::rate_limiter(&settings.rate_limit);
+        let address_limiter = crate::auth::address_limiter(&settings.rate_limit);
+        let unknown_keys = crate::auth::UnknownKeys::new(Duration::from_millis(
+            settings.rate_limit.unknown_key_cache_ms,
+        ));
         let openapi = crate::openapi::json(&settings, &edge.public_base_url).into();
         let state = AppState(Arc::new(Services {
             pool,
@@ -113,11 +140,21 @@ impl Application {
             runner,
             operations,
             rate_limiter,
+            address_limiter,
             known_keys: Arc::default(),
+            unknown_keys,
             openapi,
         }));
         let router = edge::wrap(router(state), edge);
-        Ok(Self { listener, router, shutdown_grace, tasks, engine })
+        Ok(Self {
+            listener,
+            router,
+            shutdown_grace,
+            header_read_timeout,
+            max_connections,
+            tasks,
+            engine,
+        })
     }
 
     /// The port the server listens on.
@@ -145,16 +182,52 @@ impl Application {
             stop.await;
             let _ = stopping_tx.send(true);
         });
-        let mut drained_rx = stopping_rx.clone();
-        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(async move {
-            let _ = drained_rx.wait_for(|stopping| *stopping).await;
-            tracing::info!("shutting down: no new connections, finishing requests in flight");
-        });
+        let graceful = GracefulShutdown::new();
+        let connections = Arc::new(Semaphore::new(self.max_connections));
+        let mut http = http1::Builder::new();
+        http.timer(TokioTimer::new()).header_read_timeout(self.header_read_timeout);
+        let mut accept_rx = stopping_rx.clone();
+        loop {
+            // At the bound, new connections wait in the kernel's backlog, not in memory here.
+            let permit = tokio::select! {
+                permit = connections.clone().acquire_owned() => permit?,
+                () = stopping(&mut accept_rx) => break,
+            };
+            let (stream, peer) = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(err) => {
+                        // Out of file descriptors, or a connection reset while queued: wait a
+                        // moment rather than spin, and keep serving.
+                        tracing::warn!(error = %err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = stopping(&mut accept_rx) => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let router = self.router.clone();
+            let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                router.clone().oneshot(request)
+            });
+            let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+            tokio::spawn(async move {
+                if let Err(err) = connection.await {
+                    // A client that stalled, hung up or spoke garbage: its problem, not ours.
+                    tracing::debug!(error = %err, %peer, "connection ended with an error");
+                }
+                drop(permit);
+            });
+        }
+        tracing::info!("shutting down: no new connections, finishing requests in flight");
+        drop(self.listener);
         let grace = self.shutdown_grace;
         let tasks = self.tasks;
         let engine = self.engine;
         let drained = async move {
-            server.await?;
+            graceful.shutdown().await;
             // Operations whose clients hung up still run; let them reach a recovery point.
             tasks.close();
             tasks.wait().await;
@@ -175,6 +248,12 @@ impl Application {
         }
         Ok(())
     }
+}
+
+/// Completes once `stop` says so (a helper, so that no borrow of the channel's value is held in
+/// the accept loop's future).
+async fn stopping(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopping| *stopping).await;
 }
 
 /// The pool the settings describe, connecting lazily.

@@ -2,15 +2,21 @@
 //!
 //! A request without usable credentials is `401 authentication_required`; one whose key is unknown
 //! or revoked is `401 invalid_api_key`. A key that does not even look like one of ours is refused
-//! without a database round trip.
+//! without a database round trip, and so is, for a few seconds, a key just found unknown.
+//!
+//! Before any lookup, a request that presents no key known to be live counts against a limit per
+//! client address: a flood of bogus credentials meets `429` and costs no database round trip.
 //!
 //! Idempotent endpoints take a `Caller`, whose key may be checked by the claim itself rather than
 //! by a lookup of its own; everything else takes `Authenticated`.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
+use axum::extract::ConnectInfo;
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
@@ -26,6 +32,56 @@ use crate::error::{ApiError, ProblemCode};
 
 /// Request rates, per account.
 pub type AccountLimiter = governor::DefaultKeyedRateLimiter<AccountId>;
+
+/// Rates of requests without a key known to be live, per client address.
+pub type AddressLimiter = governor::DefaultKeyedRateLimiter<IpAddr>;
+
+/// The per-address limiter the settings describe, or `None` when it is off.
+pub fn address_limiter(
+    settings: &payments_settings::RateLimitSettings,
+) -> Option<Arc<AddressLimiter>> {
+    let per_second = NonZeroU32::new(settings.per_address_per_second)?;
+    let burst = NonZeroU32::new(settings.per_address_burst).unwrap_or(per_second);
+    Some(Arc::new(governor::RateLimiter::keyed(Quota::per_second(per_second).allow_burst(burst))))
+}
+
+/// API keys found unknown lately, each until its entry expires. A key is random, so one that was
+/// unknown a moment ago is not about to be created; a revoked key stays revoked. Bounded: when
+/// full, expired entries go, and if that is not enough, all.
+#[derive(Debug)]
+pub struct UnknownKeys {
+    ttl: Duration,
+    keys: Mutex<HashMap<[u8; 32], Instant>>,
+}
+
+impl UnknownKeys {
+    const CAPACITY: usize = 10_000;
+
+    /// An empty cache whose entries last `ttl` (zero: nothing is remembered).
+    pub fn new(ttl: Duration) -> Self {
+        Self { ttl, keys: Mutex::default() }
+    }
+
+    fn contains(&self, digest: &[u8; 32]) -> bool {
+        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.get(digest).is_some_and(|until| *until > Instant::now())
+    }
+
+    fn insert(&self, digest: [u8; 32]) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        if keys.len() >= Self::CAPACITY {
+            keys.retain(|_, until| *until > now);
+            if keys.len() >= Self::CAPACITY {
+                keys.clear();
+            }
+        }
+        keys.insert(digest, now + self.ttl);
+    }
+}
 
 /// The limiter the settings describe, or `None` when the limit is off.
 pub fn rate_limiter(
@@ -144,18 +200,27 @@ impl KnownKeys {
 /// Who the request says it is, and its rate limit. With `trust_known`, a key seen before is not
 /// looked up again (the caller's claim checks it); otherwise it is looked up now.
 async fn identify(parts: &Parts, state: &AppState, trust_known: bool) -> Result<Caller, ApiError> {
-    let presented = presented_key(parts)?;
-    if !presented.starts_with(SECRET_KEY_PREFIX) {
-        return Err(invalid_api_key());
+    let presented = presented_key(parts);
+    let digest = match &presented {
+        Ok(key) if key.starts_with(SECRET_KEY_PREFIX) => Some(accounts::key_digest(key)),
+        _ => None,
+    };
+    let known = digest.and_then(|digest| state.known_keys.account(&digest));
+    if known.is_none() {
+        limit_address(parts, state)?;
     }
-    let digest = accounts::key_digest(&presented);
-    let known = if trust_known { state.known_keys.account(&digest) } else { None };
-    let caller = match known {
+    presented?;
+    let Some(digest) = digest else { return Err(invalid_api_key()) };
+    let caller = match known.filter(|_| trust_known) {
         Some(account) => Caller { account, digest, checked: false },
         None => {
-            let account = accounts::authenticate_digest(&state.pool, &digest)
-                .await?
-                .ok_or_else(invalid_api_key)?;
+            if state.unknown_keys.contains(&digest) {
+                return Err(invalid_api_key());
+            }
+            let Some(account) = accounts::authenticate_digest(&state.pool, &digest).await? else {
+                state.unknown_keys.insert(digest);
+                return Err(invalid_api_key());
+            };
             state.known_keys.learn(digest, account.clone());
             Caller { account, digest, checked: true }
         }
@@ -168,6 +233,31 @@ async fn identify(parts: &Parts, state: &AppState, trust_known: bool) -> Result<
     Ok(caller)
 }
 
+/// `429` when the request's address has sent too many requests without a live key. A request
+/// that reached the server some other way than its listener (a test's `oneshot`) has no address
+/// and no limit.
+fn limit_address(parts: &Parts, state: &AppState) -> Result<(), ApiError> {
+    let Some(limiter) = &state.address_limiter else { return Ok(()) };
+    let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() else {
+        return Ok(());
+    };
+    if limiter.len() > 100_000 {
+        limiter.retain_recent();
+    }
+    let Err(not_until) = limiter.check_key(&peer.ip()) else { return Ok(()) };
+    let wait = not_until.wait_time_from(governor::clock::Clock::now(&DefaultClock::default()));
+    metrics::counter!("rate_limited_addresses_total").increment(1);
+    Err(ApiError::new(
+        ProblemCode::RateLimited,
+        "This address is sending requests without a valid API key faster than allowed. Retry after the number of seconds in Retry-After.",
+    )
+    .with_retry_after(whole_seconds(wait)))
+}
+
+fn whole_seconds(wait: Duration) -> u32 {
+    u32::try_from(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).unwrap_or(u32::MAX)
+}
+
 /// `429` when the account is over its rate.
 fn rate_limit(state: &AppState, account: &AccountId) -> Result<(), ApiError> {
     let Some(limiter) = &state.rate_limiter else { return Ok(()) };
@@ -178,8 +268,7 @@ fn rate_limit(state: &AppState, account: &AccountId) -> Result<(), ApiError> {
     let Err(not_until) = limiter.check_key(account) else { return Ok(()) };
     let wait = not_until.wait_time_from(governor::clock::Clock::now(&DefaultClock::default()));
     metrics::counter!("rate_limited_total").increment(1);
-    let seconds =
-        u32::try_from(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).unwrap_or(u32::MAX);
+    let seconds = whole_seconds(wait);
     Err(ApiError::new(
         ProblemCode::RateLimited,
         "This account is sending requests faster than its rate limit. Retry after the number of seconds in Retry-After, with the same Idempotency-Key.",
@@ -189,7 +278,14 @@ fn rate_limit(state: &AppState, account: &AccountId) -> Result<(), ApiError> {
 
 /// `401 invalid_api_key`.
 pub(crate) fn invalid_api_key() -> ApiError {
+    // RFC 9110 asks every 401 to say how to authenticate; RFC 6750 names the error.
     ApiError::new(ProblemCode::InvalidApiKey, "The API key is unknown or has been revoked.")
+        .with_header(
+            header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static(
+                "Bearer realm=\"payments\", error=\"invalid_token\"",
+            ),
+        )
 }
 
 /// The key the request presents, or why there is none.

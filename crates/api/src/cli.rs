@@ -5,6 +5,7 @@
 
 use clap::{Parser, Subcommand};
 use payments_domain::{ApiKeyId, accounts};
+use payments_settings::ExposeSecret as _;
 
 use crate::app::{self, Application};
 use crate::settings::Settings;
@@ -139,7 +140,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 /// A fresh server has no `payments` database yet; `migrate` makes it, as `make run` expects.
 async fn create_database_if_missing(settings: &Settings) -> anyhow::Result<()> {
     use sqlx::migrate::MigrateDatabase;
-    let url = &settings.database.url;
+    let url = settings.database.url.expose_secret();
     if !sqlx::Postgres::database_exists(url).await.map_err(|err| {
         anyhow::anyhow!("cannot connect to the database (database.url / DATABASE_URL): {err}")
     })? {

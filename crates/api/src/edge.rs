@@ -12,11 +12,13 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderName, HeaderValue, header};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use tokio::sync::Semaphore;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
+use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
 use tower_http::trace::TraceLayer;
 use tracing::{Level, Span};
 
@@ -47,14 +49,48 @@ pub struct EdgeConfig {
     pub public_base_url: Arc<str>,
     /// Largest accepted body.
     pub body_limit_bytes: usize,
+    /// Bounds on slow clients and on load.
+    pub limits: EdgeLimits,
+}
+
+/// How long a request may take and how many run at once.
+#[derive(Debug, Clone)]
+pub struct EdgeLimits {
+    /// Longest pause between two pieces of a body.
+    pub body_timeout: Duration,
+    /// Longest a whole request may take.
+    pub request_timeout: Duration,
+    /// Requests in flight; a request beyond them is answered 503 at once. Shared by every
+    /// clone of the config (one per router), so it counts the whole server.
+    pub in_flight: Arc<Semaphore>,
+}
+
+impl EdgeLimits {
+    /// Limits that never bind, for tests of other layers.
+    pub fn unbounded() -> Self {
+        Self {
+            body_timeout: Duration::from_secs(3600),
+            request_timeout: Duration::from_secs(3600),
+            in_flight: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)),
+        }
+    }
 }
 
 /// Wraps a router in the edge layers.
 pub fn wrap(router: Router, config: EdgeConfig) -> Router {
     let limit = config.body_limit_bytes;
+    let limits = config.limits.clone();
     // `Router::layer` wraps what is already there, so the last layer added is the outermost.
     router
         .layer(axum::extract::DefaultBodyLimit::max(limit))
+        // A body that stalls fails its read (a 400 that closes the connection) instead of
+        // holding a task and a connection for ever.
+        .layer(RequestBodyTimeoutLayer::new(limits.body_timeout))
+        // Inside the problem renderer, so that the timeout's bare 503 becomes a problem.
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            limits.request_timeout,
+        ))
         .layer(CatchPanicLayer::custom(answer_panic))
         .layer(TraceLayer::new_for_http().make_span_with(request_span).on_request(()).on_response(
             |response: &Response, latency: Duration, _: &Span| {
@@ -77,7 +113,18 @@ async fn request_id_and_problems(
     let request_id = RequestId::generate();
     request.extensions_mut().insert(request_id.clone());
 
+    // Held until the answer is ready; none left means the server is full, and a quick 503 with
+    // Retry-After serves everyone better than a queue that grows until requests time out.
+    let permit = config.limits.in_flight.clone().try_acquire_owned();
     let mut response = match declared_length(&request) {
+        _ if permit.is_err() => {
+            metrics::counter!("requests_shed_total").increment(1);
+            ApiError::new(
+                ProblemCode::ServiceUnavailable,
+                "The server is serving as many requests as it can. Retry after the number of seconds in Retry-After.",
+            )
+            .into_response()
+        }
         Some(length) if length > config.body_limit_bytes as u64 => ApiError::new(
             ProblemCode::PayloadTooLarge,
             format!(
@@ -88,14 +135,54 @@ async fn request_id_and_problems(
         .into_response(),
         _ => next.run(request).await,
     };
+    drop(permit);
 
     if let Some(error) = response.extensions_mut().remove::<ApiError>() {
         response = error.render(request_id.as_str(), &config.public_base_url);
+    } else if let Some(error) = framework_error(&response) {
+        response = error.render(request_id.as_str(), &config.public_base_url);
     }
+    // Answers are per account and per moment: no cache on the way may keep one.
+    response
+        .headers_mut()
+        .entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
     if let Ok(value) = HeaderValue::from_str(request_id.as_str()) {
         response.headers_mut().insert(REQUEST_ID_HEADER.clone(), value);
     }
     response
+}
+
+/// An error answered by a layer or extractor of the framework in plain text (a rejection the
+/// app could not wrap), as the problem of the same status. Bodies that are already problems or
+/// JSON (stored answers, replays) are left as they are.
+fn framework_error(response: &Response) -> Option<ApiError> {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return None;
+    }
+    let content_type = response.headers().get(header::CONTENT_TYPE).map(HeaderValue::as_bytes);
+    if content_type.is_some_and(|value| value.starts_with(b"application/")) {
+        return None;
+    }
+    let code = match status.as_u16() {
+        400 => ProblemCode::InvalidRequest,
+        404 => ProblemCode::ResourceMissing,
+        405 => ProblemCode::MethodNotAllowed,
+        413 => ProblemCode::PayloadTooLarge,
+        415 => ProblemCode::UnsupportedMediaType,
+        503 => ProblemCode::ServiceUnavailable,
+        500 => ProblemCode::InternalError,
+        _ => return None,
+    };
+    let detail = match code {
+        ProblemCode::InternalError => "An unexpected error occurred. Retry the request.",
+        ProblemCode::ServiceUnavailable => {
+            "The server is busy. Retry after the number of seconds in Retry-After."
+        }
+        _ => "The request could not be read.",
+    };
+    Some(ApiError::new(code, detail))
 }
 
 fn declared_length(request: &Request) -> Option<u64> {

@@ -173,3 +173,28 @@ impl fmt::Display for ErrorChain<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_promised_only_where_a_retry_can_succeed() {
+        for code in ProblemCode::ALL {
+            let response = ApiError::new(code, "x").render("req_1", "http://x");
+            let promised = response.headers().contains_key(header::RETRY_AFTER);
+            let retryable = matches!(
+                code,
+                ProblemCode::IdempotencyKeyInUse
+                    | ProblemCode::RateLimited
+                    | ProblemCode::ProcessorUnavailable
+                    | ProblemCode::ServiceUnavailable
+                    | ProblemCode::InternalError
+            );
+            assert_eq!(promised, retryable, "{code}");
+            if code.status() < 500 && !retryable {
+                assert!(!promised, "a final {} ({code}) promises nothing", code.status());
+            }
+        }
+    }
+}

@@ -27,6 +27,28 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     }
 }
 
+/// A path parameter, whose rejection (a segment that does not percent-decode to UTF-8) is a
+/// problem like every other error rather than axum's plain-text answer. No id can hold such a
+/// segment, so it names nothing: `404 resource_missing`.
+#[derive(Debug)]
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(Self(value)),
+            Err(rejection) => Err(ApiError::resource_missing(format!(
+                "Unrecognized request URL ({}: {}): {rejection}.",
+                parts.method,
+                parts.uri.path()
+            ))
+            .with_param("id")),
+        }
+    }
+}
+
 /// The media types a JSON body may be sent as, by essence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JsonMediaType {
@@ -95,6 +117,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 ));
             }
         };
+        // A body is an object of named members. serde would read an array as a struct's fields
+        // in order (`[500,"usd","pm_card_visa"]` as a payment), which no client means to send.
+        if raw.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|&b| b != b'{') {
+            return Err(ApiError::invalid_request(
+                "body",
+                "The request body must be a JSON object.",
+            ));
+        }
         let mut deserializer = serde_json::Deserializer::from_slice(&raw);
         let value = serde_path_to_error::deserialize(&mut deserializer)
             .map_err(|err| invalid_body(&err))?;
@@ -231,7 +261,11 @@ mod tests {
             );
             let router = edge::wrap(
                 router,
-                EdgeConfig { public_base_url: "http://test".into(), body_limit_bytes: 64 },
+                EdgeConfig {
+                    public_base_url: "http://test".into(),
+                    body_limit_bytes: 64,
+                    limits: crate::edge::EdgeLimits::unbounded(),
+                },
             );
             let mut request = Request::builder().method(method).uri("/orders");
             if let Some(content_type) = content_type {
@@ -292,7 +326,11 @@ mod tests {
             // A body with no Content-Length is only found too large while it is read.
             let router = edge::wrap(
                 Router::new().route("/orders", post(|_: JsonBody<Value>| async { "read" })),
-                EdgeConfig { public_base_url: "http://test".into(), body_limit_bytes: 64 },
+                EdgeConfig {
+                    public_base_url: "http://test".into(),
+                    body_limit_bytes: 64,
+                    limits: crate::edge::EdgeLimits::unbounded(),
+                },
             );
             let chunks = futures_chunks(vec![vec![b' '; 40], vec![b' '; 40]]);
             let request = Request::post("/orders")
@@ -317,6 +355,11 @@ mod tests {
                 (r#"{"amount":-1}"#, "amount"),
                 (r#"{"amount":5,"colour":"red"}"#, "colour"),
                 (r#"{"note":"x"}"#, "amount"),
+                (r#"[5,"x"]"#, "body"),
+                (r#" [5]"#, "body"),
+                ("5", "body"),
+                ("null", "body"),
+                (r#""x""#, "body"),
             ];
             for (input, param) in cases {
                 let (status, body) = send("POST", Some("application/json"), input).await;

@@ -58,6 +58,22 @@ impl<S: Send + Sync> FromRequestParts<S> for RequiredKey {
     }
 }
 
+/// The request's `Idempotency-Key` where one is optional (PATCH): absent is `None`, malformed is
+/// `400 idempotency_key_invalid`.
+#[derive(Debug, Clone)]
+pub struct OptionalKey(pub Option<IdempotencyKey>);
+
+impl<S: Send + Sync> FromRequestParts<S> for OptionalKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let values = parts.headers.get_all("idempotency-key").iter().map(HeaderValue::as_bytes);
+        IdempotencyKey::from_header_values(values)
+            .map(Self)
+            .map_err(|err| ApiError::new(ProblemCode::IdempotencyKeyInvalid, format!("{err}.")))
+    }
+}
+
 /// What the fingerprint and the key record need from the request line and headers.
 #[derive(Debug, Clone)]
 pub struct RequestMeta {

@@ -20,6 +20,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
+use payments_settings::ExposeSecret as _;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -44,7 +45,7 @@ impl FromRequestParts<AppState> for Operator {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
-        let expected = Sha256::digest(state.settings.inspector.token.as_bytes());
+        let expected = Sha256::digest(state.settings.inspector.token.expose_secret().as_bytes());
         let matches = |presented: &str| Sha256::digest(presented.as_bytes()) == expected;
         let query_token = parts.uri.query().and_then(|q| {
             form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "token").map(|(_, v)| v)

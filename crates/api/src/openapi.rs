@@ -84,8 +84,13 @@ enum Param {
 use ProblemCode as P;
 
 /// Problems any authenticated operation can answer.
-const AUTHENTICATED: &[ProblemCode] =
-    &[P::AuthenticationRequired, P::InvalidApiKey, P::RateLimited, P::InternalError];
+const AUTHENTICATED: &[ProblemCode] = &[
+    P::AuthenticationRequired,
+    P::InvalidApiKey,
+    P::RateLimited,
+    P::InternalError,
+    P::ServiceUnavailable,
+];
 /// Problems of every operation with a key and a body, before and around the claim.
 const KEYED: &[ProblemCode] = &[
     P::IdempotencyKeyMissing,
@@ -155,6 +160,8 @@ pub const ENDPOINTS: &[Endpoint] = &[
         success: (200, "application/json", Some("Payment"), &["ETag"]),
         problems: &[
             P::IdempotencyKeyInvalid,
+            P::IdempotencyKeyInUse,
+            P::IdempotencyKeyReused,
             P::InvalidRequest,
             P::ResourceMissing,
             P::PreconditionFailed,
@@ -479,10 +486,15 @@ fn problem_response(endpoint: &Endpoint, codes: &[ProblemCode]) -> utoipa::opena
             ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build(),
         )
         .header("Request-Id", response_header("Request-Id"));
-    if codes
-        .iter()
-        .any(|c| matches!(c, P::IdempotencyKeyInUse | P::RateLimited | P::ProcessorUnavailable))
-    {
+    if codes.iter().any(|c| {
+        matches!(
+            c,
+            P::IdempotencyKeyInUse
+                | P::RateLimited
+                | P::ProcessorUnavailable
+                | P::ServiceUnavailable
+        )
+    }) {
         response = response.header("Retry-After", response_header("Retry-After"));
     }
     if endpoint.key == Key::Required
@@ -524,9 +536,12 @@ fn idempotency_key(key: Key, retention_hours: u32) -> utoipa::openapi::path::Par
              replays the stored answer; with another request it is `422`. Kept at least \
              {retention_hours} hours after the answer."
         ),
-        _ => "Optional. Validated like every Idempotency-Key; nothing is stored for it, since a \
-              merge patch is idempotent by itself (use If-Match against lost updates)."
-            .to_owned(),
+        _ => format!(
+            "Optional. When sent, the request is claimed, stored and replayed exactly like a POST \
+             (the same key with another body or media type is `422`), so that a retry after \
+             someone else's change does not undo it; kept at least {retention_hours} hours. \
+             Without it the patch is applied as sent (use If-Match against lost updates)."
+        ),
     };
     ParameterBuilder::new()
         .name("Idempotency-Key")

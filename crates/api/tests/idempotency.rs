@@ -158,7 +158,11 @@ async fn serve(pool: PgPool) -> Server {
     let url = format!("http://{}", listener.local_addr().unwrap());
     let router = edge::wrap(
         router,
-        EdgeConfig { public_base_url: url.clone().into(), body_limit_bytes: 4096 },
+        EdgeConfig {
+            public_base_url: url.clone().into(),
+            body_limit_bytes: 4096,
+            limits: payments_api::edge::EdgeLimits::unbounded(),
+        },
     );
     tokio::spawn(async move { axum::serve(listener, router).await });
     Server { url, pool, http: reqwest::Client::new(), gate, failures }

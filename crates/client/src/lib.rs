@@ -41,6 +41,9 @@ pub struct RetryPolicy {
     pub cap: Duration,
     /// Limit for one request.
     pub request_timeout: Duration,
+    /// The longest `Retry-After` honoured: a server (or a proxy on the way) that asks for an
+    /// hour does not get to park the caller for an hour.
+    pub retry_after_cap: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -50,6 +53,7 @@ impl Default for RetryPolicy {
             base: Duration::from_millis(100),
             cap: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
+            retry_after_cap: Duration::from_secs(30),
         }
     }
 }
@@ -445,7 +449,8 @@ impl Client {
         Err(Error::GaveUp { key, attempts: self.policy.max_attempts, last })
     }
 
-    /// Full jitter below an exponentially growing ceiling, never sooner than `Retry-After`.
+    /// Full jitter below an exponentially growing ceiling, never sooner than `Retry-After` (as
+    /// far as `retry_after_cap`).
     fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
         let ceiling =
             self.policy.base.saturating_mul(1 << (attempt - 1).min(16)).min(self.policy.cap);
@@ -453,7 +458,7 @@ impl Client {
             rand::thread_rng()
                 .gen_range(0..=u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX)),
         );
-        retry_after.map_or(jitter, |asked| jitter.max(asked))
+        retry_after.map_or(jitter, |asked| jitter.max(asked.min(self.policy.retry_after_cap)))
     }
 }
 
@@ -485,6 +490,17 @@ mod tests {
             assert!(client.backoff(attempt, None) <= Duration::from_secs(5));
         }
         assert!(client.backoff(1, Some(Duration::from_secs(2))) >= Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_retry_after_beyond_the_cap_is_honoured_only_up_to_the_cap() {
+        let policy =
+            RetryPolicy { retry_after_cap: Duration::from_secs(3), ..RetryPolicy::default() };
+        let client = Client::with_policy("http://x", "k", policy);
+        for attempt in 1..10 {
+            let wait = client.backoff(attempt, Some(Duration::from_secs(3600)));
+            assert!(wait >= Duration::from_secs(3) && wait <= Duration::from_secs(5), "{wait:?}");
+        }
     }
 
     #[test]

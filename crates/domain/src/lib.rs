@@ -11,6 +11,7 @@ pub mod operations;
 pub mod payments;
 pub mod problems;
 pub mod refunds;
+pub mod updates;
 
 pub use accounts::{Account, AccountId, ApiKey, ApiKeyId, SecretKey};
 

@@ -1367,6 +1367,14 @@ pub async fn resume<P: CardProcessor>(
             }
             Err(reason) => reason,
         },
+        crate::updates::UPDATE_PAYMENT => match params(&lease) {
+            Ok(params) => {
+                let update =
+                    crate::updates::UpdatePayment::new(ctx.public_base_url.clone(), params);
+                return idem::drive(&update, lease).await;
+            }
+            Err(reason) => reason,
+        },
         CREATE_REFUND => match params(&lease) {
             Ok(params) => {
                 return idem::drive(&CreateRefundOp::new(ctx.clone(), params), lease).await;

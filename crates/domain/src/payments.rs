@@ -150,15 +150,44 @@ impl CreatePaymentRequest {
     }
 }
 
-/// `description` is at most 1,000 characters.
+/// `description` is at most 1,000 characters, of text that may span lines.
 pub fn validate_description(description: Option<&str>) -> Result<(), DomainError> {
     match description {
         Some(d) if d.chars().count() > DESCRIPTION_MAX_CHARS => Err(invalid(
             "description",
             format!("`description` is at most {DESCRIPTION_MAX_CHARS} characters."),
         )),
+        Some(d) if has_control(d, Lines::Allowed) => Err(control_characters("description")),
         _ => Ok(()),
     }
+}
+
+/// Whether a text field may hold line breaks and tabs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lines {
+    /// Tab, line feed and carriage return are text; other control characters are not.
+    Allowed,
+    /// One line: no control character at all.
+    Refused,
+}
+
+/// Whether `text` holds a control character (C0, DEL or C1) that the field does not allow.
+///
+/// NUL is the one that matters most: Postgres refuses it in `text` and `jsonb`, so a NUL that got
+/// past validation would turn bad input into a 500. The others have no business in a label
+/// either, and would reach logs and dashboards verbatim.
+pub fn has_control(text: &str, lines: Lines) -> bool {
+    text.chars()
+        .any(|c| c.is_control() && !(lines == Lines::Allowed && matches!(c, '\t' | '\n' | '\r')))
+}
+
+fn control_characters(param: &'static str) -> DomainError {
+    invalid(
+        param,
+        format!(
+            "`{param}` must not contain NUL or other control characters (tab and line breaks excepted where text may span lines)."
+        ),
+    )
 }
 
 /// At most 50 pairs; keys 1 to 40 characters without `[` or `]`; values at most 500 characters.
@@ -170,23 +199,33 @@ pub fn validate_metadata(metadata: &BTreeMap<String, String>) -> Result<(), Doma
         ));
     }
     for (key, value) in metadata {
-        let key_chars = key.chars().count();
-        if key_chars == 0 || key_chars > METADATA_KEY_MAX_CHARS || key.contains(['[', ']']) {
-            return Err(invalid(
-                "metadata",
-                format!(
-                    "Metadata keys are 1 to {METADATA_KEY_MAX_CHARS} characters without `[` or `]`."
-                ),
-            ));
-        }
-        if value.chars().count() > METADATA_VALUE_MAX_CHARS {
-            return Err(invalid(
-                "metadata",
-                format!(
-                    "Metadata values are at most {METADATA_VALUE_MAX_CHARS} characters (key `{key}`)."
-                ),
-            ));
-        }
+        validate_metadata_entry(key, Some(value))?;
+    }
+    Ok(())
+}
+
+/// One metadata pair (`None`: a key a merge patch removes, whose value is not checked).
+pub fn validate_metadata_entry(key: &str, value: Option<&str>) -> Result<(), DomainError> {
+    let key_chars = key.chars().count();
+    if key_chars == 0 || key_chars > METADATA_KEY_MAX_CHARS || key.contains(['[', ']']) {
+        return Err(invalid(
+            "metadata",
+            format!(
+                "Metadata keys are 1 to {METADATA_KEY_MAX_CHARS} characters without `[` or `]`."
+            ),
+        ));
+    }
+    if has_control(key, Lines::Refused) || value.is_some_and(|v| has_control(v, Lines::Allowed)) {
+        return Err(control_characters("metadata"));
+    }
+    if value.is_some_and(|v| v.chars().count() > METADATA_VALUE_MAX_CHARS) {
+        return Err(invalid(
+            "metadata",
+            format!(
+                "Metadata values are at most {METADATA_VALUE_MAX_CHARS} characters (key `{}`).",
+                key.escape_debug()
+            ),
+        ));
     }
     Ok(())
 }
@@ -568,14 +607,21 @@ pub async fn list(
         Some(Cursor::Before(id)) => (None, Some(id.as_str())),
     };
     // One statement: the cursor's position, whether it exists, and the page (one extra row tells
-    // whether there is more). Going backwards reads ascending and is turned around below.
+    // whether there is more), ordered by (created_at, seq). Each direction is its own branch, a
+    // walk of (account_id, created_at DESC, seq DESC) from the cursor that stops at `limit + 1`
+    // rows; the branches not asked for are switched off by a one-time filter on the parameters
+    // (no `ORDER BY CASE`, which would sort the whole account). The cursor's position is given
+    // as scalar subqueries, so that it becomes the index scan's start rather than a join filter
+    // over every newer row. Going backwards reads ascending and is turned around below.
     let rows = sqlx::query!(
         r#"
         WITH cursor AS (
-            SELECT seq FROM payments
+            SELECT created_at, seq FROM payments
              WHERE account_id = $1 AND id = coalesce($3, $4)
         )
-        SELECT p.id AS "id?", p.account_id AS "account_id?", p.amount AS "amount?",
+        SELECT p.seq AS "seq?",
+               (extract(epoch FROM p.created_at) * 1000000)::bigint AS "created_us?",
+               p.id AS "id?", p.account_id AS "account_id?", p.amount AS "amount?",
                p.currency AS "currency?", p.status AS "status?", p.capture_method AS "capture_method?",
                p.amount_captured AS "amount_captured?", p.amount_refunded AS "amount_refunded?",
                p.payment_method AS "payment_method?", p.description, p.metadata AS "metadata?",
@@ -585,12 +631,24 @@ pub async fn list(
                (coalesce($3, $4) IS NULL OR EXISTS (SELECT 1 FROM cursor)) AS "cursor_found!"
           FROM (SELECT 1) one
           LEFT JOIN LATERAL (
-              SELECT * FROM payments
-               WHERE account_id = $1
-                 AND ($3::text IS NULL OR seq < (SELECT seq FROM cursor))
-                 AND ($4::text IS NULL OR seq > (SELECT seq FROM cursor))
-               ORDER BY CASE WHEN $4::text IS NULL THEN -seq ELSE seq END
-               LIMIT $2::bigint + 1
+              (SELECT * FROM payments
+                WHERE $3::text IS NULL AND $4::text IS NULL AND account_id = $1
+                ORDER BY created_at DESC, seq DESC
+                LIMIT $2::bigint + 1)
+              UNION ALL
+              (SELECT q.* FROM payments q
+                WHERE $3::text IS NOT NULL AND q.account_id = $1
+                  AND (q.created_at, q.seq)
+                      < ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
+                ORDER BY q.created_at DESC, q.seq DESC
+                LIMIT $2::bigint + 1)
+              UNION ALL
+              (SELECT q.* FROM payments q
+                WHERE $4::text IS NOT NULL AND q.account_id = $1
+                  AND (q.created_at, q.seq)
+                      > ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
+                ORDER BY q.created_at, q.seq
+                LIMIT $2::bigint + 1)
           ) p ON true
         "#,
         account_id,
@@ -604,6 +662,7 @@ pub async fn list(
         return Ok(None);
     }
     let mut payments = Vec::with_capacity(rows.len());
+    let mut positions = Vec::with_capacity(rows.len());
     for r in rows {
         let (
             Some(id),
@@ -616,6 +675,7 @@ pub async fn list(
         else {
             continue; // the LEFT JOIN's empty row: no payments on this page
         };
+        positions.push((r.created_us.unwrap_or_default(), r.seq.unwrap_or_default()));
         payments.push(Payment::try_from(PaymentRow {
             id,
             account_id,
@@ -636,7 +696,20 @@ pub async fn list(
             created: r.created.unwrap_or_default(),
         })?);
     }
+    let payments = in_walk_order(payments, positions, before.is_some());
     Ok(Some(finish_page(payments, limit, before.is_some())))
+}
+
+/// Rows in the order their branch walked them (newest first; oldest first going backwards):
+/// the order of a `UNION ALL` is not promised, so it is restored from each row's position.
+pub(crate) fn in_walk_order<T>(
+    items: Vec<T>,
+    positions: Vec<(i64, i64)>,
+    backwards: bool,
+) -> Vec<T> {
+    let mut keyed: Vec<_> = positions.into_iter().zip(items).collect();
+    keyed.sort_by(|(a, _), (b, _)| if backwards { a.cmp(b) } else { b.cmp(a) });
+    keyed.into_iter().map(|(_, item)| item).collect()
 }
 
 /// A page read with one row more than `limit`: trimmed, with whether there is more, newest

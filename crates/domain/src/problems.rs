@@ -55,8 +55,9 @@ pub enum ProblemCode {
     OperationNeedsReview,
     /// Anything unexpected; nothing was committed beyond the last recovery point.
     InternalError,
-    /// The server gave up waiting (for a connection, or for the key's row held by another
-    /// transaction) before anything was stored.
+    /// The server could not take the request on right now (more requests in flight than it
+    /// serves at once, or it gave up waiting for a connection or for the key's row held by
+    /// another transaction); nothing was stored.
     ServiceUnavailable,
 }
 
@@ -148,8 +149,7 @@ impl ProblemCode {
             Self::IdempotencyKeyReused | Self::OperationNeedsReview => 422,
             Self::RateLimited => 429,
             Self::InternalError => 500,
-            Self::ServiceUnavailable => 503,
-            Self::ProcessorUnavailable => 503,
+            Self::ProcessorUnavailable | Self::ServiceUnavailable => 503,
         }
     }
 
@@ -278,8 +278,8 @@ impl ProblemCode {
                 "No.",
             ),
             Self::ServiceUnavailable => (
-                "The server gave up waiting before the request began: for a database connection, or for the key's record, which another transaction holds. Nothing was stored.",
-                "Retry with the same Idempotency-Key after Retry-After.",
+                "The server could not take the request on right now: it is serving as many requests as it takes at once, or it gave up waiting for a database connection or for the key's record, which another transaction holds. Nothing ran and nothing was stored.",
+                "Retry after the number of seconds in Retry-After, with the same Idempotency-Key.",
                 "No.",
             ),
         };

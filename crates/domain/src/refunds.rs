@@ -7,7 +7,7 @@ use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
 use crate::money::AMOUNT_MAX;
-use crate::payments::{Cursor, finish_page, validate_metadata};
+use crate::payments::{Cursor, finish_page, in_walk_order, validate_metadata};
 
 /// Why a refund was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -297,20 +297,36 @@ pub async fn list(
     };
     let rows = sqlx::query!(
         r#"
-        WITH cursor AS (SELECT seq FROM refunds WHERE payment_id = $1 AND id = coalesce($3, $4))
-        SELECT r.id AS "id?", r.account_id AS "account_id?", r.payment_id AS "payment_id?",
+        WITH cursor AS (
+            SELECT created_at, seq FROM refunds WHERE payment_id = $1 AND id = coalesce($3, $4)
+        )
+        SELECT r.seq AS "seq?",
+               (extract(epoch FROM r.created_at) * 1000000)::bigint AS "created_us?",
+               r.id AS "id?", r.account_id AS "account_id?", r.payment_id AS "payment_id?",
                r.amount AS "amount?", r.currency AS "currency?", r.status AS "status?", r.reason,
                r.metadata AS "metadata?", r.processor_refund_id,
                extract(epoch FROM r.created_at)::bigint AS "created?",
                (coalesce($3, $4) IS NULL OR EXISTS (SELECT 1 FROM cursor)) AS "cursor_found!"
           FROM (SELECT 1) one
           LEFT JOIN LATERAL (
-              SELECT * FROM refunds
-               WHERE payment_id = $1
-                 AND ($3::text IS NULL OR seq < (SELECT seq FROM cursor))
-                 AND ($4::text IS NULL OR seq > (SELECT seq FROM cursor))
-               ORDER BY CASE WHEN $4::text IS NULL THEN -seq ELSE seq END
-               LIMIT $2::bigint + 1
+              (SELECT * FROM refunds
+                WHERE $3::text IS NULL AND $4::text IS NULL AND payment_id = $1
+                ORDER BY created_at DESC, seq DESC
+                LIMIT $2::bigint + 1)
+              UNION ALL
+              (SELECT q.* FROM refunds q
+                WHERE $3::text IS NOT NULL AND q.payment_id = $1
+                  AND (q.created_at, q.seq)
+                      < ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
+                ORDER BY q.created_at DESC, q.seq DESC
+                LIMIT $2::bigint + 1)
+              UNION ALL
+              (SELECT q.* FROM refunds q
+                WHERE $4::text IS NOT NULL AND q.payment_id = $1
+                  AND (q.created_at, q.seq)
+                      > ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
+                ORDER BY q.created_at, q.seq
+                LIMIT $2::bigint + 1)
           ) r ON true
         "#,
         payment_id,
@@ -324,6 +340,7 @@ pub async fn list(
         return Ok(None);
     }
     let mut refunds = Vec::with_capacity(rows.len());
+    let mut positions = Vec::with_capacity(rows.len());
     for r in rows {
         let (
             Some(id),
@@ -336,6 +353,7 @@ pub async fn list(
         else {
             continue;
         };
+        positions.push((r.created_us.unwrap_or_default(), r.seq.unwrap_or_default()));
         refunds.push(Refund::try_from(RefundRow {
             id,
             account_id,
@@ -349,5 +367,6 @@ pub async fn list(
             created: r.created.unwrap_or_default(),
         })?);
     }
+    let refunds = in_walk_order(refunds, positions, before.is_some());
     Ok(Some(finish_page(refunds, limit, before.is_some())))
 }

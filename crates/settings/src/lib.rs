@@ -11,6 +11,7 @@ use std::time::Duration;
 pub mod telemetry;
 
 use config::{Config, Environment, File, FileFormat};
+pub use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -49,7 +50,7 @@ pub struct InspectorSettings {
     /// Serve `/inspector`.
     pub enabled: bool,
     /// The operator token the page asks for. Never logged.
-    pub token: String,
+    pub token: SecretString,
 }
 
 impl std::fmt::Debug for InspectorSettings {
@@ -75,6 +76,17 @@ pub struct HttpSettings {
     pub body_limit_bytes: usize,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace_ms: u64,
+    /// Limit for a request's line and headers, counted from when the connection waits for a
+    /// request (so it also bounds an idle keep-alive connection).
+    pub header_read_timeout_ms: u64,
+    /// Longest pause between two pieces of a request body.
+    pub body_timeout_ms: u64,
+    /// Limit for a whole request, headers to answer.
+    pub request_timeout_ms: u64,
+    /// Open connections at most.
+    pub max_connections: u32,
+    /// Requests served at once at most; more are answered 503.
+    pub max_in_flight_requests: u32,
 }
 
 /// `[rate_limit]`
@@ -85,6 +97,12 @@ pub struct RateLimitSettings {
     pub per_second: u32,
     /// Requests an account may make at once.
     pub burst: u32,
+    /// Requests per second per client address without a key known to be live; 0: no limit.
+    pub per_address_per_second: u32,
+    /// Such requests one address may make at once.
+    pub per_address_burst: u32,
+    /// How long an unknown API key is answered 401 without a lookup.
+    pub unknown_key_cache_ms: u64,
 }
 
 /// `[database]`
@@ -92,11 +110,13 @@ pub struct RateLimitSettings {
 #[serde(deny_unknown_fields)]
 pub struct DatabaseSettings {
     /// A `postgres://` URL. Never logged: it may hold a password.
-    pub url: String,
+    pub url: SecretString,
     /// Size of the connection pool.
     pub max_connections: u32,
     /// How long a request waits for a connection.
     pub acquire_timeout_ms: u64,
+    /// Postgres' `statement_timeout` for the pool's sessions; 0 leaves the server's default.
+    pub statement_timeout_ms: u64,
 }
 
 /// `[idempotency]`
@@ -135,7 +155,7 @@ pub struct ProcessorSettings {
     /// Where the processor answers.
     pub base_url: String,
     /// The key presented to it. Never printed.
-    pub api_key: String,
+    pub api_key: SecretString,
     /// Limit for opening a connection.
     pub connect_timeout_ms: u64,
     /// Limit for one request.
@@ -171,7 +191,7 @@ impl ProcessorSettings {
     pub fn client_config(&self) -> provider::ProcessorConfig {
         provider::ProcessorConfig {
             base_url: self.base_url.trim_end_matches('/').to_owned(),
-            api_key: self.api_key.clone(),
+            api_key: self.api_key.expose_secret().to_owned(),
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             request_timeout: Duration::from_millis(self.request_timeout_ms),
             max_retries: self.max_retries,
@@ -202,7 +222,7 @@ pub struct WorkerSettings {
     pub job_backoff_base_ms: u64,
     /// SMTP server for receipts, `smtp://host:port` or `smtps://…`; empty records receipts in
     /// the database and the log instead.
-    pub smtp_url: String,
+    pub smtp_url: SecretString,
     /// The sender of receipts.
     pub receipt_from: String,
     /// The worker's own `/metrics` port on 127.0.0.1; 0 turns it off.
@@ -271,7 +291,10 @@ impl Settings {
                 Environment::with_prefix(ENV_PREFIX)
                     .prefix_separator("__")
                     .separator("__")
-                    .try_parsing(true)
+                    // Values stay text until a field asks for a number: parsing them up
+                    // front would turn a key or token of digits ("007…") into a number and
+                    // back into other text.
+                    .try_parsing(false)
                     .source(Some(env.clone())),
             )
             .set_override_option("database.url", env.get("DATABASE_URL").cloned())?
@@ -291,10 +314,27 @@ impl Settings {
         }
         let is_postgres_url = ["postgres://", "postgresql://"]
             .iter()
-            .any(|scheme| self.database.url.starts_with(scheme));
+            .any(|scheme| self.database.url.expose_secret().starts_with(scheme));
         if !is_postgres_url || self.database.connect_options().is_err() {
             // The URL itself is not repeated: it may hold a password.
             return Err(invalid("database.url", "not a valid postgres:// URL".into()));
+        }
+        for (setting, value) in [
+            ("http.header_read_timeout_ms", self.http.header_read_timeout_ms),
+            ("http.body_timeout_ms", self.http.body_timeout_ms),
+            ("http.request_timeout_ms", self.http.request_timeout_ms),
+            ("http.max_connections", u64::from(self.http.max_connections)),
+            ("http.max_in_flight_requests", u64::from(self.http.max_in_flight_requests)),
+        ] {
+            if value == 0 {
+                return Err(invalid(setting, "must be at least 1".into()));
+            }
+        }
+        if self.rate_limit.per_address_per_second > 0 && self.rate_limit.per_address_burst == 0 {
+            return Err(invalid(
+                "rate_limit.per_address_burst",
+                "must be at least 1 when a rate is set".into(),
+            ));
         }
         if self.database.max_connections == 0 {
             return Err(invalid("database.max_connections", "must be at least 1".into()));
@@ -313,7 +353,7 @@ impl Settings {
         }
         check_base_url(&self.processor.base_url)
             .map_err(|reason| invalid("processor.base_url", reason))?;
-        if self.processor.api_key.is_empty() {
+        if self.processor.api_key.expose_secret().is_empty() {
             return Err(invalid("processor.api_key", "must not be empty".into()));
         }
         if self.processor.request_timeout_ms == 0 || self.processor.connect_timeout_ms == 0 {
@@ -344,12 +384,13 @@ impl Settings {
         if self.worker.max_attempts == 0 || self.worker.job_max_attempts == 0 {
             return Err(invalid("worker.max_attempts", "attempt bounds must be at least 1".into()));
         }
-        if !self.worker.smtp_url.is_empty()
-            && !["smtp://", "smtps://"].iter().any(|s| self.worker.smtp_url.starts_with(s))
+        let smtp_url = self.worker.smtp_url.expose_secret();
+        if !smtp_url.is_empty() && !["smtp://", "smtps://"].iter().any(|s| smtp_url.starts_with(s))
         {
             return Err(invalid("worker.smtp_url", "must start with smtp:// or smtps://".into()));
         }
-        if !self.inspector.token.chars().all(|c| c.is_ascii_alphanumeric() || "-_.~".contains(c)) {
+        let token = self.inspector.token.expose_secret();
+        if !token.chars().all(|c| c.is_ascii_alphanumeric() || "-_.~".contains(c)) {
             return Err(invalid(
                 "inspector.token",
                 "may hold only letters, digits, `-`, `_`, `.` and `~` (it travels in a URL and a \
@@ -357,9 +398,7 @@ impl Settings {
                     .into(),
             ));
         }
-        if self.inspector.enabled
-            && self.inspector.token.chars().count() < INSPECTOR_TOKEN_MIN_CHARS
-        {
+        if self.inspector.enabled && token.chars().count() < INSPECTOR_TOKEN_MIN_CHARS {
             return Err(invalid(
                 "inspector.token",
                 format!(
@@ -395,7 +434,12 @@ impl Settings {
 impl DatabaseSettings {
     /// The parsed connection options.
     pub fn connect_options(&self) -> Result<PgConnectOptions, sqlx::Error> {
-        PgConnectOptions::from_str(&self.url)
+        let options = PgConnectOptions::from_str(self.url.expose_secret())?;
+        Ok(if self.statement_timeout_ms > 0 {
+            options.options([("statement_timeout", format!("{}ms", self.statement_timeout_ms))])
+        } else {
+            options
+        })
     }
 
     /// How long a request waits for a pooled connection.
@@ -501,7 +545,7 @@ mod tests {
         assert_eq!(settings.http.port, 9191);
         assert_eq!(settings.public_base_url(9191), "https://pay.example.com");
         assert_eq!(settings.log.format, LogFormat::Json);
-        assert_eq!(settings.database.url, "postgres://u@db:5432/x");
+        assert_eq!(settings.database.url.expose_secret(), "postgres://u@db:5432/x");
     }
 
     #[test]
@@ -561,6 +605,40 @@ mod tests {
         let err =
             load(&[("PAYMENTS__PROCESSOR__BASE_URL", "localhost:12111")]).unwrap_err().to_string();
         assert!(err.contains("processor.base_url"), "{err}");
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let settings = load(&[
+            ("DATABASE_URL", "postgres://u:hunter2@db:5432/x"),
+            ("PAYMENTS__PROCESSOR__API_KEY", "sk_test_swordfish"),
+            ("PAYMENTS__WORKER__SMTP_URL", "smtps://mail:opensesame@smtp.example.com"),
+            ("PAYMENTS__INSPECTOR__ENABLED", "true"),
+            ("PAYMENTS__INSPECTOR__TOKEN", "correcthorsebatterystaple"),
+        ])
+        .unwrap();
+        let printed = format!("{settings:?}");
+        for secret in ["hunter2", "swordfish", "opensesame", "correcthorse"] {
+            assert!(!printed.contains(secret), "{secret} in {printed}");
+        }
+    }
+
+    #[test]
+    fn keys_and_tokens_of_digits_survive_exactly_as_written() {
+        let settings = load(&[
+            ("PAYMENTS__PROCESSOR__API_KEY", "000123"),
+            ("PAYMENTS__INSPECTOR__TOKEN", "0000000000000000001"),
+            ("PAYMENTS__WORKER__RECEIPT_FROM", "1e3"),
+            ("PAYMENTS__HTTP__PORT", "9191"),
+            ("PAYMENTS__INSPECTOR__ENABLED", "true"),
+        ])
+        .unwrap();
+        assert_eq!(settings.processor.api_key.expose_secret(), "000123");
+        assert_eq!(settings.inspector.token.expose_secret(), "0000000000000000001");
+        assert_eq!(settings.worker.receipt_from, "1e3");
+        // Numbers and switches still read from text.
+        assert_eq!(settings.http.port, 9191);
+        assert!(settings.inspector.enabled);
     }
 
     #[test]

@@ -94,10 +94,11 @@ impl<P> std::fmt::Debug for Worker<P> {
 pub fn build(settings: &Settings) -> anyhow::Result<Worker<ProcessorClient>> {
     let pool = settings.database.pool()?;
     let processor = ProcessorClient::new(settings.processor.client_config())?;
-    let mailer: Arc<dyn Mailer> = if settings.worker.smtp_url.is_empty() {
+    let smtp_url = payments_settings::ExposeSecret::expose_secret(&settings.worker.smtp_url);
+    let mailer: Arc<dyn Mailer> = if smtp_url.is_empty() {
         Arc::new(LogMailer)
     } else {
-        Arc::new(SmtpMailer::new(&settings.worker.smtp_url, &settings.worker.receipt_from)?)
+        Arc::new(SmtpMailer::new(smtp_url, &settings.worker.receipt_from)?)
     };
     let public_base_url = settings.public_base_url(settings.http.port);
     Ok(Worker::new(pool, Arc::new(processor), public_base_url.into(), settings, mailer))

@@ -4,25 +4,25 @@
 //! (authentication, key syntax, media type, body validation, the payment's existence) run first,
 //! in that order, as the API contract requires.
 
-use std::collections::BTreeMap;
-
 use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::extract::State;
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
+use payments_domain::ids;
 use payments_domain::operations::{
     self, CancelParams, CancelPayment, CancellationReason, CaptureParams, CapturePayment,
     CreatePayment, CreatePaymentParams,
 };
-use payments_domain::payments::{self, Changes, CreatePaymentRequest, Cursor, Payment};
+use payments_domain::payments::{self, CreatePaymentRequest, Cursor, Payment};
+use payments_domain::updates::{self, Patched, UpdateParams, UpdatePayment};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::app::AppState;
 use crate::auth::Authenticated;
-use crate::error::{ApiError, ProblemCode};
-use crate::extract::{ApiQuery, JsonBody};
-use crate::idempotency::{IdempotentPost, stored_response};
+use crate::error::ApiError;
+use crate::extract::{ApiPath, ApiQuery, JsonBody};
+use crate::idempotency::{Attempt, IdempotentPost, OptionalKey, RequestMeta, stored_response};
 
 /// The largest page a list returns.
 pub const LIST_LIMIT_MAX: u32 = 100;
@@ -87,12 +87,16 @@ impl ListParams {
 }
 
 fn check_cursor(param: &'static str, id: String, prefix: &str) -> Result<String, ApiError> {
-    if id.starts_with(prefix) && id.len() > prefix.len() {
+    // Checked before any query: a cursor of the wrong shape (a NUL, say) is the client's error.
+    if ids::is_well_formed(&id, prefix.trim_end_matches('_')) {
         Ok(id)
     } else {
         Err(ApiError::invalid_request(
             param,
-            format!("`{param}` must be an id starting with `{prefix}`."),
+            format!(
+                "`{param}` must be an id: `{prefix}` and up to {} letters or digits.",
+                ids::ID_MAX_SUFFIX_CHARS
+            ),
         ))
     }
 }
@@ -140,6 +144,9 @@ pub(crate) async fn require_payment<T>(
     post: &IdempotentPost<T>,
     id: &str,
 ) -> Result<(), ApiError> {
+    if !ids::is_well_formed(id, "pay") {
+        return post.admit(state, Err(no_such_payment(id))).await;
+    }
     let found = payments::find(&state.pool, post.account().as_str(), id).await;
     let found = found.map_err(ApiError::from).and_then(|p| p.ok_or_else(|| no_such_payment(id)));
     post.admit(state, found).await.map(drop)
@@ -149,8 +156,11 @@ pub(crate) async fn require_payment<T>(
 pub async fn retrieve(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
+    if !ids::is_well_formed(&id, "pay") {
+        return Err(no_such_payment(&id));
+    }
     let payment = payments::find(&state.pool, account.as_str(), &id)
         .await?
         .ok_or_else(|| no_such_payment(&id))?;
@@ -196,81 +206,66 @@ pub fn cursor_missing(page: &Page, what: &str) -> ApiError {
 }
 
 /// `PATCH /v1/payments/{id}`: a JSON Merge Patch (RFC 7386) of `description` and `metadata`.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PaymentPatch {
-    /// `null` removes it.
-    #[serde(default, deserialize_with = "present")]
-    description: Option<Option<String>>,
-    /// Members with `null` are removed; the whole `null` removes all.
-    #[serde(default, deserialize_with = "present")]
-    metadata: Option<Option<BTreeMap<String, Option<String>>>>,
-}
+pub use payments_domain::updates::PaymentPatch;
 
-/// Tells a member that is absent (`None`) from one that is `null` (`Some(None)`).
-fn present<'de, T, D>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
-where
-    T: Deserialize<'de>,
-    D: serde::Deserializer<'de>,
-{
-    Option::<T>::deserialize(deserializer).map(Some)
-}
-
-/// `PATCH /v1/payments/{id}`. A merge patch gives the same result however often it is applied,
-/// so no key is needed; a key that is sent must still be well formed.
+/// `PATCH /v1/payments/{id}`. Without an `Idempotency-Key` the patch is applied at once. With
+/// one, it is claimed, stored and replayed like a POST: a merge patch retried after someone
+/// else's change would undo that change, and a replay does not.
+#[allow(clippy::too_many_arguments)] // one extractor per part of the request, in checking order
 pub async fn update(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
+    meta: RequestMeta,
+    OptionalKey(key): OptionalKey,
     headers: HeaderMap,
     body: JsonBody<PaymentPatch>,
 ) -> Result<Response, ApiError> {
-    let values = headers.get_all("idempotency-key").iter().map(HeaderValue::as_bytes);
-    idem::IdempotencyKey::from_header_values(values)
-        .map_err(|err| ApiError::new(ProblemCode::IdempotencyKeyInvalid, format!("{err}.")))?;
     let if_match = headers.get(header::IF_MATCH).map(|v| v.to_str().unwrap_or_default().to_owned());
-    let patch = body.value;
-    if let Some(Some(description)) = &patch.description {
-        payments::validate_description(Some(description))?;
+    body.value.validate()?;
+    if !ids::is_well_formed(&id, "pay") {
+        return Err(no_such_payment(&id));
     }
-
-    let mut tx = state.pool.begin().await?;
-    let payment = payments::lock(&mut tx, account.as_str(), &id)
+    let Some(key) = key else {
+        let mut tx = state.pool.begin().await?;
+        let patched =
+            updates::apply(&mut tx, account.as_str(), &id, &body.value, if_match.as_deref())
+                .await?;
+        let payment = match patched {
+            Patched::Updated(payment) => payment,
+            Patched::Missing => return Err(no_such_payment(&id)),
+            Patched::Stale { current_etag } => {
+                return Err(ApiError::from_problem(updates::stale_problem(&current_etag)));
+            }
+        };
+        tx.commit().await?;
+        return Ok(payment_response(&payment));
+    };
+    // An unknown payment stores nothing for the key, as for a capture.
+    payments::find(&state.pool, account.as_str(), &id)
         .await?
         .ok_or_else(|| no_such_payment(&id))?;
-    if let Some(expected) = if_match {
-        let current = Payment::etag_of(&payment.to_json());
-        let matches = expected.split(',').map(str::trim).any(|tag| tag == "*" || tag == current);
-        if !matches {
-            return Err(ApiError::new(
-                ProblemCode::PreconditionFailed,
-                format!("The payment changed: its ETag is now {current}. Read it again and retry."),
-            ));
-        }
-    }
-    let metadata = match patch.metadata {
-        None => None,
-        Some(None) => Some(BTreeMap::new()),
-        Some(Some(changes)) => {
-            let mut merged = payment.metadata.clone();
-            for (key, value) in changes {
-                match value {
-                    Some(value) => merged.insert(key, value),
-                    None => merged.remove(&key),
-                };
-            }
-            payments::validate_metadata(&merged)?;
-            Some(merged)
-        }
+    let patch: serde_json::Value = serde_json::from_slice(&body.raw)
+        .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
+    let params = UpdateParams {
+        account_id: account.to_string(),
+        payment_id: id,
+        patch: patch.clone(),
+        if_match,
     };
-    let changes = Changes {
-        description: patch.description.as_ref().map(|d| d.as_deref()),
-        metadata: metadata.as_ref(),
-        ..Changes::default()
+    let stored_params = serde_json::to_value(&params).map_err(|err| ApiError::internal(&err))?;
+    let attempt = Attempt {
+        account_id: account.as_str(),
+        credential: None,
+        key: &key,
+        meta: &meta,
+        media_type: body.media_type,
+        body: &patch,
+        operation: updates::UPDATE_PAYMENT,
+        params: &stored_params,
     };
-    let updated = payments::update(&mut tx, &id, &changes).await?;
-    tx.commit().await?;
-    Ok(payment_response(&updated))
+    let operation = UpdatePayment::new(state.operations.public_base_url.clone(), params);
+    state.runner.run(attempt, operation).await
 }
 
 /// `POST /v1/payments/{id}/capture`
@@ -285,7 +280,7 @@ pub struct CaptureBody {
 /// `POST /v1/payments/{id}/capture`
 pub async fn capture(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     post: IdempotentPost<CaptureBody>,
 ) -> Result<Response, ApiError> {
     let amount_to_capture = post.body.value.amount_to_capture;
@@ -317,7 +312,7 @@ pub struct CancelBody {
 /// `POST /v1/payments/{id}/cancel`
 pub async fn cancel(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     post: IdempotentPost<CancelBody>,
 ) -> Result<Response, ApiError> {
     require_payment(&state, &post, &id).await?;

@@ -1,7 +1,7 @@
 //! Refunds: `POST`/`GET /v1/payments/{id}/refunds` and `GET /v1/refunds/{id}`.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::Response;
 use payments_domain::operations::{self, CreateRefundOp, RefundParams};
 use payments_domain::payments;
@@ -10,7 +10,7 @@ use payments_domain::refunds::{self, CreateRefundRequest};
 use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::ApiError;
-use crate::extract::ApiQuery;
+use crate::extract::{ApiPath, ApiQuery};
 use crate::idempotency::{IdempotentPost, stored_response};
 use crate::routes::payments::{
     List, ListParams, cursor_missing, no_such_payment, raw_items, require_payment,
@@ -19,7 +19,7 @@ use crate::routes::payments::{
 /// `POST /v1/payments/{id}/refunds`
 pub async fn create(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     post: IdempotentPost<CreateRefundRequest>,
 ) -> Result<Response, ApiError> {
     post.admit(&state, post.body.value.validate()).await?;
@@ -37,11 +37,14 @@ pub async fn create(
 pub async fn retrieve(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    let refund = refunds::find(&state.pool, account.as_str(), &id).await?.ok_or_else(|| {
-        ApiError::resource_missing(format!("No such refund: '{id}'.")).with_param("id")
-    })?;
+    let missing =
+        || ApiError::resource_missing(format!("No such refund: '{id}'.")).with_param("id");
+    if !payments_domain::ids::is_well_formed(&id, "re") {
+        return Err(missing());
+    }
+    let refund = refunds::find(&state.pool, account.as_str(), &id).await?.ok_or_else(missing)?;
     Ok(stored_response(idem::StoredResponse::json(200, refund.to_json()), false))
 }
 
@@ -49,10 +52,13 @@ pub async fn retrieve(
 pub async fn list(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Json<List>, ApiError> {
     let page = params.validate("re_")?;
+    if !payments_domain::ids::is_well_formed(&id, "pay") {
+        return Err(no_such_payment(&id));
+    }
     payments::find(&state.pool, account.as_str(), &id)
         .await?
         .ok_or_else(|| no_such_payment(&id))?;

@@ -1,0 +1,236 @@
+//! `PATCH /v1/payments/{id}`: a JSON Merge Patch (RFC 7386) of a payment's `description` and
+//! `metadata`, applied in one transaction.
+//!
+//! Without an `Idempotency-Key` the API applies it directly ([`apply`]). With one, it runs as
+//! an idempotent operation of one phase ([`UpdatePayment`]), so that a retry replays the first
+//! answer instead of applying the patch again: a merge patch retried after someone else's change
+//! would otherwise undo that change.
+
+use std::collections::BTreeMap;
+
+use idem::{Interrupted, Lease, Operation, PhaseError, RecoveryPoint, Step, StoredResponse, boxed};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use crate::DomainError;
+use crate::payments::{self, Changes, Payment};
+use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
+
+/// The stored name of the operation, for the completer.
+pub const UPDATE_PAYMENT: &str = "payments.update";
+
+/// The body of `PATCH /v1/payments/{id}`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentPatch {
+    /// `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    pub description: Option<Option<String>>,
+    /// Members with `null` are removed; the whole `null` removes all.
+    #[serde(default, deserialize_with = "present")]
+    pub metadata: Option<Option<BTreeMap<String, Option<String>>>>,
+}
+
+/// Tells a member that is absent (`None`) from one that is `null` (`Some(None)`).
+fn present<'de, T, D>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    T: Deserialize<'de>,
+    D: serde::Deserializer<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+impl PaymentPatch {
+    /// The rules that need no payment: each value the patch sets, each key it names. (How many
+    /// pairs the merged metadata holds is known only against the payment.)
+    pub fn validate(&self) -> Result<(), DomainError> {
+        if let Some(Some(description)) = &self.description {
+            payments::validate_description(Some(description))?;
+        }
+        if let Some(Some(changes)) = &self.metadata {
+            for (key, value) in changes {
+                payments::validate_metadata_entry(key, value.as_deref())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What applying a patch came to.
+#[derive(Debug)]
+pub enum Patched {
+    /// The payment as it now is.
+    Updated(Box<Payment>),
+    /// No such payment in the account.
+    Missing,
+    /// `If-Match` named none of the payment's current ETag; nothing changed.
+    Stale {
+        /// The ETag the payment has.
+        current_etag: String,
+    },
+}
+
+/// Locks the payment, checks `If-Match`, merges the patch and writes it, in the caller's
+/// transaction. The merged metadata is checked here (at most 50 pairs).
+pub async fn apply(
+    tx: &mut PgConnection,
+    account_id: &str,
+    id: &str,
+    patch: &PaymentPatch,
+    if_match: Option<&str>,
+) -> Result<Patched, DomainError> {
+    let Some(payment) = payments::lock(tx, account_id, id).await? else {
+        return Ok(Patched::Missing);
+    };
+    if let Some(expected) = if_match {
+        let current = Payment::etag_of(&payment.to_json());
+        let matches = expected.split(',').map(str::trim).any(|tag| tag == "*" || tag == current);
+        if !matches {
+            return Ok(Patched::Stale { current_etag: current });
+        }
+    }
+    let metadata = match &patch.metadata {
+        None => None,
+        Some(None) => Some(BTreeMap::new()),
+        Some(Some(changes)) => {
+            let mut merged = payment.metadata.clone();
+            for (key, value) in changes {
+                match value {
+                    Some(value) => merged.insert(key.clone(), value.clone()),
+                    None => merged.remove(key),
+                };
+            }
+            payments::validate_metadata(&merged)?;
+            Some(merged)
+        }
+    };
+    let changes = Changes {
+        description: patch.description.as_ref().map(|d| d.as_deref()),
+        metadata: metadata.as_ref(),
+        ..Changes::default()
+    };
+    Ok(Patched::Updated(Box::new(payments::update(tx, id, &changes).await?)))
+}
+
+/// The problem a stale `If-Match` answers.
+pub fn stale_problem(current_etag: &str) -> Problem {
+    Problem::new(
+        ProblemCode::PreconditionFailed,
+        format!("The payment changed: its ETag is now {current_etag}. Read it again and retry."),
+    )
+}
+
+/// The problem an unknown payment answers.
+pub fn missing_problem(id: &str) -> Problem {
+    Problem::new(ProblemCode::ResourceMissing, format!("No such payment: '{id}'.")).with_param("id")
+}
+
+/// The stored input of a keyed PATCH.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpdateParams {
+    /// The account.
+    pub account_id: String,
+    /// The payment.
+    pub payment_id: String,
+    /// The merge patch as sent (validated before the claim).
+    pub patch: Value,
+    /// `If-Match`, when sent: checked under the payment's lock, in the phase.
+    pub if_match: Option<String>,
+}
+
+/// The one recovery point of a keyed PATCH: its only phase stores the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdatePoint {
+    /// Claimed, nothing written.
+    Started,
+}
+
+impl RecoveryPoint for UpdatePoint {
+    fn name(self) -> &'static str {
+        idem::STARTED
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        (name == idem::STARTED).then_some(Self::Started)
+    }
+}
+
+/// `PATCH /v1/payments/{id}` with an `Idempotency-Key`.
+#[derive(Debug)]
+pub struct UpdatePayment {
+    public_base_url: std::sync::Arc<str>,
+    params: UpdateParams,
+}
+
+impl UpdatePayment {
+    /// The operation for input validated before the claim.
+    pub fn new(public_base_url: std::sync::Arc<str>, params: UpdateParams) -> Self {
+        Self { public_base_url, params }
+    }
+}
+
+fn problem_answer(problem: &Problem, request_id: &str, public_base_url: &str) -> StoredResponse {
+    StoredResponse {
+        status: problem.code.status(),
+        headers: vec![("content-type".into(), PROBLEM_JSON.into())],
+        body: problem.render(request_id, public_base_url),
+    }
+}
+
+impl Operation for UpdatePayment {
+    type Point = UpdatePoint;
+
+    async fn step(&self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
+        let UpdatePoint::Started = at;
+        let patch: PaymentPatch =
+            serde_json::from_value(self.params.patch.clone()).map_err(|err| {
+                Interrupted::Transient {
+                    kind: idem::TransientKind::Internal,
+                    detail: format!("stored patch does not parse: {err}"),
+                }
+            })?;
+        let request_id = lease.request_id().to_owned();
+        lease
+            .phase(|tx| {
+                let (params, patch, request_id, base) = (
+                    self.params.clone(),
+                    patch.clone(),
+                    request_id.clone(),
+                    self.public_base_url.clone(),
+                );
+                boxed(async move {
+                    let (request_id, base) = (request_id.as_str(), &*base);
+                    let outcome = apply(
+                        tx,
+                        &params.account_id,
+                        &params.payment_id,
+                        &patch,
+                        params.if_match.as_deref(),
+                    )
+                    .await;
+                    let answer = match outcome {
+                        Ok(Patched::Updated(payment)) => {
+                            crate::operations::payment_answer(200, &payment, false)
+                        }
+                        Ok(Patched::Missing) => {
+                            problem_answer(&missing_problem(&params.payment_id), request_id, base)
+                        }
+                        Ok(Patched::Stale { current_etag }) => {
+                            problem_answer(&stale_problem(&current_etag), request_id, base)
+                        }
+                        // A rule broken only by the merge (too many pairs) is this key's answer.
+                        Err(DomainError::Invalid { param, message }) => problem_answer(
+                            &Problem::new(ProblemCode::InvalidRequest, message).with_param(param),
+                            request_id,
+                            base,
+                        ),
+                        Err(err) => return Err(PhaseError::from(err)),
+                    };
+                    Ok::<_, PhaseError<DomainError>>(Step::<UpdatePoint>::Finish(answer))
+                })
+            })
+            .await?;
+        Ok(())
+    }
+}
