@@ -7,7 +7,7 @@ help:
 	@echo "make proof         the fault matrix at a larger scale (PROOF_SCALE=5, PROOF_SEED=…)"
 	@echo "make bench         throughput, latency, statements and memory against the pgbench floor"
 	@echo "make diagrams      every mermaid block in the Markdown parsed by Mermaid's own parser"
-	@echo "make fuzz-api      schemathesis against /openapi.json (FUZZ_EXAMPLES=200 for a long run)"
+	@echo "make fuzz-api      schemathesis against /openapi.json (100 per operation; FUZZ_EXAMPLES=500 for a long run)"
 	@echo "make stripe-sdk    Stripe's Python SDK against processor-sim, every endpoint it serves"
 	@echo "make fmt           format the code"
 	@echo "make sqlx-prepare  refresh .sqlx/ after changing a query (needs a migrated DATABASE_URL)"
