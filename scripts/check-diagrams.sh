@@ -26,8 +26,8 @@ if out=$(node "$DIR/check.mjs" "$SRC/broken.fixture" 2>&1); then
   echo "check-diagrams: the checker passed $SRC/broken.fixture, which must fail" >&2
   exit 1
 fi
-grep -q "^$SRC/broken.fixture:8: " <<<"$out" || {
-  echo "check-diagrams: the checker did not name $SRC/broken.fixture line 8:" >&2
+grep -q "^$SRC/broken.fixture:10: " <<<"$out" || {
+  echo "check-diagrams: the checker did not name $SRC/broken.fixture line 10:" >&2
   echo "$out" >&2
   exit 1
 }

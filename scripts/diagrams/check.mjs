@@ -21,9 +21,14 @@ function mermaidBlocks(text) {
   let open = null; // { fence, line, body } while inside a fenced block
   lines.forEach((line, index) => {
     if (open === null) {
-      // CommonMark: up to three spaces, then three or more backticks or tildes, then the info string.
-      const start = /^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)/.exec(line);
-      if (start) open = { fence: start[1], lang: start[2], line: index + 1, body: [] };
+      // CommonMark: up to three spaces, then three or more backticks or tildes, then the info
+      // string, whose first word is the language; after backticks it may hold no backtick (a line
+      // like ```` ```x ```` is inline code, not a fence).
+      const start = /^ {0,3}(`{3,}|~{3,})(.*)$/.exec(line);
+      if (start && !(start[1][0] === '`' && start[2].includes('`'))) {
+        const lang = start[2].trim().split(/\s+/)[0];
+        open = { fence: start[1], lang, line: index + 1, body: [] };
+      }
     } else if (new RegExp(`^ {0,3}${open.fence[0]}{${open.fence.length},}\\s*$`).test(line)) {
       if (open.lang === 'mermaid') blocks.push({ line: open.line, text: open.body.join('\n') });
       open = null;
