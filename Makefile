@@ -32,7 +32,9 @@ proof:
 	SQLX_OFFLINE=true cargo build --workspace --all-targets
 	@eval "$$(scripts/postgres.sh up | sed 's/^/export /')" && \
 	  PROOF_SCALE=$(PROOF_SCALE) PROOF_SEED=$(PROOF_SEED) SQLX_OFFLINE=true \
-	  cargo test -p payments-tests --test proof -- --test-threads 2
+	  cargo test -p payments-tests --test proof --test leases -- --test-threads 2 && \
+	  PROOF_SCALE=$(PROOF_SCALE) SQLX_OFFLINE=true \
+	  cargo test -p payments-worker --test worker -- brown_out
 
 # Never part of `make test`. A private PostgreSQL server with pg_stat_statements, release builds,
 # one table on standard output and in target/bench/results.md. ARGS go to payments-bench.

@@ -2,7 +2,9 @@
 //!
 //! `Application::build` binds the listener (port 0 picks a free port, which the tests use) and
 //! returns before serving, so a caller can read `port()` first; `run_until_stopped` serves until
-//! SIGTERM or Ctrl-C and then lets requests in flight finish, up to the configured grace.
+//! SIGTERM or Ctrl-C and then lets requests in flight finish, up to the configured grace. What is
+//! still running at the end of the grace gives its keys back at their recovery points, so that a
+//! retry on the next process resumes at once instead of answering `409` until the lease expires.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -66,6 +68,8 @@ pub struct Application {
     shutdown_grace: Duration,
     /// Operations that outlive their requests; shutdown waits for them.
     tasks: TaskTracker,
+    /// The engine, whose leases still held at the end of the grace are released.
+    engine: Engine,
 }
 
 impl Application {
@@ -96,7 +100,7 @@ impl Application {
             settings.engine_config(),
             Arc::new(crate::metrics::IdemMetrics),
         );
-        let runner = Runner::new(engine, tasks.clone());
+        let runner = Runner::new(engine.clone(), tasks.clone());
         let processor = ProcessorClient::new(settings.processor.client_config())?;
         let operations =
             Context::new(pool.clone(), Arc::new(processor), edge.public_base_url.clone())
@@ -113,7 +117,7 @@ impl Application {
             openapi,
         }));
         let router = edge::wrap(router(state), edge);
-        Ok(Self { listener, router, shutdown_grace, tasks })
+        Ok(Self { listener, router, shutdown_grace, tasks, engine })
     }
 
     /// The port the server listens on.
@@ -148,6 +152,7 @@ impl Application {
         });
         let grace = self.shutdown_grace;
         let tasks = self.tasks;
+        let engine = self.engine;
         let drained = async move {
             server.await?;
             // Operations whose clients hung up still run; let them reach a recovery point.
@@ -160,7 +165,13 @@ impl Application {
             () = async {
                 let _ = stopping_rx.wait_for(|stopping| *stopping).await;
                 tokio::time::sleep(grace).await;
-            } => tracing::warn!(grace_ms = grace.as_millis() as u64, "work still in flight after the shutdown grace; stopping anyway (unfinished keys resume after their lease)"),
+            } => {
+                // The tasks stop with the process; their keys must not wait for the lease.
+                let released = engine
+                    .release_held("the server stopped before the operation reached its end")
+                    .await;
+                tracing::warn!(grace_ms = grace.as_millis() as u64, released, "work still in flight after the shutdown grace; its keys were released at their recovery points");
+            }
         }
         Ok(())
     }

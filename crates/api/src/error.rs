@@ -36,7 +36,8 @@ impl ApiError {
             ProblemCode::IdempotencyKeyInUse
             | ProblemCode::RateLimited
             | ProblemCode::ProcessorUnavailable
-            | ProblemCode::InternalError => Some(1),
+            | ProblemCode::InternalError
+            | ProblemCode::ServiceUnavailable => Some(1),
             _ => None,
         };
         Self { problem, retry_after_seconds, headers: Vec::new() }

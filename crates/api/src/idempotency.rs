@@ -2,11 +2,13 @@
 //!
 //! `IdempotentPost` takes a money-moving POST apart in the contract's order; `RequiredKey` parses
 //! the `Idempotency-Key` header (400 when missing or malformed). `Runner::run`
-//! fingerprints the request, claims the key, and either replays the stored answer (with
-//! `Idempotent-Replayed: true`), refuses (409 with `Retry-After`, 422), or runs the operation on a
-//! task of its own: axum drops a handler's future when the client hangs up, and an operation cut
-//! off halfway would leave its key leased until the lease expired. The task finishes the phase it
-//! is in whatever the client does, and graceful shutdown waits for it.
+//! fingerprints the request and, on a task of its own, claims the key and either replays the
+//! stored answer (with `Idempotent-Replayed: true`), refuses (409 with `Retry-After`, 422), or
+//! runs the operation. axum drops a handler's future when the client hangs up: a claim cut off
+//! after the database granted its lease would leave the key leased to nobody until the lease
+//! expired, and an operation cut off halfway likewise. The task claims, and finishes the phase it
+//! is in, whatever the client does; graceful shutdown waits for it, and gives back at their
+//! recovery points the leases of tasks it cannot wait for.
 
 use axum::body::Body;
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -22,6 +24,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
 use crate::app::AppState;
 use crate::auth::{Caller, invalid_api_key};
@@ -217,7 +220,8 @@ impl Runner {
         &self.engine
     }
 
-    /// Claims the key and answers: a replay, a refusal, or the operation's own answer.
+    /// Claims the key and answers: a replay, a refusal, or the operation's own answer. The claim
+    /// and the operation run on a task that outlives the request.
     pub async fn run<O: Operation + 'static>(
         &self,
         attempt: Attempt<'_>,
@@ -231,30 +235,41 @@ impl Runner {
             version: attempt.meta.version.as_deref(),
             body: attempt.body,
         });
-        let claim = self
-            .engine
-            .claim(&ClaimRequest {
-                account_id: attempt.account_id,
-                credential: attempt.credential,
-                key: attempt.key,
-                fingerprint,
-                method: attempt.meta.method.as_str(),
-                path: &attempt.meta.path,
-                request_id: attempt.meta.request_id.as_str(),
-                operation: attempt.operation,
-                params: attempt.params,
-            })
-            .await
-            .map_err(|err| ApiError::internal(&err))?;
-        match claim {
-            Claim::Acquired(lease) => {
-                let task = self.tasks.spawn(async move { idem::drive(&operation, lease).await });
-                match task.await {
-                    Ok(Ok(stored)) => Ok(stored_response(stored, false)),
-                    Ok(Err(interrupted)) => Err(interrupted_error(interrupted)),
-                    Err(join_error) => Err(ApiError::internal(&join_error)),
-                }
+        let owned = OwnedClaim {
+            account_id: attempt.account_id.to_owned(),
+            credential: attempt.credential.map(<[u8]>::to_vec),
+            key: attempt.key.clone(),
+            fingerprint,
+            method: attempt.meta.method.as_str().to_owned(),
+            path: attempt.meta.path.clone(),
+            request_id: attempt.meta.request_id.as_str().to_owned(),
+            operation: attempt.operation.to_owned(),
+            params: attempt.params.clone(),
+        };
+        let engine = self.engine.clone();
+        let task = self.tasks.spawn(
+            async move {
+                let claim = engine.claim(&owned.request()).await?;
+                Ok::<_, idem::IdemError>(match claim {
+                    Claim::Acquired(lease) => Ran::Driven(idem::drive(&operation, lease).await),
+                    other => Ran::Claimed(other),
+                })
             }
+            .in_current_span(),
+        );
+        let claim = match task.await {
+            Ok(Ok(Ran::Driven(Ok(stored)))) => return Ok(stored_response(stored, false)),
+            Ok(Ok(Ran::Driven(Err(interrupted)))) => return Err(interrupted_error(interrupted)),
+            Ok(Ok(Ran::Claimed(claim))) => claim,
+            Ok(Err(err)) if err.timed_out() => return Err(claim_timed_out()),
+            Ok(Err(err)) => return Err(ApiError::internal(&err)),
+            Err(join_error) => return Err(ApiError::internal(&join_error)),
+        };
+        match claim {
+            // Driven on the task above.
+            Claim::Acquired(_) => Err(ApiError::internal(&std::io::Error::other(
+                "a claimed lease came back undriven",
+            ))),
             Claim::Replay(stored) => Ok(stored_response(stored, true)),
             Claim::InUse => Err(in_use()),
             Claim::Mismatch { method, path } => Err(ApiError::new(
@@ -268,6 +283,52 @@ impl Runner {
             Claim::NeedsHuman => Err(needs_review()),
         }
     }
+}
+
+/// A claim, owned by the task that makes it.
+struct OwnedClaim {
+    account_id: String,
+    credential: Option<Vec<u8>>,
+    key: IdempotencyKey,
+    fingerprint: Fingerprint,
+    method: String,
+    path: String,
+    request_id: String,
+    operation: String,
+    params: Value,
+}
+
+impl OwnedClaim {
+    fn request(&self) -> ClaimRequest<'_> {
+        ClaimRequest {
+            account_id: &self.account_id,
+            credential: self.credential.as_deref(),
+            key: &self.key,
+            fingerprint: self.fingerprint,
+            method: &self.method,
+            path: &self.path,
+            request_id: &self.request_id,
+            operation: &self.operation,
+            params: &self.params,
+        }
+    }
+}
+
+/// What the task of a request did.
+enum Ran {
+    /// It held the key and drove the operation.
+    Driven(Result<StoredResponse, Interrupted>),
+    /// The claim answered without a lease.
+    Claimed(Claim),
+}
+
+/// `503 service_unavailable`: the claim gave up waiting (for a claim lane, or for the key's row
+/// held by another transaction); nothing was stored.
+fn claim_timed_out() -> ApiError {
+    ApiError::new(
+        ProblemCode::ServiceUnavailable,
+        "The server could not take up this request in time. Nothing was stored; retry with the same Idempotency-Key.",
+    )
 }
 
 fn in_use() -> ApiError {

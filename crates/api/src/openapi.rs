@@ -95,6 +95,7 @@ const KEYED: &[ProblemCode] = &[
     P::InvalidRequest,
     P::PayloadTooLarge,
     P::UnsupportedMediaType,
+    P::ServiceUnavailable,
 ];
 /// Headers of a response that carries a payment or a refund.
 const OBJECT_HEADERS: &[&str] = &["ETag", "Idempotent-Replayed"];

@@ -55,6 +55,9 @@ pub enum ProblemCode {
     OperationNeedsReview,
     /// Anything unexpected; nothing was committed beyond the last recovery point.
     InternalError,
+    /// The server gave up waiting (for a connection, or for the key's row held by another
+    /// transaction) before anything was stored.
+    ServiceUnavailable,
 }
 
 /// Documentation of one problem code, served at `/problems/{code}`.
@@ -72,7 +75,7 @@ pub struct ProblemDoc {
 
 impl ProblemCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ProblemCode; 19] = [
+    pub const ALL: [ProblemCode; 20] = [
         Self::IdempotencyKeyMissing,
         Self::IdempotencyKeyInvalid,
         Self::IdempotencyKeyReused,
@@ -92,6 +95,7 @@ impl ProblemCode {
         Self::ProcessorUnavailable,
         Self::OperationNeedsReview,
         Self::InternalError,
+        Self::ServiceUnavailable,
     ];
 
     /// The machine-readable code.
@@ -116,6 +120,7 @@ impl ProblemCode {
             Self::ProcessorUnavailable => "processor_unavailable",
             Self::OperationNeedsReview => "operation_needs_review",
             Self::InternalError => "internal_error",
+            Self::ServiceUnavailable => "service_unavailable",
         }
     }
 
@@ -143,6 +148,7 @@ impl ProblemCode {
             Self::IdempotencyKeyReused | Self::OperationNeedsReview => 422,
             Self::RateLimited => 429,
             Self::InternalError => 500,
+            Self::ServiceUnavailable => 503,
             Self::ProcessorUnavailable => 503,
         }
     }
@@ -169,6 +175,7 @@ impl ProblemCode {
             Self::ProcessorUnavailable => "Card processor unavailable",
             Self::OperationNeedsReview => "Operation referred to an operator",
             Self::InternalError => "Internal error",
+            Self::ServiceUnavailable => "Service unavailable",
         }
     }
 
@@ -268,6 +275,11 @@ impl ProblemCode {
             Self::InternalError => (
                 "An unexpected failure. Nothing was committed beyond the operation's last recovery point.",
                 "Retry with the same Idempotency-Key; the operation resumes where it stopped. Quote the request_id when you report it.",
+                "No.",
+            ),
+            Self::ServiceUnavailable => (
+                "The server gave up waiting before the request began: for a database connection, or for the key's record, which another transaction holds. Nothing was stored.",
+                "Retry with the same Idempotency-Key after Retry-After.",
                 "No.",
             ),
         };

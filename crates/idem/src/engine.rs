@@ -1,8 +1,9 @@
 //! The engine: claims, leases, phases, and the loop that drives an operation to its end.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -54,6 +55,10 @@ pub struct EngineConfig {
     /// a retry nor a takeover nor the completer, because a call made now could act a second time;
     /// it is flagged for a person. `None`: no such window.
     pub processor_window: Option<Duration>,
+    /// The longest a claim statement may run or wait for a row lock on a claim lane
+    /// (`statement_timeout`, `lock_timeout`): a key row held by a stuck transaction must not
+    /// hold a lane, and every request queued behind it, for ever.
+    pub claim_timeout: Duration,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +70,7 @@ impl Default for EngineConfig {
             retry_cap: Duration::from_secs(300),
             claim_connections: 8,
             processor_window: Some(Duration::from_secs(20 * 3600)),
+            claim_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -92,6 +98,10 @@ impl EngineConfig {
 
     fn window_ms(&self) -> Option<i64> {
         self.processor_window.map(|window| i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    fn claim_timeout_ms(&self) -> i64 {
+        i64::try_from(self.claim_timeout.as_millis()).unwrap_or(i64::MAX).max(1)
     }
 
     /// Delay before the completer's attempt after `attempts` attempts.
@@ -129,6 +139,7 @@ pub struct ClaimRequest<'a> {
 
 /// What a claim decided.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // matched at once by the caller; a box would allocate per claim
 pub enum Claim {
     /// This request holds the key: a new key, or one resumed from its recovery point.
     Acquired(Lease),
@@ -159,6 +170,9 @@ pub struct Engine {
     /// Started on the first claim, so that an engine that never claims (the worker's) opens no
     /// connections for it.
     lanes: Arc<OnceLock<Lanes>>,
+    /// The leases this process holds (key id, token), so that a shutdown can give back those it
+    /// cannot finish (`release_held`). A lease leaves when it is dropped.
+    held: Arc<Mutex<HashMap<i64, Uuid>>>,
 }
 
 impl fmt::Debug for Engine {
@@ -170,7 +184,13 @@ impl fmt::Debug for Engine {
 impl Engine {
     /// An engine with the given tunables and an observer for metrics.
     pub fn new(pool: PgPool, config: EngineConfig, observer: Arc<dyn Observer>) -> Self {
-        Self { pool, config: Arc::new(config), observer, lanes: Arc::default() }
+        Self {
+            pool,
+            config: Arc::new(config),
+            observer,
+            lanes: Arc::default(),
+            held: Arc::default(),
+        }
     }
 
     /// The pool the engine works on.
@@ -224,7 +244,11 @@ impl Engine {
             // the first run) and the first run inserted the key.
             if row.inserted || (row.owner_token == Some(token) && row.lease_active) {
                 self.observer.event(Event::Claimed);
-                return Ok(Claim::Acquired(self.lease(row.id, token, STARTED.into(), 1, &row)));
+                let lease = self.lease(row.id, token, STARTED.into(), 1, &row);
+                // The database granted the lease: a caller that goes away from here on must not
+                // take it with it (the hang-up tests stall here).
+                crate::failpoint(|| "idem.claim.inserted".to_owned()).await;
+                return Ok(Claim::Acquired(lease));
             }
             if row.fingerprint != request.fingerprint.as_bytes() {
                 self.observer.event(Event::Mismatch);
@@ -241,13 +265,28 @@ impl Engine {
                 self.observer.event(Event::InUse);
                 return Ok(Claim::InUse);
             }
+            // The stall tests stop here, between reading the row and taking it over.
+            crate::failpoint(|| "idem.claim.before_take_over".to_owned()).await;
             let window_ms = self.config.window_ms();
             let taken = self
-                .retrying(|| {
-                    let (owner, request_id) = (row.owner_token, request.request_id);
-                    store::take_over(
-                        &self.pool, row.id, owner, token, lease_ms, request_id, window_ms,
+                .retrying(|| async {
+                    // Bounded like a claim lane's statement: the row may be held by a stuck
+                    // transaction that updated it after the claim read it.
+                    let mut tx = self.pool.begin().await?;
+                    store::bound_waits(&mut tx, self.config.claim_timeout_ms()).await?;
+                    let owner = row.owner_token;
+                    let taken = store::take_over(
+                        &mut *tx,
+                        row.id,
+                        owner,
+                        token,
+                        lease_ms,
+                        request.request_id,
+                        window_ms,
                     )
+                    .await?;
+                    tx.commit().await?;
+                    Ok(taken)
                 })
                 .await?;
             match taken {
@@ -256,7 +295,9 @@ impl Engine {
                         if row.owner_token.is_some() { Event::TookOver } else { Event::Resumed };
                     self.observer.event(event);
                     tracing::info!(key_id = row.id, recovery_point = %point, attempts, ?event, "resuming an idempotency key");
-                    return Ok(Claim::Acquired(self.lease(row.id, token, point, attempts, &row)));
+                    let lease = self.lease(row.id, token, point, attempts, &row);
+                    crate::failpoint(|| "idem.claim.taken_over".to_owned()).await;
+                    return Ok(Claim::Acquired(lease));
                 }
                 store::TakeOver::Flagged => {
                     self.observer.event(Event::Flagged);
@@ -275,7 +316,9 @@ impl Engine {
     }
 
     /// The completer's claim: up to `limit` unfinished keys whose lease is free or expired and
-    /// whose next attempt is due, each leased to this process. A key with more than
+    /// whose next attempt is due, each leased to this process. The completer asks for one key at
+    /// a time and drives it before asking again: a key leased while it waits behind others can
+    /// see its lease run out before its turn comes. A key with more than
     /// `max_attempts` attempts, or created longer than `window` ago, is flagged for a person
     /// instead (returned as `Due::Flagged`) and never retried automatically.
     pub async fn take_due(
@@ -314,6 +357,7 @@ impl Engine {
                 continue;
             }
             self.observer.event(Event::TookOver);
+            self.hold(row.id, row.token);
             due.push(Due::Lease(Lease {
                 engine: self.clone(),
                 key_id: row.id,
@@ -330,8 +374,9 @@ impl Engine {
         Ok(due)
     }
 
-    /// The reaper: deletes up to `limit` completed keys older than `retention`. Unfinished keys
-    /// are never deleted; those older than `retention` are flagged for a person instead.
+    /// The reaper: deletes up to `limit` keys completed longer than `retention` ago. Unfinished
+    /// keys are never deleted; those created longer than `retention` ago are flagged for a person
+    /// instead.
     pub async fn reap(&self, limit: u32, retention: Duration) -> Result<Reaped, IdemError> {
         let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
         let deleted = store::reap(&self.pool, i64::from(limit), retention_ms).await?;
@@ -342,6 +387,45 @@ impl Engine {
         Ok(Reaped { deleted, flagged })
     }
 
+    /// Gives back, at their recovery points, every lease this process still holds, for a
+    /// shutdown that cannot wait for them: their keys can be resumed at once (a retry, another
+    /// process's completer) instead of after the lease. A holder still running loses its next
+    /// fenced commit. Returns how many were released.
+    pub async fn release_held(&self, reason: &str) -> usize {
+        let held: Vec<(i64, Uuid)> = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(key_id, token)| (*key_id, *token))
+            .collect();
+        let mut released = 0;
+        for (key_id, token) in held {
+            match store::release(&self.pool, key_id, token, reason, 0).await {
+                Ok(true) => {
+                    released += 1;
+                    self.observer.event(Event::Released);
+                }
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(key_id, error = %err, "could not release an idempotency key at shutdown")
+                }
+            }
+        }
+        released
+    }
+
+    fn hold(&self, key_id: i64, token: Uuid) {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).insert(key_id, token);
+    }
+
+    fn forget(&self, key_id: i64, token: Uuid) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.get(&key_id) == Some(&token) {
+            held.remove(&key_id);
+        }
+    }
+
     fn lease(
         &self,
         key_id: i64,
@@ -350,6 +434,7 @@ impl Engine {
         attempts: i32,
         row: &store::KeyRow,
     ) -> Lease {
+        self.hold(key_id, token);
         Lease {
             engine: self.clone(),
             key_id,
@@ -367,7 +452,9 @@ impl Engine {
     /// The claim lanes, started on first use; `None` when claims use the pool.
     fn lanes(&self) -> Option<&Lanes> {
         let count = self.config.claim_connections;
-        (count > 0).then(|| self.lanes.get_or_init(|| Lanes::start(&self.pool, count)))
+        (count > 0).then(|| {
+            self.lanes.get_or_init(|| Lanes::start(&self.pool, count, self.config.claim_timeout))
+        })
     }
 
     /// Runs `statement` again on retryable errors, a bounded number of times.
@@ -394,6 +481,7 @@ impl Engine {
 
 /// What the completer found.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one at a time, matched at once; a box would only allocate
 pub enum Due {
     /// A key to drive to its end.
     Lease(Lease),
@@ -437,6 +525,12 @@ pub struct Lease {
     /// The call this lease's own last phase planned, committed a moment ago: its first attempt
     /// needs no fenced check of its own (`before_call`).
     just_planned: Option<Value>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.engine.forget(self.key_id, self.token);
+    }
 }
 
 impl fmt::Debug for Lease {

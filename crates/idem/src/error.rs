@@ -21,6 +21,22 @@ pub enum IdemError {
     Contended,
 }
 
+impl IdemError {
+    /// Whether the engine gave up waiting rather than failed: no connection or claim lane within
+    /// the acquire timeout, or a statement stopped by `lock_timeout` (55P03) or
+    /// `statement_timeout` (57014). Nothing was stored; the request may be retried at once.
+    pub fn timed_out(&self) -> bool {
+        match self {
+            Self::Database(sqlx::Error::PoolTimedOut) => true,
+            Self::Database(err) => err
+                .as_database_error()
+                .and_then(|db| db.code())
+                .is_some_and(|code| matches!(code.as_ref(), "55P03" | "57014")),
+            _ => false,
+        }
+    }
+}
+
 /// How a phase failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PhaseError<E> {

@@ -11,9 +11,15 @@
 //! A lane connects on its first claim (giving up after the pool's acquire timeout, as a request
 //! waiting for a pooled connection would), runs each claim in the requester's span, replaces a
 //! connection the server dropped, and closes its connection when the pool is closed.
+//!
+//! Every wait is bounded, so that one key whose row a stuck transaction holds cannot take the
+//! lanes, and every other account's claims queued behind them, for ever: a claim waits for a lane
+//! at most the pool's acquire timeout (as it would for a pooled connection), and the lane's
+//! session has `lock_timeout` and `statement_timeout` set to the claim timeout. A claim that
+//! times out fails with nothing stored (the statement rolled back, or never ran).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
@@ -65,6 +71,8 @@ impl OwnedNewKey {
 struct Job {
     new: OwnedNewKey,
     span: tracing::Span,
+    /// When the claim started waiting for a lane.
+    queued: Instant,
     answer: oneshot::Sender<Result<Seen, IdemError>>,
 }
 
@@ -72,35 +80,48 @@ struct Job {
 #[derive(Debug)]
 pub(crate) struct Lanes {
     jobs: mpsc::Sender<Job>,
+    /// The longest a claim waits for a lane: the pool's acquire timeout.
+    queue_timeout: Duration,
 }
 
 impl Lanes {
-    /// Starts `count` lanes connecting with the pool's options; they stop when the pool closes.
-    /// Must be called within a Tokio runtime.
-    pub(crate) fn start(pool: &PgPool, count: usize) -> Self {
+    /// Starts `count` lanes connecting with the pool's options, each session's statements and
+    /// lock waits bounded by `claim_timeout`; they stop when the pool closes. Must be called
+    /// within a Tokio runtime.
+    pub(crate) fn start(pool: &PgPool, count: usize, claim_timeout: Duration) -> Self {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let queue = Arc::new(Mutex::new(queue));
+        let queue_timeout = pool.options().get_acquire_timeout();
+        let bound = format!("{}ms", claim_timeout.as_millis().max(1));
+        let options =
+            Arc::new((*pool.connect_options()).clone().options([
+                ("lock_timeout", bound.as_str()),
+                ("statement_timeout", bound.as_str()),
+            ]));
         for _ in 0..count {
-            let (queue, pool) = (queue.clone(), pool.clone());
+            let (queue, pool, options) = (queue.clone(), pool.clone(), options.clone());
             tokio::spawn(async move {
-                let connect = Connect {
-                    options: pool.connect_options(),
-                    timeout: pool.options().get_acquire_timeout(),
-                };
+                let connect = Connect { options, timeout: queue_timeout, queue_timeout };
                 tokio::select! {
                     () = lane(&queue, &connect) => {}
                     () = pool.close_event() => {}
                 }
             });
         }
-        Self { jobs }
+        Self { jobs, queue_timeout }
     }
 
-    /// Runs the claim statement on a lane.
+    /// Runs the claim statement on a lane. Fails with `PoolTimedOut` when no lane took it within
+    /// the pool's acquire timeout; the statement itself is bounded by the lane's session.
     pub(crate) async fn claim(&self, new: OwnedNewKey) -> Result<Seen, IdemError> {
         let (answer, answered) = oneshot::channel();
-        let job = Job { new, span: tracing::Span::current(), answer };
-        self.jobs.send(job).await.map_err(|_| closed())?;
+        let job = Job { new, span: tracing::Span::current(), queued: Instant::now(), answer };
+        match tokio::time::timeout(self.queue_timeout, self.jobs.send(job)).await {
+            Ok(sent) => sent.map_err(|_| closed())?,
+            Err(_) => return Err(IdemError::Database(sqlx::Error::PoolTimedOut)),
+        }
+        // Not bounded here: a lane that took the claim runs it to its end (bounded by the
+        // session's timeouts), and its answer, a lease perhaps, must not be thrown away.
         answered.await.map_err(|_| closed())?
     }
 }
@@ -113,6 +134,8 @@ fn closed() -> IdemError {
 struct Connect {
     options: Arc<PgConnectOptions>,
     timeout: Duration,
+    /// The longest a claim may have waited for a lane and still be run.
+    queue_timeout: Duration,
 }
 
 impl Connect {
@@ -130,6 +153,12 @@ async fn lane(queue: &Mutex<mpsc::Receiver<Job>>, connect: &Connect) {
         let Some(job) = queue.lock().await.recv().await else { break };
         if job.answer.is_closed() {
             // The request went away before its claim started: nothing to run.
+            continue;
+        }
+        if job.queued.elapsed() > connect.queue_timeout {
+            // Queued behind lanes that were held up: give up as a pool acquire would, running
+            // nothing, so that the queue drains instead of growing without a deadline.
+            let _ = job.answer.send(Err(IdemError::Database(sqlx::Error::PoolTimedOut)));
             continue;
         }
         let result = run(&mut connection, connect, &job.new).instrument(job.span).await;

@@ -143,6 +143,20 @@ pub(crate) async fn insert_or_read(
     }))
 }
 
+/// Bounds, for the rest of the transaction, how long a statement runs and waits for a row lock
+/// (`SET LOCAL statement_timeout, lock_timeout`).
+pub(crate) async fn bound_waits(conn: &mut PgConnection, timeout_ms: i64) -> Result<(), IdemError> {
+    let bound = format!("{timeout_ms}ms");
+    sqlx::query!(
+        r#"SELECT set_config('lock_timeout', $1, true) AS "lock!",
+                  set_config('statement_timeout', $1, true) AS "statement!""#,
+        bound,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(())
+}
+
 /// What a takeover did.
 #[derive(Debug)]
 pub(crate) enum TakeOver {
@@ -478,7 +492,8 @@ pub(crate) async fn flag(
     Ok(flagged == 1)
 }
 
-/// Deletes up to `limit` completed keys created before the retention window.
+/// Deletes up to `limit` keys completed before the retention window: retention counts from
+/// completion, so a key the completer finished late still replays for the whole window.
 pub(crate) async fn reap(
     executor: impl PgExecutor<'_>,
     limit: i64,
@@ -489,9 +504,8 @@ pub(crate) async fn reap(
         DELETE FROM idempotency_keys
          WHERE id IN (
             SELECT id FROM idempotency_keys
-             WHERE completed_at IS NOT NULL
-               AND created_at < now() - $2 * interval '1 millisecond'
-             ORDER BY created_at
+             WHERE completed_at < now() - $2 * interval '1 millisecond'
+             ORDER BY completed_at
              LIMIT $1
              FOR UPDATE SKIP LOCKED)
         "#,

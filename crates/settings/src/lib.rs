@@ -111,6 +111,8 @@ pub struct IdempotencySettings {
     pub retention_hours: u32,
     /// Connections kept for the claim statement, beside the pool; 0: claims use the pool.
     pub claim_connections: u32,
+    /// The longest a claim statement on those connections runs or waits for a row lock.
+    pub claim_timeout_ms: u64,
 }
 
 impl IdempotencySettings {
@@ -120,6 +122,7 @@ impl IdempotencySettings {
             lease: Duration::from_millis(self.lease_ms),
             db_retries: self.db_retries,
             claim_connections: self.claim_connections as usize,
+            claim_timeout: Duration::from_millis(self.claim_timeout_ms),
             ..idem::EngineConfig::default()
         }
     }
@@ -364,6 +367,9 @@ impl Settings {
                      enabled (make run generates one)"
                 ),
             ));
+        }
+        if self.idempotency.claim_timeout_ms == 0 {
+            return Err(invalid("idempotency.claim_timeout_ms", "must be at least 1".into()));
         }
         if self.idempotency.claim_connections > 256 {
             return Err(invalid("idempotency.claim_connections", "must be at most 256".into()));

@@ -2,7 +2,13 @@
 //!
 //! A job is claimed with `FOR UPDATE SKIP LOCKED` and pushed out of sight for a while (so a worker
 //! that dies mid-job lets another take it later); success marks it done, failure schedules it
-//! again with exponential back-off, and after a bound it is dead-lettered for a person.
+//! again with exponential back-off, and after a bound it is dead-lettered for a person. The claim
+//! outlasts the longest send (`SEND_TIMEOUT`), and `done`/`failed` are fenced on the claim's
+//! attempt number, so a runner whose claim was taken over records nothing.
+//!
+//! Receipts are delivered at least once: a crash between the send and its record sends the email
+//! again. Every copy carries the same `Message-ID`, derived from the receipt's id (the payment's
+//! id), so mail systems and readers can recognise and drop the duplicate.
 
 use std::time::Duration;
 
@@ -10,8 +16,20 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use sqlx::PgPool;
 
-/// How long a claimed job stays out of sight before another worker may take it.
-const CLAIM_MS: f64 = 5.0 * 60.0 * 1000.0;
+/// The longest one send may take, the whole SMTP conversation included; a send cut off here
+/// fails and is retried later.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a claimed job stays out of sight before another worker may take it: well beyond the
+/// longest send, so that a slow send is not taken over (and sent again) while it runs.
+const CLAIM: Duration = Duration::from_secs(5 * 60);
+const _: () = assert!(CLAIM.as_secs() > 2 * SEND_TIMEOUT.as_secs());
+
+/// The `Message-ID` of every copy of a payment's receipt: derived from the receipt's id (its
+/// payment's id), so a copy sent twice is recognisably the same message.
+pub fn message_id(payment_id: &str, domain: &str) -> String {
+    format!("<receipt.{payment_id}@{domain}>")
+}
 
 /// A receipt, rendered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +81,7 @@ impl SmtpMailer {
     pub fn new(url: &str, from: &str) -> anyhow::Result<Self> {
         let transport = lettre::AsyncSmtpTransport::<lettre::Tokio1Executor>::from_url(url)
             .map_err(|err| anyhow::anyhow!("worker.smtp_url: {err}"))?
+            .timeout(Some(SEND_TIMEOUT))
             .build();
         let from = from.parse().map_err(|err| anyhow::anyhow!("worker.receipt_from: {err}"))?;
         Ok(Self { transport, from })
@@ -77,10 +96,15 @@ impl Mailer for SmtpMailer {
             let message = lettre::Message::builder()
                 .from(self.from.clone())
                 .to(to)
+                .message_id(Some(message_id(&receipt.payment_id, self.from.email.domain())))
                 .subject(&receipt.subject)
                 .body(receipt.body.clone())
                 .map_err(|err| err.to_string())?;
-            self.transport.send(message).await.map(drop).map_err(|err| err.to_string())
+            // The transport's own timeout bounds each read and write; this bounds the whole.
+            match tokio::time::timeout(SEND_TIMEOUT, self.transport.send(message)).await {
+                Ok(sent) => sent.map(drop).map_err(|err| err.to_string()),
+                Err(_) => Err(format!("the send took longer than {} s", SEND_TIMEOUT.as_secs())),
+            }
         })
     }
 }
@@ -98,7 +122,7 @@ pub struct Job {
     pub attempts: i32,
 }
 
-/// Claims up to `limit` due jobs.
+/// Claims up to `limit` due jobs, each for `CLAIM`.
 pub async fn claim(pool: &PgPool, limit: u32) -> Result<Vec<Job>, sqlx::Error> {
     let rows = sqlx::query!(
         r#"
@@ -116,7 +140,7 @@ pub async fn claim(pool: &PgPool, limit: u32) -> Result<Vec<Job>, sqlx::Error> {
         RETURNING j.id, j.kind, j.payload, j.attempts
         "#,
         i64::from(limit),
-        CLAIM_MS,
+        CLAIM.as_millis() as f64,
     )
     .fetch_all(pool)
     .await?;
@@ -126,37 +150,50 @@ pub async fn claim(pool: &PgPool, limit: u32) -> Result<Vec<Job>, sqlx::Error> {
         .collect())
 }
 
-/// Marks a job done.
-pub async fn done(pool: &PgPool, id: i64) -> Result<(), sqlx::Error> {
-    sqlx::query!("UPDATE jobs SET done_at = now(), last_error = NULL WHERE id = $1", id)
-        .execute(pool)
-        .await?;
-    Ok(())
+/// Marks a job done, if the claim that ran it (`attempt`) is still the job's last one. False when
+/// another runner claimed the job since: its run decides.
+pub async fn done(pool: &PgPool, id: i64, attempt: i32) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query!(
+        r#"
+        UPDATE jobs SET done_at = now(), last_error = NULL
+         WHERE id = $1 AND attempts = $2 AND done_at IS NULL AND dead_at IS NULL
+        "#,
+        id,
+        attempt,
+    )
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(done == 1)
 }
 
-/// Records a failure: the job runs again after `delay`, or is dead-lettered when `dead`.
+/// Records a failure of the claim `attempt`: the job runs again after `delay`, or is
+/// dead-lettered when `dead`. False (nothing recorded) when another runner claimed it since.
 pub async fn failed(
     pool: &PgPool,
     id: i64,
+    attempt: i32,
     error: &str,
     delay: Duration,
     dead: bool,
-) -> Result<(), sqlx::Error> {
-    sqlx::query!(
+) -> Result<bool, sqlx::Error> {
+    let failed = sqlx::query!(
         r#"
         UPDATE jobs
-           SET last_error = $2, run_at = now() + $3 * interval '1 millisecond',
-               dead_at = CASE WHEN $4 THEN now() END
-         WHERE id = $1
+           SET last_error = $3, run_at = now() + $4 * interval '1 millisecond',
+               dead_at = CASE WHEN $5 THEN now() END
+         WHERE id = $1 AND attempts = $2 AND done_at IS NULL AND dead_at IS NULL
         "#,
         id,
+        attempt,
         error,
         delay.as_millis() as f64,
         dead,
     )
     .execute(pool)
-    .await?;
-    Ok(())
+    .await?
+    .rows_affected();
+    Ok(failed == 1)
 }
 
 /// Runs a receipt job: records the receipt (one per payment), sends it unless it was sent.

@@ -2,13 +2,14 @@
 //! away, and that work staged in a transaction happens after it.
 //!
 //! - **Completer**: takes unfinished keys whose lease is free or expired and whose next attempt
-//!   is due (`FOR UPDATE SKIP LOCKED`), and drives them to their end through the very operations
+//!   is due (`FOR UPDATE SKIP LOCKED`), one at a time, and drives each to its end through the very operations
 //!   the API runs (`payments_domain::operations::resume`); no HTTP, no second implementation.
 //!   Keys past the attempt bound or the processor's idempotency window are flagged for a person.
 //! - **Reaper**: deletes completed keys past the retention window, in bounded batches; flags
 //!   unfinished ones instead of deleting them. Payments never refer to keys by foreign key, so
 //!   nothing is orphaned.
-//! - **Job runner**: runs staged jobs (receipts) at least once, with back-off and a dead letter.
+//! - **Job runner**: runs staged jobs (receipts) at least once, one at a time, with back-off and
+//!   a dead letter; a receipt sent twice carries one `Message-ID`.
 //!
 //! Every loop is bounded and stops between items when asked to: the item in hand is finished.
 //! Any number of workers can run against one database.
@@ -157,60 +158,46 @@ impl<P: CardProcessor> Worker<P> {
         tracing::info!("worker stopped");
     }
 
-    /// The completer.
+    /// The completer. It leases one key at a time, when its turn comes: a key waiting behind
+    /// others in a batch would see its lease run out while slow processor calls went on ahead of
+    /// it, be taken over by another worker or a retry, and then be driven a second time by this
+    /// one. Each statement takes one key (`SKIP LOCKED`, so several workers never take the same
+    /// one) and records the attempt; the key is driven to its end before the next is taken.
     pub async fn complete(
         &self,
         stop: &watch::Receiver<bool>,
         report: &mut PassReport,
     ) -> anyhow::Result<()> {
         let window = Duration::from_secs(u64::from(self.settings.processor_window_hours) * 3600);
-        for _ in 0..MAX_BATCHES_PER_PASS {
+        let most = MAX_BATCHES_PER_PASS.saturating_mul(self.settings.batch_size as usize);
+        for _ in 0..most {
             if *stop.borrow() {
                 break;
             }
-            let due = self
-                .engine
-                .take_due(self.settings.batch_size, self.settings.max_attempts, window)
-                .await?;
-            if due.is_empty() {
-                break;
-            }
-            let mut due = due.into_iter();
-            for item in due.by_ref() {
-                match item {
-                    Due::Flagged { .. } => report.flagged += 1,
-                    Due::Lease(lease) => {
-                        let key_id = lease.key_id();
-                        let span =
-                            tracing::info_span!("completer", key_id, operation = lease.operation());
-                        let outcome = tracing::Instrument::instrument(
-                            operations::resume(&self.ctx, lease),
-                            span,
-                        )
-                        .await;
-                        match outcome {
-                            Ok(answer) => {
-                                tracing::info!(
-                                    key_id,
-                                    status = answer.status,
-                                    "completer finished a key"
-                                );
-                                report.completed += 1;
-                            }
-                            Err(Interrupted::LeaseLost) => report.lost += 1,
-                            Err(Interrupted::Transient { .. }) => report.released += 1,
-                            Err(Interrupted::NeedsHuman { .. }) => report.flagged += 1,
+            let mut due = self.engine.take_due(1, self.settings.max_attempts, window).await?;
+            let Some(item) = due.pop() else { break };
+            match item {
+                Due::Flagged { .. } => report.flagged += 1,
+                Due::Lease(lease) => {
+                    let key_id = lease.key_id();
+                    let span =
+                        tracing::info_span!("completer", key_id, operation = lease.operation());
+                    let outcome =
+                        tracing::Instrument::instrument(operations::resume(&self.ctx, lease), span)
+                            .await;
+                    match outcome {
+                        Ok(answer) => {
+                            tracing::info!(
+                                key_id,
+                                status = answer.status,
+                                "completer finished a key"
+                            );
+                            report.completed += 1;
                         }
+                        Err(Interrupted::LeaseLost) => report.lost += 1,
+                        Err(Interrupted::Transient { .. }) => report.released += 1,
+                        Err(Interrupted::NeedsHuman { .. }) => report.flagged += 1,
                     }
-                }
-                if *stop.borrow() {
-                    break;
-                }
-            }
-            // Asked to stop mid-batch: give back what was taken and not started.
-            for item in due {
-                if let Due::Lease(lease) = item {
-                    lease.release("worker stopping").await;
                 }
             }
         }
@@ -237,63 +224,57 @@ impl<P: CardProcessor> Worker<P> {
         Ok(())
     }
 
-    /// The job runner.
+    /// The job runner. Like the completer, it claims one job at a time, when its turn comes,
+    /// so that a claim never waits behind other jobs' sends.
     pub async fn run_jobs(
         &self,
         stop: &watch::Receiver<bool>,
         report: &mut PassReport,
     ) -> anyhow::Result<()> {
-        for _ in 0..MAX_BATCHES_PER_PASS {
+        let most = MAX_BATCHES_PER_PASS.saturating_mul(self.settings.batch_size as usize);
+        for _ in 0..most {
             if *stop.borrow() {
                 break;
             }
-            let claimed = jobs::claim(&self.ctx.pool, self.settings.batch_size).await?;
-            if claimed.is_empty() {
-                break;
-            }
-            let mut claimed = claimed.into_iter();
-            for job in claimed.by_ref() {
-                let span = tracing::info_span!("job", job_id = job.id, kind = %job.kind, attempt = job.attempts);
-                let outcome = match job.kind.as_str() {
-                    "receipt" => {
-                        tracing::Instrument::instrument(
-                            jobs::send_receipt(&self.ctx.pool, self.mailer.as_ref(), &job.payload),
-                            span.clone(),
-                        )
-                        .await
-                    }
-                    other => Err(format!("unknown job kind `{other}`")),
-                };
-                match outcome {
-                    Ok(_) => {
-                        jobs::done(&self.ctx.pool, job.id).await?;
+            let Some(job) = jobs::claim(&self.ctx.pool, 1).await?.pop() else { break };
+            let span = tracing::info_span!("job", job_id = job.id, kind = %job.kind, attempt = job.attempts);
+            let outcome = match job.kind.as_str() {
+                "receipt" => {
+                    tracing::Instrument::instrument(
+                        jobs::send_receipt(&self.ctx.pool, self.mailer.as_ref(), &job.payload),
+                        span.clone(),
+                    )
+                    .await
+                }
+                other => Err(format!("unknown job kind `{other}`")),
+            };
+            match outcome {
+                Ok(_) => {
+                    if jobs::done(&self.ctx.pool, job.id, job.attempts).await? {
                         report.jobs_done += 1;
-                    }
-                    Err(error) => {
-                        let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
-                            >= self.settings.job_max_attempts;
-                        let exponent =
-                            u32::try_from(job.attempts.saturating_sub(1)).unwrap_or(0).min(16);
-                        let delay = Duration::from_millis(self.settings.job_backoff_base_ms)
-                            .saturating_mul(1 << exponent);
-                        jobs::failed(&self.ctx.pool, job.id, &error, delay, dead).await?;
-                        if dead {
-                            tracing::error!(parent: &span, error, "job dead-lettered");
-                            report.jobs_dead += 1;
-                        } else {
-                            tracing::warn!(parent: &span, error, retry_in_ms = delay.as_millis() as u64, "job failed; will retry");
-                            report.jobs_retried += 1;
-                        }
+                    } else {
+                        tracing::warn!(parent: &span, "another runner claimed the job meanwhile; its run decides");
                     }
                 }
-                if *stop.borrow() {
-                    break;
+                Err(error) => {
+                    let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
+                        >= self.settings.job_max_attempts;
+                    let exponent =
+                        u32::try_from(job.attempts.saturating_sub(1)).unwrap_or(0).min(16);
+                    let delay = Duration::from_millis(self.settings.job_backoff_base_ms)
+                        .saturating_mul(1 << exponent);
+                    if !jobs::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead)
+                        .await?
+                    {
+                        tracing::warn!(parent: &span, error, "job failed, and another runner claimed it meanwhile");
+                    } else if dead {
+                        tracing::error!(parent: &span, error, "job dead-lettered");
+                        report.jobs_dead += 1;
+                    } else {
+                        tracing::warn!(parent: &span, error, retry_in_ms = delay.as_millis() as u64, "job failed; will retry");
+                        report.jobs_retried += 1;
+                    }
                 }
-            }
-            // Jobs claimed and not started are released for the next worker.
-            for job in claimed {
-                jobs::failed(&self.ctx.pool, job.id, "worker stopping", Duration::ZERO, false)
-                    .await?;
             }
         }
         Ok(())

@@ -18,7 +18,7 @@ use payments_domain::operations::{
 use payments_domain::payments::{CaptureMethod, CreatePaymentRequest};
 use payments_domain::refunds::CreateRefundRequest;
 use payments_settings::Settings;
-use payments_worker::jobs::{Mailer, Receipt};
+use payments_worker::jobs::{Mailer, Receipt, SmtpMailer};
 use payments_worker::{PassReport, Worker};
 use provider::sim::{FaultConfig, Simulator};
 use provider::{ProcessorClient, ProcessorConfig};
@@ -56,14 +56,20 @@ struct Harness {
 }
 
 async fn harness(pool: PgPool) -> Harness {
+    harness_with(pool, &[]).await
+}
+
+/// A harness whose settings also have `overrides` (environment variable, value).
+async fn harness_with(pool: PgPool, overrides: &[(&str, &str)]) -> Harness {
     let simulator = Simulator::build("127.0.0.1:0", FaultConfig::default()).await.unwrap();
     let sim = format!("http://127.0.0.1:{}", simulator.port());
     tokio::spawn(simulator.run_until(std::future::pending()));
-    let settings = Settings::load_from([
+    let mut env = vec![
         ("PAYMENTS__PROCESSOR__BASE_URL".to_owned(), sim.clone()),
         ("PAYMENTS__WORKER__JOB_MAX_ATTEMPTS".to_owned(), "3".to_owned()),
-    ])
-    .unwrap();
+    ];
+    env.extend(overrides.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    let settings = Settings::load_from(env).unwrap();
     let processor = ProcessorClient::new(ProcessorConfig {
         max_retries: 0,
         ..settings.processor.client_config()
@@ -361,6 +367,173 @@ async fn two_completers_racing_over_a_hundred_keys_process_each_once(pool: PgPoo
     assert_eq!(h.stats().await["charges_created"], 100);
 }
 
+/// Sets the stand-in processor's faults.
+async fn set_faults(sim: &str, faults: Value) {
+    reqwest::Client::new()
+        .put(format!("{sim}/_sim/faults"))
+        .json(&faults)
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+}
+
+/// Keys leased right now, by anyone.
+async fn leased(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE locked_until > now()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A multiplier of key counts; `PROOF_SCALE` raises it for longer runs (`make proof`).
+fn scale() -> usize {
+    std::env::var("PROOF_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1).max(1)
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn the_completer_holds_a_lease_only_on_the_key_it_is_driving(pool: PgPool) {
+    let h = harness(pool).await;
+    for n in 0..5 {
+        let params = h.create_params(CaptureMethod::Automatic, None);
+        let value = serde_json::to_value(&params).unwrap();
+        let op = CreatePayment::new(h.ctx.clone(), params);
+        h.abandon(
+            &format!("k{n}"),
+            operations::CREATE_PAYMENT,
+            &value,
+            op,
+            operations::CreatePoint::Started,
+        )
+        .await;
+    }
+    set_faults(&h.sim, json!({"latency_ms": 300})).await;
+    let (_stop_tx, stop) = watch::channel(false);
+    let worker = h.worker();
+    let pass = tokio::spawn(async move { worker.run_once(&stop).await });
+    // Inside the first processor call: the four keys behind it are nobody's yet.
+    while h.stats().await["requests"].as_u64().unwrap_or(0) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(leased(&h.pool).await, 1, "only the key being driven is leased");
+    let report = pass.await.unwrap().unwrap();
+    assert_eq!((report.completed, report.lost), (5, 0), "{report:?}");
+    assert_eq!(leased(&h.pool).await, 0);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn two_workers_over_a_brown_out_processor_drive_each_key_by_one_holder_at_a_time(
+    pool: PgPool,
+) {
+    // Calls take about as long as the client waits (some time out), and the lease is as short
+    // as the start-up check allows: a batch leased at once would outlive its leases.
+    let h = harness_with(
+        pool,
+        &[
+            ("PAYMENTS__PROCESSOR__CONNECT_TIMEOUT_MS", "100"),
+            ("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "250"),
+            ("PAYMENTS__PROCESSOR__MAX_RETRIES", "0"),
+            ("PAYMENTS__IDEMPOTENCY__LEASE_MS", "5400"),
+        ],
+    )
+    .await;
+    let keys = 100 * scale();
+    for n in 0..keys {
+        let params = h.create_params(CaptureMethod::Automatic, None);
+        let value = serde_json::to_value(&params).unwrap();
+        let op = CreatePayment::new(h.ctx.clone(), params);
+        h.abandon(
+            &format!("k{n}"),
+            operations::CREATE_PAYMENT,
+            &value,
+            op,
+            operations::CreatePoint::PaymentCreated,
+        )
+        .await;
+    }
+    set_faults(&h.sim, json!({"latency_ms": 180, "jitter_ms": 100})).await;
+    let (a, b) = (h.worker(), h.worker());
+    let (stop_tx, stop) = watch::channel(false);
+    let sampler = {
+        let (pool, stop) = (h.pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut most = 0;
+            while !*stop.borrow() {
+                most = most.max(leased(&pool).await);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        })
+    };
+    let mut total = PassReport::default();
+    for _ in 0..30 {
+        let (ra, rb) = tokio::join!(a.run_once(&stop), b.run_once(&stop));
+        for report in [ra.unwrap(), rb.unwrap()] {
+            total.completed += report.completed;
+            total.released += report.released;
+            total.lost += report.lost;
+            total.flagged += report.flagged;
+        }
+        let unfinished: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE completed_at IS NULL")
+                .fetch_one(&h.pool)
+                .await
+                .unwrap();
+        if unfinished == 0 {
+            break;
+        }
+        // Bring the back-off of keys whose call timed out forward instead of sleeping through it.
+        sqlx::query(
+            "UPDATE idempotency_keys SET next_attempt_at = now() WHERE completed_at IS NULL",
+        )
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    }
+    stop_tx.send(true).unwrap();
+    let most_leased = sampler.await.unwrap();
+    assert_eq!(total.completed, keys as u64, "{total:?}");
+    assert_eq!((total.lost, total.flagged), (0, 0), "no key was taken from a worker driving it");
+    assert!(most_leased <= 2, "at most one key per worker is leased at a time: {most_leased}");
+    // Every lease the completers took is on record, and each was driven before the next was
+    // taken: one attempt row per drive, none left over.
+    let attempts: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_attempts")
+        .fetch_one(&h.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts as u64, total.completed + total.released, "{total:?}");
+    let charged: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE action = 'payment.charged'")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!(charged as usize, keys, "one charge per payment");
+    assert_eq!(h.stats().await["charges_created"], keys as u64);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_key_completed_late_is_kept_for_the_whole_retention_after_its_completion(pool: PgPool) {
+    let h = harness(pool).await;
+    h.paid("late", CaptureMethod::Automatic).await;
+    h.paid("early", CaptureMethod::Automatic).await;
+    // Both were created long ago; "late" was finished by the completer an hour ago.
+    sqlx::query(
+        "UPDATE idempotency_keys SET created_at = now() - interval '30 hours',
+                completed_at = CASE idempotency_key WHEN 'late' THEN now() - interval '1 hour'
+                                                    ELSE now() - interval '25 hours' END",
+    )
+    .execute(&h.pool)
+    .await
+    .unwrap();
+    assert_eq!(h.pass().await.reaped, 1);
+    let keys: Vec<String> = sqlx::query_scalar("SELECT idempotency_key FROM idempotency_keys")
+        .fetch_all(&h.pool)
+        .await
+        .unwrap();
+    assert_eq!(keys, ["late"], "retention counts from completion");
+}
+
 #[sqlx::test(migrations = "../../migrations")]
 async fn a_key_past_the_processor_window_is_flagged_not_retried(pool: PgPool) {
     let h = harness(pool).await;
@@ -430,7 +603,7 @@ async fn the_reaper_removes_only_completed_keys_past_retention_and_keeps_payment
         operations::CreatePoint::Started,
     )
     .await;
-    sqlx::query("UPDATE idempotency_keys SET created_at = now() - interval '25 hours', needs_human_at = NULL WHERE idempotency_key LIKE 'old-%'")
+    sqlx::query("UPDATE idempotency_keys SET created_at = now() - interval '25 hours', completed_at = CASE WHEN completed_at IS NOT NULL THEN now() - interval '25 hours' END, needs_human_at = NULL WHERE idempotency_key LIKE 'old-%'")
         .execute(&h.pool)
         .await
         .unwrap();
@@ -557,7 +730,7 @@ async fn a_stop_mid_pass_finishes_the_item_in_hand_and_gives_back_the_rest(pool:
     let report = pass.await.unwrap().unwrap();
     assert_eq!(report.completed, 1, "the item in hand was finished: {report:?}");
     let (finished, leased): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE completed_at IS NOT NULL), count(*) FILTER (WHERE owner_token IS NOT NULL) FROM idempotency_keys",
+        "SELECT count(*) FILTER (WHERE completed_at IS NOT NULL), count(*) FILTER (WHERE locked_until > now()) FROM idempotency_keys",
     )
     .fetch_one(&h.pool)
     .await
@@ -618,4 +791,137 @@ async fn sigterm_mid_pass_exits_cleanly_without_losing_the_item(pool: PgPool) {
         "the item in hand was finished"
     );
     assert_eq!(h.stats().await["charges_created"], 1);
+}
+
+/// A loopback SMTP server that speaks just enough for lettre, keeps every message it accepted,
+/// and holds its answer to the first message's data until `release` is notified.
+struct StallingSmtp {
+    url: String,
+    messages: Arc<std::sync::Mutex<Vec<String>>>,
+    first_data: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+async fn stalling_smtp() -> StallingSmtp {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("smtp://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let messages = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let first_data = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let server = StallingSmtp {
+        url,
+        messages: messages.clone(),
+        first_data: first_data.clone(),
+        release: release.clone(),
+    };
+    tokio::spawn(async move {
+        let connections = Arc::new(AtomicUsize::new(0));
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            let stall = connections.fetch_add(1, Ordering::SeqCst) == 0;
+            let (messages, first_data, release) =
+                (messages.clone(), first_data.clone(), release.clone());
+            tokio::spawn(async move {
+                let (read, mut write) = socket.into_split();
+                let mut lines = BufReader::new(read).lines();
+                write.write_all(b"220 stalling ESMTP\r\n").await.unwrap();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let verb = line.get(..4).unwrap_or("").to_ascii_uppercase();
+                    let reply: &[u8] = match verb.as_str() {
+                        "EHLO" | "HELO" => b"250 stalling\r\n",
+                        "DATA" => {
+                            write.write_all(b"354 go on\r\n").await.unwrap();
+                            let mut message = String::new();
+                            while let Ok(Some(line)) = lines.next_line().await {
+                                if line == "." {
+                                    break;
+                                }
+                                message.push_str(&line);
+                                message.push('\n');
+                            }
+                            messages.lock().unwrap().push(message);
+                            if stall {
+                                first_data.notify_one();
+                                release.notified().await;
+                            }
+                            b"250 queued\r\n"
+                        }
+                        "QUIT" => {
+                            let _ = write.write_all(b"221 bye\r\n").await;
+                            break;
+                        }
+                        _ => b"250 ok\r\n",
+                    };
+                    if write.write_all(reply).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    server
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_receipt_sent_again_by_a_second_runner_carries_one_message_id(pool: PgPool) {
+    let h = harness(pool).await;
+    let smtp = stalling_smtp().await;
+    let params = h.create_params(CaptureMethod::Automatic, Some("jo@example.com"));
+    let value = serde_json::to_value(&params).unwrap();
+    let Claim::Acquired(lease) = h.claim("with-receipt", operations::CREATE_PAYMENT, &value).await
+    else {
+        panic!()
+    };
+    let answer = idem::drive(&CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
+    let payment: Value = serde_json::from_slice(&answer.body).unwrap();
+    let payment_id = payment["id"].as_str().unwrap().to_owned();
+    let runner = || {
+        let mailer = SmtpMailer::new(&smtp.url, "Payments <receipts@example.com>").unwrap();
+        Worker::new(
+            h.pool.clone(),
+            h.ctx.processor.clone(),
+            "http://test".into(),
+            &h.settings,
+            Arc::new(mailer),
+        )
+    };
+    let (first, second) = (runner(), runner());
+    let (_stop_tx, stop) = watch::channel(false);
+
+    // The first runner's send stalls after the server has the message.
+    let stalled = tokio::spawn(async move {
+        let mut report = PassReport::default();
+        first.run_jobs(&stop, &mut report).await.unwrap();
+        report
+    });
+    smtp.first_data.notified().await;
+    // Its claim runs out (as after a crash, or a send longer than the claim): a second runner
+    // takes the job and sends the receipt again.
+    sqlx::query("UPDATE jobs SET run_at = now()").execute(&h.pool).await.unwrap();
+    let (_stop_tx, stop) = watch::channel(false);
+    let mut again = PassReport::default();
+    second.run_jobs(&stop, &mut again).await.unwrap();
+    assert_eq!(again.jobs_done, 1);
+    smtp.release.notify_one();
+    let stalled = stalled.await.unwrap();
+    assert_eq!(stalled.jobs_done, 0, "the runner whose claim was taken over records nothing");
+
+    let receipts: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM receipts").fetch_one(&h.pool).await.unwrap();
+    assert_eq!(receipts, 1, "one receipt row");
+    let (attempts, done): (i32, bool) =
+        sqlx::query_as("SELECT attempts, done_at IS NOT NULL FROM jobs")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!((attempts, done), (2, true));
+    let expected = payments_worker::jobs::message_id(&payment_id, "example.com");
+    let messages = smtp.messages.lock().unwrap().clone();
+    assert_eq!(messages.len(), 2, "delivery is at least once: the email went out twice");
+    for message in &messages {
+        let ids: Vec<&str> =
+            message.lines().filter_map(|l| l.strip_prefix("Message-ID: ")).collect();
+        assert_eq!(ids, [expected.as_str()], "every copy carries the receipt's Message-ID");
+    }
 }
