@@ -1,12 +1,13 @@
 # The two commands of the quick start are `make run` and `make test`; the rest are helpers.
-.PHONY: run test proof bench fuzz-api stripe-sdk fmt lint db-up db-down sqlx-prepare help
+.PHONY: run test diagrams proof bench fuzz-api stripe-sdk fmt lint db-up db-down sqlx-prepare help
 
 help:
 	@echo "make run           start Postgres (if needed), the API and friends, print a demo key"
 	@echo "make test          everything CI runs: fmt, clippy, offline build, all tests"
 	@echo "make proof         the fault matrix at a larger scale (PROOF_SCALE=5, PROOF_SEED=…)"
 	@echo "make bench         throughput, latency, statements and memory against the pgbench floor"
-	@echo "make fuzz-api      schemathesis against /openapi.json (FUZZ_EXAMPLES=200 for a long run)"
+	@echo "make diagrams      every mermaid block in the Markdown parsed by Mermaid's own parser"
+	@echo "make fuzz-api      schemathesis against /openapi.json (100 per operation; FUZZ_EXAMPLES=500 for a long run)"
 	@echo "make stripe-sdk    Stripe's Python SDK against processor-sim, every endpoint it serves"
 	@echo "make fmt           format the code"
 	@echo "make sqlx-prepare  refresh .sqlx/ after changing a query (needs a migrated DATABASE_URL)"
@@ -17,6 +18,11 @@ run:
 
 test:
 	@scripts/test.sh
+
+# Every fenced mermaid block of the repository's Markdown parsed by Mermaid (pinned in
+# scripts/diagrams/, installed into target/diagram-check with npm). `make test` runs it.
+diagrams:
+	@scripts/check-diagrams.sh
 
 # The fault matrix of tests/tests/proof.rs with more requests and another seed. `make test` runs
 # it at scale 1.

@@ -58,9 +58,9 @@ cat >&2 <<MSG
 
   Demo secret key (shown once):  $KEY
 
-  Try it (the README walks through capture, refunds and declines):
+  Try it (the README walks through capture, refunds and declines, under keys of its own):
     curl -s $BASE/v1/payments -H "Authorization: Bearer $KEY" \\
-      -H "Idempotency-Key: order-1" -H "Content-Type: application/json" \\
+      -H "Idempotency-Key: banner-1" -H "Content-Type: application/json" \\
       -d '{"amount":500,"currency":"usd","payment_method":"pm_card_visa"}'
     curl -s $BASE/v1/payments -H "Authorization: Bearer $KEY"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make test`: everything CI runs. Formatting, lints, an offline build (which fails if `.sqlx/` is
-# missing a query), and every test against a real Postgres.
+# `make test`: everything CI runs. Formatting, the guide's diagrams, lints, an offline build (which
+# fails if `.sqlx/` is missing a query), and every test against a real Postgres.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -10,6 +10,9 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 
 step "cargo fmt --check"
 cargo fmt --all --check
+
+step "every mermaid diagram in the Markdown parses (make diagrams)"
+scripts/check-diagrams.sh
 
 step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
