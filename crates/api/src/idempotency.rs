@@ -331,6 +331,7 @@ impl OwnedClaim {
 }
 
 /// What the task of a request did.
+#[allow(clippy::large_enum_variant)] // one per request, matched at once; a box would allocate
 enum Ran {
     /// It held the key and drove the operation.
     Driven(Result<StoredResponse, Interrupted>),
