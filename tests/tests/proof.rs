@@ -865,12 +865,29 @@ async fn a_search_inside_its_lag_is_never_taken_for_not_found(pool: PgPool) {
     let account = sys.account("lag").await;
     sys.faults(json!({"error_after_processing_rate": 1.0, "search_lag_ms": 1500})).await;
     let body = payment_body("automatic");
-    let first =
-        sys.post(&api.url, &account, "/v1/payments", "lag", &body, Duration::from_secs(10)).await;
-    assert_eq!(first.map(|(status, _)| status), Some(503), "the charge is not visible yet");
-    // Even with the call made long ago by the database's clock, retries inside the processor's
-    // own lag would find nothing; the API must not start a second charge. Here the call is
-    // recent, so nothing found proves nothing.
+    let first = sys
+        .http
+        .post(format!("{}/v1/payments", api.url))
+        .bearer_auth(&account.secret)
+        .header("idempotency-key", "lag")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 503, "the charge is not visible yet");
+    // Waiting for the lookup to settle is no failed attempt: the answer says when "nothing" could
+    // be believed (the longest call, 6 s here, plus the 2 s lag), and the completer waits as long.
+    let retry_after: u64 = first.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((8..=10).contains(&retry_after), "Retry-After: {retry_after}");
+    let due_in: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM next_attempt_at - now())::float8 FROM idempotency_keys",
+    )
+    .fetch_one(&sys.pool)
+    .await
+    .unwrap();
+    assert!(due_in > 6.0, "the completer looks again only once it can believe nothing: {due_in}");
+    // Retries inside the processor's lag find nothing, and nothing found proves nothing yet: no
+    // second charge is started.
     for _ in 0..3 {
         let again = sys
             .post(&api.url, &account, "/v1/payments", "lag", &body, Duration::from_secs(10))
@@ -892,9 +909,40 @@ async fn a_search_inside_its_lag_is_never_taken_for_not_found(pool: PgPool) {
 async fn a_key_used_by_someone_else_moves_to_its_next_generation_once_nothing_is_found(
     pool: PgPool,
 ) {
+    let (sys, id) = squatted_then_retried(pool, "pm_card_visa", 201).await;
+    let charges = sys.charges().await;
+    assert_eq!(charges.len(), 1);
+    let generations = audit_actions(&sys, "payment.reconciled").await;
+    assert_eq!(generations.len(), 1, "{generations:?}");
+    assert_eq!(generations[0].1["outcome"], "next_generation");
+    assert_eq!(generations[0].1["downstream_key"], format!("{id}/charge/2"));
+    sys.check_invariants(false).await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_refusal_of_a_later_key_generation_is_referred_to_a_person_not_stored(pool: PgPool) {
+    // The next generation is declined. That proves nothing about the first one (a lookup may
+    // have missed it), so no failure is stored behind a charge that might exist: a person looks.
+    let (sys, id) = squatted_then_retried(pool, "pm_card_chargeDeclined", 422).await;
+    let (status, flagged): (String, bool) = sqlx::query_as(
+        "SELECT p.status, k.needs_human_at IS NOT NULL FROM payments p \
+         JOIN idempotency_keys k ON k.id = p.idempotency_key_id WHERE p.id = $1",
+    )
+    .bind(&id)
+    .fetch_one(&sys.pool)
+    .await
+    .unwrap();
+    assert_eq!((status.as_str(), flagged), ("processing", true));
+    sys.check_invariants(true).await;
+}
+
+/// A payment with `card` whose downstream key someone else used first, then retried once a
+/// lookup that finds nothing can be trusted; the retry's final status is `expected`.
+async fn squatted_then_retried(pool: PgPool, card: &str, expected: u16) -> (System, String) {
     let sys = System::start(pool).await;
     let account = sys.account("squatted").await;
-    let body = payment_body("automatic");
+    let mut body = payment_body("automatic");
+    body["payment_method"] = json!(card);
     // The first attempt stops right before its call, and dies there.
     let mut doomed = sys.api("payments.create.before_call=pause").await;
     let pending = {
@@ -946,12 +994,7 @@ async fn a_key_used_by_someone_else_moves_to_its_next_generation_once_nothing_is
         .unwrap();
     let answer =
         sys.post_until_final(&api.url, &account, "/v1/payments", "squatted", &body, 5).await;
-    assert_eq!(answer.map(|(status, _)| status), Some(201), "{}", api.log());
-    let charges = sys.charges().await;
-    assert_eq!(charges.len(), 1);
-    let generations = audit_actions(&sys, "payment.reconciled").await;
-    assert_eq!(generations.len(), 1, "{generations:?}");
-    assert_eq!(generations[0].1["outcome"], "next_generation");
-    assert_eq!(generations[0].1["downstream_key"], format!("{id}/charge/2"));
-    sys.check_invariants(false).await;
+    assert_eq!(answer.map(|(status, _)| status), Some(expected), "{}", api.log());
+    drop(api);
+    (sys, id)
 }

@@ -368,6 +368,12 @@ fn interrupted_error(interrupted: Interrupted) -> ApiError {
         Interrupted::NeedsHuman { .. } => needs_review(),
         // Another process took the key over and will answer; a retry gets its answer.
         Interrupted::LeaseLost => in_use(),
+        // At most five minutes: a promise a client can keep without giving up.
+        Interrupted::Waiting { retry_in, .. } => ApiError::new(
+            ProblemCode::ProcessorUnavailable,
+            "The card processor cannot yet show what happened to this operation. Retry with the same Idempotency-Key after Retry-After; the operation resumes where it stopped and is never performed twice.",
+        )
+        .with_retry_after(retry_in.as_secs_f64().ceil().clamp(1.0, 300.0) as u32),
         Interrupted::Transient { kind: TransientKind::Processor, .. } => ApiError::new(
             ProblemCode::ProcessorUnavailable,
             "The card processor could not be reached. Retry with the same Idempotency-Key; the operation resumes where it stopped.",

@@ -290,13 +290,16 @@ async fn when_nothing_found<T>(
     lag: Duration,
     what: &str,
 ) -> Result<Reconciled<T>, Interrupted> {
-    if lease.unresolved_for().await? > longest_call + lag {
+    let unresolved_for = lease.unresolved_for().await?;
+    let settled_after = longest_call + lag;
+    if unresolved_for > settled_after {
         Ok(Reconciled::NextGeneration)
     } else {
         count_reconciliation(what, "not_yet");
-        Err(Interrupted::Transient {
-            kind: TransientKind::Processor,
+        // Not a failed attempt: look again once "nothing" can be believed, not sooner.
+        Err(Interrupted::Waiting {
             detail: format!("the processor shows no {what} yet; its lookups may trail the call"),
+            retry_in: settled_after - unresolved_for + Duration::from_secs(1),
         })
     }
 }
@@ -346,6 +349,26 @@ async fn next_generation<P: RecoveryPoint>(
     count_reconciliation(object_id.split('_').next().unwrap_or("object"), "next_generation");
     tracing::warn!(key_id = info.key_id, object_id, downstream_key = %next.key, "nothing found at the processor: calling again under the next key generation");
     Ok(())
+}
+
+/// A final refusal of a later generation (`…/2`) proves nothing about the earlier ones: the
+/// lookup that let it go out may have missed what they did (a search that trailed further than
+/// its documented lag), and a refusal stored now could stand behind a charge. A person looks.
+fn refused_at_a_later_generation<T>(
+    request: &FrozenRequest,
+    outcome: Result<T, ProcessorError>,
+) -> Result<Result<T, ProcessorError>, Interrupted> {
+    match outcome {
+        Err(err) if err.class() == ErrorClass::Final && request.key.generation_number() > 1 => {
+            Err(Interrupted::NeedsHuman {
+                reason: format!(
+                    "{} was refused ({err}); what an earlier generation of the key did is not known for sure",
+                    request.key
+                ),
+            })
+        }
+        other => Ok(other),
+    }
 }
 
 /// The audit detail of an adopted object.
@@ -411,10 +434,11 @@ impl<P: CardProcessor> CreatePayment<P> {
     /// The processor cannot tell us what the charge request did: look for the payment's charge.
     async fn reconcile(
         &self,
-        lease: &Lease,
+        lease: &mut Lease,
         payment: &Payment,
         why: &ProcessorError,
     ) -> Result<Reconciled<Charge>, Interrupted> {
+        lease.renew().await?;
         let found = self
             .ctx
             .processor
@@ -521,7 +545,7 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                             }
                         }
                     }
-                    other => (other, None),
+                    other => (refused_at_a_later_generation(&request, other)?, None),
                 };
                 if reconciled.is_some() {
                     count_reconciliation("charge", "adopted");
@@ -829,12 +853,13 @@ impl<P: CardProcessor> CapturePayment<P> {
 /// (and may be sent again under the next key); anything else needs a person.
 async fn reconcile_authorization<P: CardProcessor>(
     ctx: &Context<P>,
-    lease: &Lease,
+    lease: &mut Lease,
     charge_id: &str,
     what: &str,
     done: impl Fn(&Charge) -> bool,
     undone: impl Fn(&Charge) -> bool,
 ) -> Result<Reconciled<Charge>, Interrupted> {
+    lease.renew().await?;
     let charge = ctx.processor.retrieve_charge(charge_id).await.map_err(|err| unavailable(&err))?;
     if done(&charge) {
         Ok(Reconciled::Adopt(charge))
@@ -899,7 +924,13 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                     planned_call(lease, at, || capture_request(&payment.id, &charge_id, amount))
                         .await?;
                 idem::failpoint(|| format!("{CAPTURE_PAYMENT}.before_call")).await;
-                let outcome = self.ctx.processor.capture_charge(&request).await;
+                let outcome = match self.ctx.processor.capture_charge(&request).await {
+                    // A capture that answers with an uncaptured charge did not say what it did.
+                    Ok(charge) if !charge.captured => Err(ProcessorError::UnknownOutcome {
+                        message: format!("the capture answered with {} uncaptured", charge.id),
+                    }),
+                    other => other,
+                };
                 idem::failpoint(|| format!("{CAPTURE_PAYMENT}.after_call")).await;
                 let (outcome, reconciled) = match outcome {
                     Err(err) if err.class() == ErrorClass::Reconcile => {
@@ -928,7 +959,7 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                             }
                         }
                     }
-                    other => (other, None),
+                    other => (refused_at_a_later_generation(&request, other)?, None),
                 };
                 let problem = match &outcome {
                     Ok(_) => None,
@@ -1055,7 +1086,7 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                             }
                         }
                     }
-                    other => (other, None),
+                    other => (refused_at_a_later_generation(&request, other)?, None),
                 };
                 let problem = match &outcome {
                     Ok(()) => None,
@@ -1177,10 +1208,11 @@ impl<P: CardProcessor> CreateRefundOp<P> {
     /// list, consistent at once).
     async fn reconcile(
         &self,
-        lease: &Lease,
+        lease: &mut Lease,
         refund: &Refund,
         charge_id: &str,
     ) -> Result<Reconciled<provider::Refund>, Interrupted> {
+        lease.renew().await?;
         let found =
             self.ctx.processor.list_refunds(charge_id).await.map_err(|err| unavailable(&err))?;
         let mut ours: Vec<provider::Refund> = found
@@ -1294,7 +1326,7 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                             }
                         }
                     }
-                    other => (other, None),
+                    other => (refused_at_a_later_generation(&request, other)?, None),
                 };
                 let key = request.key.clone();
                 let problem = match &outcome {

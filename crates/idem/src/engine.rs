@@ -728,6 +728,14 @@ impl Lease {
         }
     }
 
+    /// Before a foreign call that is not the planned one (a lookup at the processor): makes sure,
+    /// fenced, that this lease still holds the key at its recovery point, and extends it, so that
+    /// each foreign call starts with a whole lease ahead of it.
+    pub async fn renew(&mut self) -> Result<(), Interrupted> {
+        self.just_planned = None;
+        self.before_call().await.map(|_| ())
+    }
+
     /// For an operation that cannot learn what its planned call did, and found nothing where
     /// the call's object would be: marks the outcome unresolved (the first time) and answers for
     /// how long it has been, by the database clock. Anything the call made was made before the
@@ -754,6 +762,20 @@ impl Lease {
             Ok(false) => {}
             Err(err) => {
                 tracing::warn!(key_id = self.key_id, error = %err, "could not flag an idempotency key; it is retried after its lease")
+            }
+        }
+    }
+
+    /// Gives the key back to be driven again after `retry_in`, not sooner (see
+    /// `Interrupted::Waiting`).
+    pub async fn release_for(self, reason: &str, retry_in: Duration) {
+        let retry_in_ms = i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX);
+        match store::release(&self.engine.pool, self.key_id, self.token, reason, retry_in_ms).await
+        {
+            Ok(true) => self.engine.observer.event(Event::Released),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(key_id = self.key_id, error = %err, "could not release an idempotency key")
             }
         }
     }
@@ -787,6 +809,16 @@ pub enum Interrupted {
     NeedsHuman {
         /// Why, for logs and the key's `last_error`; never shown to clients.
         reason: String,
+    },
+    /// Not a failure: the operation waits for something outside to settle (the processor's
+    /// lookups to catch up with its writes) and can say when to look again. The key is released
+    /// at its recovery point and due again after `retry_in`; a client is told the same.
+    #[error("{detail}")]
+    Waiting {
+        /// What it waits for, for logs and the key's `last_error`.
+        detail: String,
+        /// When to look again.
+        retry_in: Duration,
     },
     /// Something outside failed in a way that may pass (the processor is unavailable, the
     /// database is away). The key is released at its recovery point.
@@ -877,6 +909,17 @@ pub async fn drive<O: Operation>(
             Err(Interrupted::NeedsHuman { reason }) => {
                 lease.flag(&reason).await;
                 return Err(Interrupted::NeedsHuman { reason });
+            }
+            Err(Interrupted::Waiting { detail, retry_in }) => {
+                tracing::info!(
+                    key_id = lease.key_id,
+                    recovery_point = at.name(),
+                    retry_in_ms = retry_in.as_millis() as u64,
+                    detail,
+                    "operation waiting; the key stays at its recovery point"
+                );
+                lease.release_for(&detail, retry_in).await;
+                return Err(Interrupted::Waiting { detail, retry_in });
             }
             Err(transient) => {
                 tracing::warn!(key_id = lease.key_id, recovery_point = at.name(), error = %transient, "operation interrupted; the key stays at its recovery point");

@@ -368,6 +368,25 @@ impl Settings {
         self.engine_config()
             .check_lease_covers(longest)
             .map_err(|reason| invalid("idempotency.lease_ms", reason))?;
+        // Stripe's own limits on metadata: a charge form the processor refuses would fail every
+        // payment with a 400 that blames the client.
+        let metadata = &self.processor.charge_metadata;
+        if metadata.len() > 49
+            || metadata.iter().any(|(name, value)| {
+                name.is_empty()
+                    || name.chars().count() > 40
+                    || name.contains(['[', ']'])
+                    || name == "payment_id"
+                    || value.chars().count() > 500
+            })
+        {
+            return Err(invalid(
+                "processor.charge_metadata",
+                "at most 49 members beside payment_id, names of 1 to 40 characters without `[` \
+                 or `]`, values of at most 500 characters"
+                    .into(),
+            ));
+        }
         if self.worker.batch_size == 0 || self.worker.batch_size > 10_000 {
             return Err(invalid("worker.batch_size", "must be from 1 to 10000".into()));
         }

@@ -196,7 +196,9 @@ impl<P: CardProcessor> Worker<P> {
                             report.completed += 1;
                         }
                         Err(Interrupted::LeaseLost) => report.lost += 1,
-                        Err(Interrupted::Transient { .. }) => report.released += 1,
+                        Err(Interrupted::Transient { .. } | Interrupted::Waiting { .. }) => {
+                            report.released += 1;
+                        }
                         Err(Interrupted::NeedsHuman { .. }) => report.flagged += 1,
                     }
                 }
