@@ -545,6 +545,22 @@ mod tests {
     }
 
     #[test]
+    fn charge_metadata_is_read_from_the_environment_and_held_to_the_processors_limits() {
+        let settings = load(&[("PAYMENTS__PROCESSOR__CHARGE_METADATA__RELEASE", "0042")]).unwrap();
+        assert_eq!(
+            settings.processor.charge_metadata.get("release").map(String::as_str),
+            Some("0042")
+        );
+        for (name, value) in [
+            ("PAYMENTS__PROCESSOR__CHARGE_METADATA__PAYMENT_ID", "x"),
+            ("PAYMENTS__PROCESSOR__CHARGE_METADATA__A", &"v".repeat(501)),
+        ] {
+            let err = load(&[(name, value)]).unwrap_err().to_string();
+            assert!(err.contains("processor.charge_metadata"), "{err}");
+        }
+    }
+
+    #[test]
     fn the_defaults_load_and_validate() {
         let settings = load(&[]).unwrap();
         assert_eq!(settings.http.port, 8080);
