@@ -155,6 +155,10 @@ postgresql:
   data_dir: $dir/data
   bin_dir: $(pg_bin)
   pgpass: $dir/pgpass
+  # An old primary that wrote WAL its successor never received (asynchronous replication) is
+  # rewound, or cloned again if that fails, so the cluster heals by itself after every round.
+  remove_data_directory_on_rewind_failure: true
+  remove_data_directory_on_diverged_timelines: true
   authentication:
     superuser:
       username: postgres

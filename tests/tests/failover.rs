@@ -11,11 +11,12 @@
 //! the new primary and the processor. Four rounds: `synchronous_mode` true and false, each with
 //! the primary's postmaster killed (SIGKILL) and with a Patroni switchover.
 //!
-//! The kill comes while the standby's WAL receiver is paused (SIGSTOP for `PAUSE`, then SIGCONT
-//! right after the kill): the replication link lagging at the moment the primary dies, which on
-//! one machine's loopback would otherwise almost never be seen. Synchronous replication makes
-//! commits wait through the pause; asynchronous replication acknowledges them, and the proof
-//! counts what the promotion then forgets.
+//! The kill comes while the primary's WAL sender is stopped (SIGSTOP for `PAUSE`; it is killed
+//! with the postmaster): the replication link lagging at the moment the primary dies, which on
+//! one machine's loopback would otherwise almost never be seen (a paused receiver is not enough:
+//! the kernel's socket buffers hold what was sent, and the standby reads it on waking).
+//! Synchronous replication makes commits wait through the pause; asynchronous replication
+//! acknowledges them, and the proof counts what the promotion then forgets.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::sync::Arc;
@@ -28,7 +29,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 use tokio::sync::Mutex;
 
-/// How long the standby's WAL receiver is paused before the primary is killed.
+/// How long the primary's WAL sender is stopped before the primary is killed.
 const PAUSE: Duration = Duration::from_millis(1500);
 /// Load before the fault, and after the database is writable again.
 const WARM_UP: Duration = Duration::from_secs(4);
@@ -161,7 +162,7 @@ fn signal(signal: &str, pid: i32) {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
-    /// SIGKILL of the primary's postmaster (after pausing the standby's WAL receiver).
+    /// SIGKILL of the primary's postmaster (after stopping its WAL sender).
     Kill,
     /// `POST /switchover` to Patroni.
     Switchover,
@@ -375,7 +376,7 @@ async fn round(cluster: &Cluster, sync: bool, fault: Fault) -> Report {
     let settings = [("PAYMENTS__DATABASE__STATEMENT_TIMEOUT_MS", "10000")];
     let apis = vec![sys.api_with("", &settings).await, sys.api_with("", &settings).await];
     let urls: Vec<String> = apis.iter().map(|a| a.url.clone()).collect();
-    let _worker: Process = sys.worker(&[("PAYMENTS__WORKER__INTERVAL_MS", "200")]);
+    let worker: Process = sys.worker(&[("PAYMENTS__WORKER__INTERVAL_MS", "200")]);
     let accounts = [sys.account("a").await, sys.account("b").await];
 
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -396,23 +397,27 @@ async fn round(cluster: &Cluster, sync: bool, fault: Fault) -> Report {
 
     let started = match fault {
         Fault::Kill => {
-            let mut standby_conn = cluster.node(&standby).await;
-            let receiver: i32 = sqlx::query_scalar("SELECT pid FROM pg_stat_wal_receiver")
-                .fetch_one(&mut standby_conn)
-                .await
-                .unwrap();
             let mut primary_conn = cluster.node(&leader).await;
+            let sender: i32 = sqlx::query_scalar(
+                "SELECT pid FROM pg_stat_replication WHERE application_name = $1",
+            )
+            .bind(&standby.name)
+            .fetch_one(&mut primary_conn)
+            .await
+            .unwrap();
             let pid_file: String = sqlx::query_scalar("SELECT pg_read_file('postmaster.pid')")
                 .fetch_one(&mut primary_conn)
                 .await
                 .unwrap();
             let postmaster: i32 = pid_file.lines().next().unwrap().trim().parse().unwrap();
             drop(primary_conn);
-            signal("-STOP", receiver);
+            // The replication link stalls, then the machine dies: the WAL sender, stopped, never
+            // sends what it had not sent yet.
+            signal("-STOP", sender);
             tokio::time::sleep(PAUSE).await;
             let started = Instant::now();
             signal("-KILL", postmaster);
-            signal("-CONT", receiver);
+            signal("-KILL", sender);
             started
         }
         Fault::Switchover => {
@@ -434,9 +439,15 @@ async fn round(cluster: &Cluster, sync: bool, fault: Fault) -> Report {
     // The cluster is whole again before anything is checked (the old primary rejoins).
     cluster.wait_healthy(sync).await;
 
-    // The completer's pass over whatever is left, then every final answer replayed.
+    // The completer's pass over whatever is left, then every final answer replayed. A job the
+    // failover interrupted waits out its backoff; it is made due now, as time would.
+    drop(worker);
     sys.expire_leases().await;
     sys.make_due().await;
+    sqlx::query("UPDATE jobs SET run_at = now() WHERE done_at IS NULL AND dead_at IS NULL")
+        .execute(&sys.pool)
+        .await
+        .unwrap();
     assert!(sys.worker_once().await.success(), "the worker's pass failed");
     let finals = seen.lock().await.finals.clone();
     let (mut lost_answers, mut recreated) = (0, 0);
