@@ -403,7 +403,10 @@ impl System {
     /// Every violation of the proof's invariants, one line each, without panicking: for a run
     /// that measures what breaks (the asynchronous failover of `make proof-ha`) rather than
     /// asserting that nothing does.
-    pub async fn invariant_violations(&self, completer_ran: bool) -> (Vec<String>, InvariantReport) {
+    pub async fn invariant_violations(
+        &self,
+        completer_ran: bool,
+    ) -> (Vec<String>, InvariantReport) {
         let mut violations = Vec::new();
         let charges = self.charges().await;
         let payments: Vec<PaymentRow> = sqlx::query_as(
@@ -535,7 +538,7 @@ impl System {
             )
             .fetch_all(&self.pool)
             .await
-            .expect("the payments left processing");
+            .unwrap_or_else(|err| panic!("cannot read the payments left processing: {err}"));
             for id in stranded {
                 violations
                     .push(format!("payment {id} is processing, and no key is left to finish it"));

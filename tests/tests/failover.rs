@@ -295,8 +295,8 @@ struct Report {
     /// From the fault (the kill, or the switchover request) to the first write through HAProxy.
     failover: Duration,
     requests: usize,
-    /// Answers 500/503 (and broken connections) the clients got, and over how long.
-    server_errors: usize,
+    /// Answers 5xx (and broken connections) the clients got, by status, and over how long.
+    server_errors: Vec<(u16, usize)>,
     broken: usize,
     error_span: Duration,
     /// Final answers whose replay with the same key differs: the database forgot them.
@@ -319,11 +319,17 @@ impl Report {
             Fault::Switchover => "Patroni switchover",
         };
         println!("proof-ha: {mode} {fault}");
-        println!("  failover: {} ms until the first write through HAProxy", self.failover.as_millis());
         println!(
-            "  during it: {} of {} requests answered 5xx, {} broken connections, over {} ms",
-            self.server_errors,
+            "  failover: {} ms until the first write through HAProxy",
+            self.failover.as_millis()
+        );
+        let total: usize = self.server_errors.iter().map(|(_, n)| n).sum();
+        let by_status: Vec<String> =
+            self.server_errors.iter().map(|(status, n)| format!("{n} × {status}")).collect();
+        println!(
+            "  during it: {total} of {} requests answered 5xx ({}), {} broken connections, over {} ms",
             self.requests,
+            by_status.join(", "),
             self.broken,
             self.error_span.as_millis()
         );
@@ -342,21 +348,52 @@ impl Report {
                 String::new()
             }
         );
-        for violation in self.violations.iter().take(10) {
-            println!("    {violation}");
+        // The violations by kind, then the first few as the checker wrote them.
+        let mut kinds: Vec<(&str, usize)> = Vec::new();
+        for violation in &self.violations {
+            let kind = VIOLATION_KINDS
+                .iter()
+                .find(|(needle, _)| violation.contains(needle))
+                .map_or("other", |(_, kind)| *kind);
+            match kinds.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, n)) => *n += 1,
+                None => kinds.push((kind, 1)),
+            }
+        }
+        for (kind, n) in kinds {
+            println!("    {n} × {kind}");
+        }
+        for violation in self.violations.iter().take(5) {
+            println!("    e.g. {violation}");
         }
     }
 }
+
+/// The checker's messages (`tests/src/system.rs`) by what they mean.
+const VIOLATION_KINDS: [(&str, &str); 8] = [
+    ("belongs to no payment", "charge at the processor whose payment the database forgot"),
+    ("different final answers", "key answered differently on replay"),
+    ("successful charges", "payment with other than one successful charge"),
+    ("which does not exist", "201 naming a payment that does not exist"),
+    ("refund", "over-refund"),
+    ("unfinished and not flagged", "keys unfinished and not flagged"),
+    ("processing, and no key", "payment left processing"),
+    ("receipts", "payment without its one receipt"),
+];
 
 async fn round(cluster: &Cluster, sync: bool, fault: Fault) -> Report {
     cluster.set_sync(sync).await;
     let (leader, standby) = cluster.wait_healthy(sync).await;
 
     // A fresh database on the primary, migrated through HAProxy.
-    let database = format!("payments_ha_{}_{}", if sync { "sync" } else { "async" }, match fault {
-        Fault::Kill => "kill",
-        Fault::Switchover => "switchover",
-    });
+    let database = format!(
+        "payments_ha_{}_{}",
+        if sync { "sync" } else { "async" },
+        match fault {
+            Fault::Kill => "kill",
+            Fault::Switchover => "switchover",
+        }
+    );
     let mut admin = cluster.database("postgres").connect().await.unwrap();
     sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
         .execute(&mut admin)
@@ -374,7 +411,7 @@ async fn round(cluster: &Cluster, sync: bool, fault: Fault) -> Report {
 
     let sys = Arc::new(System::start(pool).await);
     let settings = [("PAYMENTS__DATABASE__STATEMENT_TIMEOUT_MS", "10000")];
-    let apis = vec![sys.api_with("", &settings).await, sys.api_with("", &settings).await];
+    let apis = [sys.api_with("", &settings).await, sys.api_with("", &settings).await];
     let urls: Vec<String> = apis.iter().map(|a| a.url.clone()).collect();
     let worker: Process = sys.worker(&[("PAYMENTS__WORKER__INTERVAL_MS", "200")]);
     let accounts = [sys.account("a").await, sys.account("b").await];
@@ -488,7 +525,17 @@ async fn round(cluster: &Cluster, sync: bool, fault: Fault) -> Report {
         fault,
         failover,
         requests: seen.answers.len(),
-        server_errors: seen.answers.iter().filter(|(_, s)| *s >= 500).count(),
+        server_errors: {
+            let mut counts: Vec<(u16, usize)> = Vec::new();
+            for (_, status) in seen.answers.iter().filter(|(_, s)| *s >= 500) {
+                match counts.iter_mut().find(|(s, _)| s == status) {
+                    Some((_, n)) => *n += 1,
+                    None => counts.push((*status, 1)),
+                }
+            }
+            counts.sort_unstable();
+            counts
+        },
         broken: seen.answers.iter().filter(|(_, s)| *s == 0).count(),
         error_span,
         lost_answers,
