@@ -476,16 +476,8 @@ async fn round(cluster: &Cluster, sync: bool, fault: Fault) -> Report {
     // The cluster is whole again before anything is checked (the old primary rejoins).
     cluster.wait_healthy(sync).await;
 
-    // The completer's pass over whatever is left, then every final answer replayed. A job the
-    // failover interrupted waits out its backoff; it is made due now, as time would.
-    drop(worker);
-    sys.expire_leases().await;
-    sys.make_due().await;
-    sqlx::query("UPDATE jobs SET run_at = now() WHERE done_at IS NULL AND dead_at IS NULL")
-        .execute(&sys.pool)
-        .await
-        .unwrap();
-    assert!(sys.worker_once().await.success(), "the worker's pass failed");
+    // Every final answer replayed with its key first: a replay that runs a forgotten request
+    // again leaves work (a receipt, say) for the pass below.
     let finals = seen.lock().await.finals.clone();
     let (mut lost_answers, mut recreated) = (0, 0);
     for done in &finals {
@@ -506,6 +498,16 @@ async fn round(cluster: &Cluster, sync: bool, fault: Fault) -> Report {
             }
         }
     }
+    // Then the completer's pass over whatever is left (the replays' own work included). A job
+    // the failover interrupted waits out its backoff; it is made due now, as time would.
+    drop(worker);
+    sys.expire_leases().await;
+    sys.make_due().await;
+    sqlx::query("UPDATE jobs SET run_at = now() WHERE done_at IS NULL AND dead_at IS NULL")
+        .execute(&sys.pool)
+        .await
+        .unwrap();
+    assert!(sys.worker_once().await.success(), "the worker's pass failed");
     let (violations, checked) = sys.invariant_violations(true).await;
     let orphan_charges = violations.iter().filter(|v| v.contains("belongs to no payment")).count();
 
