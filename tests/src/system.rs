@@ -530,15 +530,18 @@ impl System {
             if unfinished != 0 {
                 violations.push(format!("{unfinished} keys are unfinished and not flagged"));
             }
-            let stranded: Vec<String> = sqlx::query_scalar(
+            let stranded: Result<Vec<String>, _> = sqlx::query_scalar(
                 "SELECT p.id FROM payments p JOIN idempotency_keys k ON k.id = p.idempotency_key_id \
                  WHERE p.status = 'processing' AND k.needs_human_at IS NULL \
                    AND NOT EXISTS (SELECT 1 FROM idempotency_keys o WHERE o.account_id = p.account_id \
                                     AND o.completed_at IS NULL AND o.request_path LIKE '/v1/payments/' || p.id || '/%')",
             )
             .fetch_all(&self.pool)
-            .await
-            .unwrap_or_else(|err| panic!("cannot read the payments left processing: {err}"));
+            .await;
+            let stranded = match stranded {
+                Ok(ids) => ids,
+                Err(err) => panic!("cannot read the payments left processing: {err}"),
+            };
             for id in stranded {
                 violations
                     .push(format!("payment {id} is processing, and no key is left to finish it"));
