@@ -371,6 +371,37 @@ async fn claims_survive_their_connections_being_cut(pool: PgPool) {
     }
 }
 
+#[sqlx::test(migrations = "../../migrations")]
+async fn claim_lanes_that_reached_a_read_only_node_connect_again(pool: PgPool) {
+    let h = harness(pool).await;
+    // One session that stays writable, for the settings below.
+    let mut admin = h.pool.acquire().await.unwrap();
+    let database: String =
+        sqlx::query_scalar("SELECT current_database()").fetch_one(&mut *admin).await.unwrap();
+    // New sessions cannot write, as on a standby: the lanes connect and their claims fail.
+    sqlx::query(&format!("ALTER DATABASE \"{database}\" SET default_transaction_read_only = on"))
+        .execute(&mut *admin)
+        .await
+        .unwrap();
+    let requests: Vec<_> =
+        (0..16).map(|i| (key(&format!("ro{i}")), json!({"item": "book"}))).collect();
+    let failed = futures::future::join_all(requests.iter().map(|(key, body)| {
+        let engine = &h.engine;
+        async move { engine.claim(&order_claim("acct_1", key, body)).await }
+    }))
+    .await;
+    assert!(failed.iter().all(Result::is_err), "claims on read-only sessions failed: {failed:?}");
+    // The primary is reachable again (a failover's new primary behind the same address). A lane
+    // that kept its read-only session would fail every claim it takes from now on.
+    sqlx::query(&format!("ALTER DATABASE \"{database}\" RESET default_transaction_read_only"))
+        .execute(&mut *admin)
+        .await
+        .unwrap();
+    for i in 0..40 {
+        assert!(matches!(h.claim(&format!("rw{i}")).await, Claim::Acquired(_)), "claim {i}");
+    }
+}
+
 #[tokio::test]
 async fn a_claim_gives_up_connecting_after_the_pools_acquire_timeout() {
     // A server that completes the TCP handshake and then never says a word.
