@@ -11,6 +11,7 @@ mod receiver;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::extract::Request;
 use axum::middleware::Next;
@@ -24,11 +25,13 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 
 /// What the receiver does before it recovers: answer 500 to the first `fail` requests, then
-/// hang (never answer) on the next `hang`, then pass requests to the example receiver.
+/// hang (never answer) on the next `hang`, then apply the next `hang_after` and hang before
+/// answering (a lost acknowledgement), then pass requests to the example receiver.
 #[derive(Debug, Default)]
 struct Faults {
     fail: AtomicUsize,
     hang: AtomicUsize,
+    hang_after: AtomicUsize,
     seen: AtomicUsize,
 }
 
@@ -55,6 +58,9 @@ async fn start_receiver(pool: PgPool, secret: String, faults: Arc<Faults>) -> St
                     std::future::pending::<()>().await;
                 }
                 let response: Response = next.run(request).await;
+                if take(&faults.hang_after) {
+                    std::future::pending::<()>().await;
+                }
                 response
             }
         },
@@ -483,4 +489,152 @@ async fn a_disabled_or_deleted_endpoint_receives_nothing_and_a_failing_one_is_de
         json(app.get(&format!("/v1/webhook_endpoints/{failing_id}/attempts"), &key).await).await;
     assert_eq!(log["data"][0]["outcome"], "dead", "{log}");
     assert_eq!(log["data"][0]["status_code"], 500, "{log}");
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_worker_sigkilled_mid_delivery_is_followed_by_one_that_delivers_and_the_receiver_applies_once(
+    pool: PgPool,
+) {
+    use payments_tests::system::{Process, System, free_port, scale, seed};
+    let sys = System::start(pool.clone()).await;
+    let loopback = [("PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK", "true")];
+    let api = sys.api_with("", &loopback).await;
+    let account = sys.account("acme").await;
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{}/v1/webhook_endpoints", api.url))
+        .bearer_auth(&account.secret)
+        .json(&json!({"url": "http://127.0.0.1:9/webhooks", "enabled_events": ["*"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let faults = Arc::new(Faults::default());
+    // Seeded: some 500s first; then the delivery the worker is killed in applies its event and
+    // never answers, so the next runner's delivery of it is a duplicate at the receiver.
+    faults.fail.store(usize::try_from(seed() % 3).unwrap_or(0) + 1, Ordering::SeqCst);
+    faults.hang_after.store(1, Ordering::SeqCst);
+    let url =
+        start_receiver(pool.clone(), created["secret"].as_str().unwrap().into(), faults.clone())
+            .await;
+    sqlx::query("UPDATE webhook_endpoints SET url = $1").bind(&url).execute(&pool).await.unwrap();
+    let payments = 3 * scale();
+    for n in 0..payments {
+        let answer = http
+            .post(format!("{}/v1/payments", api.url))
+            .bearer_auth(&account.secret)
+            .header("idempotency-key", format!("kill-{n}"))
+            .json(&json!({"amount": 100 + n, "currency": "usd", "payment_method": "pm_card_visa"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 201);
+    }
+    let env = |timeout_ms: &str| {
+        vec![
+            ("DATABASE_URL", sys.db_url.clone()),
+            ("PAYMENTS__PROCESSOR__BASE_URL", sys.sim.url.clone()),
+            ("PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK", "true".to_owned()),
+            ("PAYMENTS__WEBHOOKS__TIMEOUT_MS", timeout_ms.to_owned()),
+            ("PAYMENTS__WORKER__METRICS_PORT", "0".to_owned()),
+            ("PAYMENTS__LOG__FILTER", "warn".to_owned()),
+        ]
+    };
+    // A long-running worker with a long delivery timeout: it is inside the hanging delivery
+    // when it is killed.
+    let mut doomed = Process::start("payments-worker", &[], &env("60000"), free_port());
+    let hung = 1 + faults.fail.load(Ordering::SeqCst);
+    let mut waited = 0;
+    while faults.seen.load(Ordering::SeqCst) < hung {
+        // Each 500 is retried after back-off; make it due so the worker reaches the hang.
+        make_deliveries_due(&pool).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += 1;
+        assert!(waited < 1200, "the worker never reached the hanging delivery: {}", doomed.log());
+    }
+    doomed.kill9().await;
+    // The dead worker's claim runs out (the database's clock moved, not a sleep), and others
+    // finish the work.
+    make_deliveries_due(&pool).await;
+    for _ in 0..3 {
+        let mut once = Process::start("payments-worker", &["--once"], &env("5000"), free_port());
+        let status = tokio::time::timeout(Duration::from_secs(60), once.wait()).await;
+        assert!(matches!(status, Ok(Ok(s)) if s.success()), "{status:?}: {}", once.log());
+        make_deliveries_due(&pool).await;
+    }
+    let (events, processed, delivered): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM events),
+                (SELECT count(*) FROM receiver_processed_events),
+                (SELECT count(*) FROM jobs WHERE kind = 'webhook' AND done_at IS NOT NULL)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(events, i64::try_from(payments).unwrap(), "one event per committed change");
+    assert_eq!(processed, events, "every event reached the receiver");
+    assert_eq!(delivered, events, "every delivery done");
+    let counts: Vec<(i32,)> = sqlx::query_as("SELECT events_applied FROM receiver_objects")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert!(counts.iter().all(|(n,)| *n == 1), "each applied exactly once: {counts:?}");
+    let delivered_events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT event_id FROM webhook_attempts WHERE outcome = 'delivered'
+           GROUP BY event_id) d",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(delivered_events, events, "each event has a delivered attempt in the log");
+    assert!(
+        faults.seen.load(Ordering::SeqCst) > usize::try_from(events).unwrap() + 1,
+        "the killed delivery was posted again"
+    );
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_receiver_answers_bad_deliveries_400_and_records_nothing(pool: PgPool) {
+    let secret = "whsec_receiver";
+    let url = start_receiver(pool.clone(), secret.into(), Arc::new(Faults::default())).await;
+    let http = reqwest::Client::new();
+    let event = br#"{"id":"evt_1","type":"payment.succeeded","created":1,"data":{"object":{"id":"pay_1"}}}"#;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .cast_signed();
+    let signed =
+        |t: i64, body: &[u8], key: &str| payments_domain::webhooks::signature_header(key, t, body);
+    let cases: Vec<(&str, Vec<u8>, Option<String>)> = vec![
+        ("no signature", event.to_vec(), None),
+        ("a bad signature", event.to_vec(), Some(signed(now, event, "whsec_other"))),
+        ("a replayed timestamp", event.to_vec(), Some(signed(now - 3600, event, secret))),
+        ("a garbled header", event.to_vec(), Some("v1=abc".into())),
+        ("malformed JSON", b"{not json".to_vec(), Some(signed(now, b"{not json", secret))),
+    ];
+    for (case, body, header) in cases {
+        let mut request = http.post(&url).body(body);
+        if let Some(header) = header {
+            request = request.header("Payments-Signature", header);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 400, "{case}");
+        assert!(!response.text().await.unwrap().is_empty(), "{case}: a reason is given");
+    }
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM receiver_processed_events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(recorded, 0, "nothing recorded for a refused delivery");
+    // The same event, well signed, is applied.
+    let ok = http
+        .post(&url)
+        .header("Payments-Signature", signed(now, event, secret))
+        .body(event.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
 }
