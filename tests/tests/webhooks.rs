@@ -638,3 +638,53 @@ async fn the_receiver_answers_bad_deliveries_400_and_records_nothing(pool: PgPoo
         .unwrap();
     assert_eq!(ok.status(), 200);
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_invariant_checker_catches_a_lost_a_doubled_and_an_invented_event(pool: PgPool) {
+    use payments_tests::system::System;
+    let sys = Arc::new(System::start(pool.clone()).await);
+    let api = sys.api("").await;
+    let account = sys.account("acme").await;
+    let answer = sys
+        .http
+        .post(format!("{}/v1/payments", api.url))
+        .bearer_auth(&account.secret)
+        .header("idempotency-key", "k")
+        .json(&json!({"amount": 100, "currency": "usd", "payment_method": "pm_card_visa"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 201);
+    sys.check_invariants(false).await;
+    let caught = |sys: Arc<System>| async move {
+        let checked = tokio::spawn(async move { sys.check_invariants(false).await });
+        let panic = checked.await.unwrap_err().into_panic();
+        panic.downcast_ref::<String>().cloned().unwrap_or_default()
+    };
+
+    // Doubled: the same change written twice.
+    sqlx::query(
+        "INSERT INTO events (id, account_id, type, object)
+         SELECT 'evt_copy', account_id, type, object FROM events",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let message = caught(sys.clone()).await;
+    assert!(message.contains("(\"payment.succeeded\", 2)"), "{message}");
+    // Lost: the change committed without its event.
+    sqlx::query("DELETE FROM events").execute(&pool).await.unwrap();
+    let message = caught(sys.clone()).await;
+    assert!(message.contains("(payment:succeeded) has the events []"), "{message}");
+    // Invented: an event for a change that never committed.
+    sqlx::query(
+        "INSERT INTO events (id, account_id, type, object)
+         VALUES ('evt_ghost', $1, 'payment.succeeded', '{\"id\": \"pay_ghost\"}')",
+    )
+    .bind(&account.id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let message = caught(sys.clone()).await;
+    assert!(message.contains("name pay_ghost, which does not exist"), "{message}");
+}
