@@ -419,8 +419,16 @@ async fn a_delivery_abandoned_mid_flight_is_delivered_by_the_next_runner(pool: P
 async fn a_disabled_or_deleted_endpoint_receives_nothing_and_a_failing_one_is_dead_lettered_at_the_horizon(
     pool: PgPool,
 ) {
-    let (app, sim) =
-        spawn_with_sim(pool.clone(), &[("PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK", "true")]).await;
+    const TOKEN: &str = "inspector-token-for-webhooks";
+    let (app, sim) = spawn_with_sim(
+        pool.clone(),
+        &[
+            ("PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK", "true"),
+            ("PAYMENTS__INSPECTOR__ENABLED", "true"),
+            ("PAYMENTS__INSPECTOR__TOKEN", TOKEN),
+        ],
+    )
+    .await;
     let (_, key) = app.create_account("acme").await;
     let faults = Arc::new(Faults::default());
     faults.fail.store(usize::MAX, Ordering::SeqCst);
@@ -489,6 +497,11 @@ async fn a_disabled_or_deleted_endpoint_receives_nothing_and_a_failing_one_is_de
         json(app.get(&format!("/v1/webhook_endpoints/{failing_id}/attempts"), &key).await).await;
     assert_eq!(log["data"][0]["outcome"], "dead", "{log}");
     assert_eq!(log["data"][0]["status_code"], 500, "{log}");
+    // The operator sees the same delivery log in the inspector.
+    let page = app.send(app.http.get(app.url("/inspector")).bearer_auth(TOKEN)).await;
+    let page = page.text().await.unwrap();
+    let section = &page[page.find("Webhook deliveries").expect("the section")..];
+    assert!(section.contains(&failing_id) && section.contains(">dead<"), "{section}");
 }
 
 #[sqlx::test(migrations = "../migrations")]
