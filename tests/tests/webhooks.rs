@@ -701,3 +701,26 @@ async fn the_invariant_checker_catches_a_lost_a_doubled_and_an_invented_event(po
     let message = caught(sys.clone()).await;
     assert!(message.contains("name pay_ghost, which does not exist"), "{message}");
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_delivery_job_that_names_no_event_is_dead_lettered_after_the_job_bound(pool: PgPool) {
+    let (_app, sim) = spawn_with_sim(pool.clone(), &[]).await;
+    sqlx::query(
+        "INSERT INTO jobs (kind, dedupe_key, payload)
+         VALUES ('webhook', 'evt_none:we_none', '{\"event_id\": \"evt_none\", \"endpoint_id\": \"we_none\"}')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let worker = worker(&pool, &sim, &[("PAYMENTS__WORKER__JOB_MAX_ATTEMPTS", "2")]);
+    for _ in 0..2 {
+        pass(&worker).await;
+        make_deliveries_due(&pool).await;
+    }
+    let (attempts, dead): (i32, bool) =
+        sqlx::query_as("SELECT attempts, dead_at IS NOT NULL FROM jobs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((attempts, dead), (2, true));
+}

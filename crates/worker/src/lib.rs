@@ -263,12 +263,20 @@ impl<P: CardProcessor> Worker<P> {
                     Ok(Delivered::Lost) => {
                         tracing::warn!(parent: &span, "another runner claimed the delivery meanwhile; its run decides");
                     }
+                    // The job could not be run at all (the database failed, or its payload names
+                    // no event): retried like any job, and dead-lettered after the same bound.
                     Err(error) => {
+                        let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
+                            >= self.settings.job_max_attempts;
                         let delay = self.deliverer.backoff(job.attempts);
-                        jobs::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, false)
+                        jobs::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead)
                             .await?;
-                        tracing::warn!(parent: &span, error, "webhook job failed; will retry");
-                        report.jobs_retried += 1;
+                        tracing::warn!(parent: &span, error, dead, "webhook job failed");
+                        if dead {
+                            report.jobs_dead += 1;
+                        } else {
+                            report.jobs_retried += 1;
+                        }
                     }
                 }
                 continue;
