@@ -40,6 +40,8 @@ SIM_PORT=${SIM_PORT:-12111}
 BASE=http://127.0.0.1:$PORT
 export PAYMENTS__PROCESSOR__BASE_URL=${PAYMENTS__PROCESSOR__BASE_URL:-http://127.0.0.1:$SIM_PORT}
 # The inspector, with a fresh operator token unless one is given.
+# Local runs deliver webhooks to a receiver on this machine (the README's example receiver).
+export PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK=${PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK:-true}
 export PAYMENTS__INSPECTOR__ENABLED=${PAYMENTS__INSPECTOR__ENABLED:-true}
 export PAYMENTS__INSPECTOR__TOKEN=${PAYMENTS__INSPECTOR__TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 

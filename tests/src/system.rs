@@ -519,6 +519,57 @@ impl System {
             }
         }
 
+        // 7. Every committed change has exactly one event, and no event exists for a change that
+        // did not commit: the events of each object are the ones its state implies (written in
+        // the change's own phase, so this holds at every moment, crashes included).
+        let counted: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT object->>'id', type, count(*) FROM events WHERE type <> 'payment.updated' \
+             GROUP BY 1, 2",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap_or_else(|err| panic!("cannot read the events: {err}"));
+        let mut events: HashMap<String, HashMap<String, i64>> = HashMap::new();
+        for (object, kind, n) in counted {
+            events.entry(object).or_default().insert(kind, n);
+        }
+        let refunds: Vec<(String, String)> = sqlx::query_as("SELECT id, status FROM refunds")
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_else(|err| panic!("cannot read the refunds: {err}"));
+        let states = payments
+            .iter()
+            .map(|p| (p.0.clone(), format!("payment:{}", p.2)))
+            .chain(refunds.into_iter().map(|(id, status)| (id, format!("refund:{status}"))));
+        for (id, state) in states {
+            let mut got: Vec<(String, i64)> =
+                events.remove(&id).unwrap_or_default().into_iter().collect();
+            got.sort();
+            let got: Vec<(&str, i64)> = got.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+            let allowed: &[&[(&str, i64)]] = match state.as_str() {
+                "payment:succeeded" => &[
+                    &[("payment.succeeded", 1)],
+                    &[("payment.captured", 1), ("payment.requires_capture", 1)],
+                ],
+                "payment:requires_capture" => &[&[("payment.requires_capture", 1)]],
+                "payment:canceled" => {
+                    &[&[("payment.canceled", 1), ("payment.requires_capture", 1)]]
+                }
+                "payment:failed" => &[&[("payment.failed", 1)]],
+                // Created and not charged yet, or authorized and being captured or canceled.
+                "payment:processing" => &[&[], &[("payment.requires_capture", 1)]],
+                "refund:succeeded" => &[&[("refund.succeeded", 1)]],
+                "refund:failed" => &[&[("refund.failed", 1)]],
+                _ => &[&[]],
+            };
+            if !allowed.contains(&got.as_slice()) {
+                violations.push(format!("{id} ({state}) has the events {got:?}"));
+            }
+        }
+        for (id, kinds) in events {
+            violations.push(format!("events {kinds:?} name {id}, which does not exist"));
+        }
+
         if completer_ran {
             // 2c. Nothing is left unfinished unless a person has to look at it.
             let unfinished: i64 = sqlx::query_scalar(

@@ -68,7 +68,12 @@ async fn a_replay_costs_one_statement_and_a_new_payment_three_transactions(pool:
     // The first request of a key this server has not seen looks the key up on its own.
     assert_eq!(app.post("/v1/payments", &key, Some("first"), &body).await.status(), 201);
     let first = statements.take();
-    assert_eq!(first.len(), 10, "auth, claim, 2 × (3 statements, commit): {first:#?}");
+    // The final phase writes the payment's event too (the outbox, in the change's transaction).
+    assert_eq!(
+        first.len(),
+        11,
+        "auth, claim, 3 statements + commit, 4 statements + commit: {first:#?}"
+    );
     assert!(first[0].contains("api_keys") && !first[0].contains("idempotency_keys"), "{first:#?}");
 
     assert_eq!(app.post("/v1/payments", &key, Some("k"), &body).await.status(), 201);
@@ -83,9 +88,11 @@ async fn a_replay_costs_one_statement_and_a_new_payment_three_transactions(pool:
         "{replay:#?}"
     );
     // The claim (checking the key, a transaction of its own), then two phases of one
-    // transaction each: 3 transactions. (sqlx does not log the BEGINs it sends, so 9 statements.)
+    // transaction each: 3 transactions. (sqlx does not log the BEGINs it sends, so 10 statements:
+    // the second phase writes the event beside the payment, its audit record and the answer.)
     let commits = new.iter().filter(|s| s.trim().eq_ignore_ascii_case("commit")).count();
     assert_eq!(commits, 2, "{new:#?}");
-    assert_eq!(new.len(), 9, "claim, 2 × (3 statements, commit): {new:#?}");
+    assert_eq!(new.len(), 10, "claim, 3 statements + commit, 4 statements + commit: {new:#?}");
+    assert!(new.iter().any(|s| s.contains("INSERT INTO events")), "{new:#?}");
     assert!(new[0].contains("api_keys") && new[0].contains("ON CONFLICT"), "{new:#?}");
 }

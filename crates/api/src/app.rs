@@ -276,7 +276,20 @@ fn router(state: AppState) -> Router {
             "/v1/payments/{id}/refunds",
             get(routes::refunds::list).post(routes::refunds::create),
         )
-        .route("/v1/refunds/{id}", get(routes::refunds::retrieve));
+        .route("/v1/refunds/{id}", get(routes::refunds::retrieve))
+        .route("/v1/events", get(routes::events::list))
+        .route("/v1/events/{id}", get(routes::events::retrieve))
+        .route(
+            "/v1/webhook_endpoints",
+            get(routes::webhook_endpoints::list).post(routes::webhook_endpoints::create),
+        )
+        .route(
+            "/v1/webhook_endpoints/{id}",
+            get(routes::webhook_endpoints::retrieve)
+                .post(routes::webhook_endpoints::update)
+                .delete(routes::webhook_endpoints::delete),
+        )
+        .route("/v1/webhook_endpoints/{id}/attempts", get(routes::webhook_endpoints::attempts));
     // The operator's page is not part of the API (nor of its OpenAPI document), and off by default.
     let routes =
         if state.settings.inspector.enabled { api.merge(crate::inspector::router()) } else { api };

@@ -2,7 +2,7 @@
 //! for anyone studying the design. Server-rendered HTML with a little CSS, no scripts.
 //!
 //! - `/inspector`: recent keys per account (recovery point, lease, attempts, stored status, age),
-//!   keys waiting for a person, staged and dead jobs, receipts;
+//!   keys waiting for a person, staged and dead jobs, webhook deliveries, receipts;
 //! - `/inspector/keys/{id}`: one key's timeline: the claim, every later attempt (a retry that
 //!   resumed or took over, or the completer), every phase commit and processor call (with its
 //!   derived downstream key) from the audit records, and the stored answer.
@@ -156,6 +156,18 @@ async fn overview(_: Operator, State(state): State<AppState>) -> Result<Response
     .fetch_all(pool)
     .await
     .map_err(unavailable)?;
+    let deliveries = sqlx::query!(
+        r#"
+        SELECT a.endpoint_id, w.account_id, w.url, a.event_id, a.attempt, a.status_code, a.error,
+               a.outcome, a.duration_ms,
+               to_char(a.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') AS "at!"
+          FROM webhook_attempts a JOIN webhook_endpoints w ON w.id = a.endpoint_id
+         ORDER BY a.seq DESC LIMIT 30
+        "#
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(unavailable)?;
     let receipts = sqlx::query!(
         r#"
         SELECT payment_id, account_id, email,
@@ -211,6 +223,37 @@ async fn overview(_: Operator, State(state): State<AppState>) -> Result<Response
                 job.attempts,
                 esc(&job.run_at),
                 esc(job.last_error.as_deref().unwrap_or("")),
+            );
+        }
+        out.push_str("</table>");
+    }
+    out.push_str("<h2>Webhook deliveries</h2>");
+    if deliveries.is_empty() {
+        out.push_str("<p>None yet.</p>");
+    } else {
+        out.push_str(
+            "<table><tr><th>at (UTC)</th><th>account</th><th>endpoint</th><th>event</th>\
+             <th>attempt</th><th>answer</th><th>outcome</th><th>ms</th><th>error</th></tr>",
+        );
+        for d in &deliveries {
+            let outcome = match d.outcome.as_str() {
+                "dead" => "<span class=\"bad\">dead</span>".to_owned(),
+                other => esc(other),
+            };
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td><code>{}</code></td><td><code>{}</code> {}</td>\
+                 <td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&d.at),
+                esc(&d.account_id),
+                esc(&d.endpoint_id),
+                esc(&d.url),
+                esc(&d.event_id),
+                d.attempt,
+                d.status_code.map_or_else(|| "none".to_owned(), |c| c.to_string()),
+                outcome,
+                d.duration_ms,
+                esc(d.error.as_deref().unwrap_or("")),
             );
         }
         out.push_str("</table>");

@@ -79,6 +79,12 @@ enum Param {
     Page,
     /// `If-Match`.
     IfMatch,
+    /// `{id}` of an event.
+    EventId,
+    /// `{id}` of a webhook endpoint.
+    EndpointId,
+    /// `type` of `GET /v1/events`.
+    EventType,
 }
 
 use ProblemCode as P;
@@ -253,6 +259,115 @@ pub const ENDPOINTS: &[Endpoint] = &[
     },
     Endpoint {
         method: "get",
+        path: "/v1/events",
+        id: "listEvents",
+        summary: "List events (each written in the same transaction as its change), newest first",
+        tag: "events",
+        authenticated: true,
+        key: Key::Ignored,
+        body: None,
+        params: &[Param::EventType, Param::Page],
+        success: (200, "application/json", Some("EventList"), &[]),
+        problems: &[P::InvalidRequest, P::ResourceMissing],
+    },
+    Endpoint {
+        method: "get",
+        path: "/v1/events/{id}",
+        id: "retrieveEvent",
+        summary: "Retrieve an event",
+        tag: "events",
+        authenticated: true,
+        key: Key::Ignored,
+        body: None,
+        params: &[Param::EventId],
+        success: (200, "application/json", Some("Event"), &[]),
+        problems: &[P::ResourceMissing],
+    },
+    Endpoint {
+        method: "post",
+        path: "/v1/webhook_endpoints",
+        id: "createWebhookEndpoint",
+        summary: "Register a webhook endpoint; the answer carries its signing secret, once",
+        tag: "webhooks",
+        authenticated: true,
+        key: Key::Ignored,
+        body: Some(("CreateWebhookEndpointRequest", "application/json", true)),
+        params: &[],
+        success: (201, "application/json", Some("WebhookEndpoint"), &["Location"]),
+        problems: &[P::InvalidRequest, P::PayloadTooLarge, P::UnsupportedMediaType],
+    },
+    Endpoint {
+        method: "get",
+        path: "/v1/webhook_endpoints",
+        id: "listWebhookEndpoints",
+        summary: "List the account's webhook endpoints",
+        tag: "webhooks",
+        authenticated: true,
+        key: Key::Ignored,
+        body: None,
+        params: &[],
+        success: (200, "application/json", Some("WebhookEndpointList"), &[]),
+        problems: &[],
+    },
+    Endpoint {
+        method: "get",
+        path: "/v1/webhook_endpoints/{id}",
+        id: "retrieveWebhookEndpoint",
+        summary: "Retrieve a webhook endpoint (without its secret)",
+        tag: "webhooks",
+        authenticated: true,
+        key: Key::Ignored,
+        body: None,
+        params: &[Param::EndpointId],
+        success: (200, "application/json", Some("WebhookEndpoint"), &[]),
+        problems: &[P::ResourceMissing],
+    },
+    Endpoint {
+        method: "post",
+        path: "/v1/webhook_endpoints/{id}",
+        id: "updateWebhookEndpoint",
+        summary: "Disable (or enable again) a webhook endpoint",
+        tag: "webhooks",
+        authenticated: true,
+        key: Key::Ignored,
+        body: Some(("UpdateWebhookEndpointRequest", "application/json", true)),
+        params: &[Param::EndpointId],
+        success: (200, "application/json", Some("WebhookEndpoint"), &[]),
+        problems: &[
+            P::InvalidRequest,
+            P::ResourceMissing,
+            P::PayloadTooLarge,
+            P::UnsupportedMediaType,
+        ],
+    },
+    Endpoint {
+        method: "delete",
+        path: "/v1/webhook_endpoints/{id}",
+        id: "deleteWebhookEndpoint",
+        summary: "Delete a webhook endpoint; nothing more is delivered to it",
+        tag: "webhooks",
+        authenticated: true,
+        key: Key::Ignored,
+        body: None,
+        params: &[Param::EndpointId],
+        success: (200, "application/json", None, &[]),
+        problems: &[P::ResourceMissing],
+    },
+    Endpoint {
+        method: "get",
+        path: "/v1/webhook_endpoints/{id}/attempts",
+        id: "listWebhookAttempts",
+        summary: "The endpoint's delivery log: the latest 100 attempts, newest first",
+        tag: "webhooks",
+        authenticated: true,
+        key: Key::Ignored,
+        body: None,
+        params: &[Param::EndpointId],
+        success: (200, "application/json", None, &[]),
+        problems: &[P::ResourceMissing],
+    },
+    Endpoint {
+        method: "get",
         path: "/healthz",
         id: "healthz",
         summary: "The process is alive",
@@ -336,6 +451,7 @@ pub fn document(settings: &Settings, public_base_url: &str) -> OpenApi {
         let method = match endpoint.method {
             "post" => HttpMethod::Post,
             "patch" => HttpMethod::Patch,
+            "delete" => HttpMethod::Delete,
             _ => HttpMethod::Get,
         };
         paths = paths.path(endpoint.path, PathItem::new(method, operation(endpoint, retention)));
@@ -354,6 +470,12 @@ pub fn document(settings: &Settings, public_base_url: &str) -> OpenApi {
         .schema_from::<CancelBody>()
         .schema("PaymentList", list("Payment", "/v1/payments"))
         .schema("RefundList", list("Refund", "/v1/payments/{id}/refunds"))
+        .schema_from::<crate::routes::events::EventDoc>()
+        .schema_from::<crate::routes::webhook_endpoints::WebhookEndpointDoc>()
+        .schema_from::<crate::routes::webhook_endpoints::CreateWebhookEndpointRequest>()
+        .schema_from::<crate::routes::webhook_endpoints::UpdateWebhookEndpointRequest>()
+        .schema("EventList", list("Event", "/v1/events"))
+        .schema("WebhookEndpointList", list("WebhookEndpoint", "/v1/webhook_endpoints"))
         .schema("Problem", problem())
         .security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)))
         .security_scheme("basic", SecurityScheme::Http(Http::new(HttpAuthScheme::Basic)))
@@ -586,6 +708,21 @@ fn parameters(param: Param) -> Vec<utoipa::openapi::path::Parameter> {
     match param {
         Param::PaymentId => vec![path("id", "pay_", "The payment, `pay_…`.")],
         Param::RefundId => vec![path("id", "re_", "The refund, `re_…`.")],
+        Param::EventId => vec![path("id", "evt_", "The event, `evt_…`.")],
+        Param::EndpointId => vec![path("id", "we_", "The webhook endpoint, `we_…`.")],
+        Param::EventType => vec![query(
+            "type",
+            Schema::Object(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(
+                        payments_domain::events::EventType::ALL
+                            .map(payments_domain::events::EventType::as_str),
+                    ))
+                    .build(),
+            ),
+            "Only events of this type.",
+        )],
         Param::ProblemCode => vec![
             ParameterBuilder::new()
                 .name("code")

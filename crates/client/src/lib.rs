@@ -21,6 +21,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod webhooks;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 

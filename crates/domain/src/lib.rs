@@ -5,6 +5,7 @@
 
 pub mod accounts;
 pub mod audit;
+pub mod events;
 pub mod ids;
 pub mod money;
 pub mod operations;
@@ -12,6 +13,7 @@ pub mod payments;
 pub mod problems;
 pub mod refunds;
 pub mod updates;
+pub mod webhooks;
 
 pub use accounts::{Account, AccountId, ApiKey, ApiKeyId, SecretKey};
 

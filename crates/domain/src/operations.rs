@@ -40,6 +40,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::DomainError;
 use crate::audit::{self, AuditEvent};
+use crate::events::{self, EventType};
 use crate::ids::new_id;
 use crate::payments::{self, CaptureMethod, Changes, CreatePaymentRequest, Payment, PaymentStatus};
 use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
@@ -574,6 +575,7 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                                         record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
                                     }
                                     record(tx, &payment.account_id, &payment.id, "payment.charged", &info, json!({"charge": charge.id, "downstream_key": key.as_str(), "status": status})).await?;
+                                    events::record(tx, &payment.account_id, if charge.captured { EventType::PaymentSucceeded } else { EventType::PaymentRequiresCapture }, &payment.to_json()).await?;
                                     Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(payment_answer(201, &payment, true)))
                                 })
                             })
@@ -632,6 +634,7 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                                         json!({"error": message}),
                                     )
                                     .await?;
+                                    events::record(tx, &payment.account_id, EventType::PaymentFailed, &payment.to_json()).await?;
                                     Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(
                                         problem_answer(&problem, &info.request_id, &base),
                                     ))
@@ -984,6 +987,7 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                                         audit::stage_job(tx, "receipt", &payment.id, json!({"payment_id": payment.id, "email": email})).await?;
                                     }
                                     record(tx, &payment.account_id, &payment.id, "payment.captured", &info, json!({"amount_captured": amount_captured, "downstream_key": key.as_str()})).await?;
+                                    events::record(tx, &payment.account_id, EventType::PaymentCaptured, &payment.to_json()).await?;
                                     Step::<CapturePoint>::Finish(payment_answer(200, &payment, false))
                                 }
                                 (None, problem) => {
@@ -1134,6 +1138,13 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                                         "payment.canceled",
                                         &info,
                                         json!({"downstream_key": key.as_str()}),
+                                    )
+                                    .await?;
+                                    events::record(
+                                        tx,
+                                        &payment.account_id,
+                                        EventType::PaymentCanceled,
+                                        &payment.to_json(),
                                     )
                                     .await?;
                                     Step::<CancelPoint>::Finish(payment_answer(
@@ -1348,13 +1359,15 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                                 None => {
                                     let refund = refunds::settle(tx, &refund.id, processor_refund_id.as_deref(), None).await?;
                                     record(tx, &refund.account_id, &refund.id, "refund.succeeded", &info, json!({"processor_refund": processor_refund_id, "downstream_key": key.as_str()})).await?;
+                                    events::record(tx, &refund.account_id, EventType::RefundSucceeded, &refund.to_json()).await?;
                                     Step::<RefundPoint>::Finish(refund_answer(&refund))
                                 }
                                 Some((problem, code)) => {
                                     // Give the reservation back: the money did not move.
-                                    refunds::settle(tx, &refund.id, None, Some(&code)).await?;
+                                    let failed = refunds::settle(tx, &refund.id, None, Some(&code)).await?;
                                     payments::update(tx, &refund.payment_id, &Changes { refunded_delta: -refund.amount, ..Changes::default() }).await?;
                                     record(tx, &refund.account_id, &refund.id, "refund.failed", &info, json!({"detail": problem.detail})).await?;
+                                    events::record(tx, &refund.account_id, EventType::RefundFailed, &failed.to_json()).await?;
                                     Step::Finish(problem_answer(&problem, &info.request_id, &base))
                                 }
                             };

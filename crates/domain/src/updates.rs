@@ -14,6 +14,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use crate::DomainError;
+use crate::events::{self, EventType};
 use crate::payments::{self, Changes, Payment};
 use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
 
@@ -110,7 +111,9 @@ pub async fn apply(
         metadata: metadata.as_ref(),
         ..Changes::default()
     };
-    Ok(Patched::Updated(Box::new(payments::update(tx, id, &changes).await?)))
+    let payment = payments::update(tx, id, &changes).await?;
+    events::record(tx, account_id, EventType::PaymentUpdated, &payment.to_json()).await?;
+    Ok(Patched::Updated(Box::new(payment)))
 }
 
 /// The problem a stale `If-Match` answers.

@@ -8,13 +8,15 @@
 //! - **Reaper**: deletes completed keys past the retention window, in bounded batches; flags
 //!   unfinished ones instead of deleting them. Payments never refer to keys by foreign key, so
 //!   nothing is orphaned.
-//! - **Job runner**: runs staged jobs (receipts) at least once, one at a time, with back-off and
-//!   a dead letter; a receipt sent twice carries one `Message-ID`.
+//! - **Job runner**: runs staged jobs (receipts, webhook deliveries) at least once, one at a
+//!   time, with back-off and a dead letter; a receipt sent twice carries one `Message-ID`, a
+//!   webhook delivered twice one event id.
 //!
 //! Every loop is bounded and stops between items when asked to: the item in hand is finished.
 //! Any number of workers can run against one database.
 
 pub mod jobs;
+pub mod webhooks;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +29,7 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 
 use crate::jobs::{LogMailer, Mailer, SmtpMailer};
+use crate::webhooks::{Delivered, Deliverer};
 
 /// At most this many batches per loop in one pass, so a pass always ends.
 const MAX_BATCHES_PER_PASS: usize = 20;
@@ -82,6 +85,7 @@ pub struct Worker<P> {
     settings: WorkerSettings,
     retention: Duration,
     mailer: Arc<dyn Mailer>,
+    deliverer: Deliverer,
 }
 
 impl<P> std::fmt::Debug for Worker<P> {
@@ -101,7 +105,7 @@ pub fn build(settings: &Settings) -> anyhow::Result<Worker<ProcessorClient>> {
         Arc::new(SmtpMailer::new(smtp_url, &settings.worker.receipt_from)?)
     };
     let public_base_url = settings.public_base_url(settings.http.port);
-    Ok(Worker::new(pool, Arc::new(processor), public_base_url.into(), settings, mailer))
+    Worker::new(pool, Arc::new(processor), public_base_url.into(), settings, mailer)
 }
 
 impl<P: CardProcessor> Worker<P> {
@@ -112,16 +116,17 @@ impl<P: CardProcessor> Worker<P> {
         public_base_url: Arc<str>,
         settings: &Settings,
         mailer: Arc<dyn Mailer>,
-    ) -> Self {
+    ) -> anyhow::Result<Self> {
         let engine = Engine::new(pool.clone(), settings.engine_config(), Arc::new(NoObserver));
-        Self {
+        Ok(Self {
             ctx: Context::new(pool, processor, public_base_url)
                 .with_charge_metadata(settings.processor.charge_metadata.clone()),
             engine,
             settings: settings.worker.clone(),
             retention: Duration::from_secs(u64::from(settings.idempotency.retention_hours) * 3600),
             mailer,
-        }
+            deliverer: Deliverer::new(&settings.webhooks)?,
+        })
     }
 
     /// One pass of each loop, stopping between items once `stop` turns true.
@@ -241,6 +246,41 @@ impl<P: CardProcessor> Worker<P> {
             }
             let Some(job) = jobs::claim(&self.ctx.pool, 1).await?.pop() else { break };
             let span = tracing::info_span!("job", job_id = job.id, kind = %job.kind, attempt = job.attempts);
+            if job.kind == "webhook" {
+                // Its own schedule (back-off to a horizon) and its own log; see `webhooks`.
+                let delivered = tracing::Instrument::instrument(
+                    self.deliverer.run(&self.ctx.pool, &job),
+                    span.clone(),
+                )
+                .await;
+                match delivered {
+                    Ok(Delivered::Done) => report.jobs_done += 1,
+                    Ok(Delivered::Retrying) => report.jobs_retried += 1,
+                    Ok(Delivered::Dead) => {
+                        tracing::error!(parent: &span, "webhook delivery dead-lettered");
+                        report.jobs_dead += 1;
+                    }
+                    Ok(Delivered::Lost) => {
+                        tracing::warn!(parent: &span, "another runner claimed the delivery meanwhile; its run decides");
+                    }
+                    // The job could not be run at all (the database failed, or its payload names
+                    // no event): retried like any job, and dead-lettered after the same bound.
+                    Err(error) => {
+                        let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
+                            >= self.settings.job_max_attempts;
+                        let delay = self.deliverer.backoff(job.attempts);
+                        jobs::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead)
+                            .await?;
+                        tracing::warn!(parent: &span, error, dead, "webhook job failed");
+                        if dead {
+                            report.jobs_dead += 1;
+                        } else {
+                            report.jobs_retried += 1;
+                        }
+                    }
+                }
+                continue;
+            }
             let outcome = match job.kind.as_str() {
                 "receipt" => {
                     tracing::Instrument::instrument(

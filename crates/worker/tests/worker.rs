@@ -98,6 +98,7 @@ impl Harness {
             &self.settings,
             self.mailer.clone(),
         )
+        .unwrap()
     }
 
     async fn pass(&self) -> PassReport {
@@ -885,6 +886,7 @@ async fn a_receipt_sent_again_by_a_second_runner_carries_one_message_id(pool: Pg
             &h.settings,
             Arc::new(mailer),
         )
+        .unwrap()
     };
     let (first, second) = (runner(), runner());
     let (_stop_tx, stop) = watch::channel(false);

@@ -1,6 +1,8 @@
 //! The routes, one module per resource.
 
+pub mod events;
 pub mod health;
 pub mod payments;
 pub mod problems;
 pub mod refunds;
+pub mod webhook_endpoints;

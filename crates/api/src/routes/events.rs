@@ -1,0 +1,101 @@
+//! `/v1/events`: what happened to the account's payments and refunds, newest first.
+//!
+//! Each event was written in the same transaction as its change (`payments_domain::events`), so
+//! the list is exactly the committed changes; a webhook endpoint receives the same objects.
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::Response;
+use payments_domain::events::{self, Event, EventType};
+use payments_domain::ids;
+use serde::{Deserialize, Serialize};
+
+use crate::app::AppState;
+use crate::auth::Authenticated;
+use crate::error::ApiError;
+use crate::extract::{ApiPath, ApiQuery};
+use crate::idempotency::stored_response;
+use crate::routes::payments::{List, ListParams, cursor_missing, raw_items};
+
+/// The query of `GET /v1/events`: the page, and optionally one type.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventListParams {
+    /// Only events of this type (`payment.succeeded`, …).
+    #[serde(rename = "type")]
+    pub event_type: Option<String>,
+    /// Page size, 1 to 100.
+    pub limit: Option<u32>,
+    /// Return events older than this id.
+    pub starting_after: Option<String>,
+    /// Return events newer than this id.
+    pub ending_before: Option<String>,
+}
+
+/// An event as the API shows it (the document's `Event`; the bytes come from
+/// `payments_domain::events::Event::to_json`, and a test holds the two together).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = Event)]
+pub struct EventDoc {
+    /// `evt_…`
+    pub id: String,
+    /// Always `"event"`.
+    pub object: String,
+    /// What happened: `payment.succeeded`, `payment.requires_capture`, `payment.failed`,
+    /// `payment.captured`, `payment.canceled`, `payment.updated`, `refund.succeeded`,
+    /// `refund.failed`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// Unix seconds: when the change committed.
+    pub created: i64,
+    /// `{"object": …}`: the payment or refund as the API showed it right after the change.
+    pub data: serde_json::Value,
+    /// Always `false` here.
+    pub livemode: bool,
+}
+
+fn no_such_event(id: &str) -> ApiError {
+    ApiError::resource_missing(format!("No such event: '{id}'.")).with_param("id")
+}
+
+/// `GET /v1/events/{id}`
+pub async fn retrieve(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    if !ids::is_well_formed(&id, "evt") {
+        return Err(no_such_event(&id));
+    }
+    let event = events::find(&state.pool, account.as_str(), &id)
+        .await?
+        .ok_or_else(|| no_such_event(&id))?;
+    Ok(stored_response(idem::StoredResponse::json(200, event.to_json()), false))
+}
+
+/// `GET /v1/events`
+pub async fn list(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    ApiQuery(params): ApiQuery<EventListParams>,
+) -> Result<Json<List>, ApiError> {
+    let event_type = match params.event_type.as_deref() {
+        None => None,
+        Some(name) => Some(EventType::parse(name).ok_or_else(|| {
+            ApiError::invalid_request("type", format!("`{name}` is not an event type."))
+        })?),
+    };
+    let page = ListParams {
+        limit: params.limit,
+        starting_after: params.starting_after,
+        ending_before: params.ending_before,
+    }
+    .validate("evt_")?;
+    let mut conn = state.pool.acquire().await?;
+    let (events, has_more) =
+        events::list(&mut conn, account.as_str(), event_type, page.limit, page.cursor.as_ref())
+            .await?
+            .ok_or_else(|| cursor_missing(&page, "event"))?;
+    let data = raw_items(events.iter().map(Event::to_json))?;
+    Ok(Json(List { object: "list", data, has_more, url: "/v1/events".into() }))
+}

@@ -1,0 +1,168 @@
+//! `/v1/webhook_endpoints`: where the account's events are delivered, and each endpoint's
+//! delivery log.
+//!
+//! The URL is held to the address rule (`payments_domain::webhooks::AddressRule`): `http` or
+//! `https`, and no private or loopback address unless `webhooks.allow_loopback`. The signing
+//! secret is in the creation's answer only.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use payments_domain::ids;
+use payments_domain::webhooks::{self, AddressRule, EndpointStatus};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::auth::Authenticated;
+use crate::error::ApiError;
+use crate::extract::{ApiPath, JsonBody};
+
+/// The most attempts the delivery log shows.
+const LOG_LIMIT: i64 = 100;
+
+/// `POST /v1/webhook_endpoints`
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWebhookEndpointRequest {
+    /// Where deliveries are posted: an `http` or `https` URL of a public address.
+    pub url: String,
+    /// The event types delivered, or `["*"]` for every type.
+    pub enabled_events: Vec<String>,
+}
+
+/// `POST /v1/webhook_endpoints/{id}`
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateWebhookEndpointRequest {
+    /// `true` stops deliveries (those already due are dropped); `false` resumes them for new
+    /// events.
+    pub disabled: bool,
+}
+
+/// A webhook endpoint as the API shows it (the document's `WebhookEndpoint`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = WebhookEndpoint)]
+pub struct WebhookEndpointDoc {
+    /// `we_…`
+    pub id: String,
+    /// Always `"webhook_endpoint"`.
+    pub object: String,
+    /// Where deliveries are posted.
+    pub url: String,
+    /// The event types delivered, or `["*"]`.
+    pub enabled_events: Vec<String>,
+    /// `enabled` or `disabled`.
+    pub status: String,
+    /// Unix seconds.
+    pub created: i64,
+    /// `whsec_…`: in the answer to the creation only. Verify each delivery's
+    /// `Payments-Signature` with it.
+    pub secret: Option<String>,
+}
+
+fn no_such_endpoint(id: &str) -> ApiError {
+    ApiError::resource_missing(format!("No such webhook endpoint: '{id}'.")).with_param("id")
+}
+
+fn rule(state: &AppState) -> AddressRule {
+    AddressRule { allow_loopback: state.settings.webhooks.allow_loopback }
+}
+
+/// `POST /v1/webhook_endpoints`
+pub async fn create(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    body: JsonBody<CreateWebhookEndpointRequest>,
+) -> Result<Response, ApiError> {
+    let url = rule(&state).check_url(&body.value.url)?;
+    let enabled = webhooks::parse_enabled_events(&body.value.enabled_events)?;
+    let mut conn = state.pool.acquire().await?;
+    let endpoint = webhooks::create(&mut conn, account.as_str(), &url, enabled.as_deref()).await?;
+    let location = format!("/v1/webhook_endpoints/{}", endpoint.id);
+    Ok((
+        StatusCode::CREATED,
+        [(axum::http::header::LOCATION, location)],
+        Json(endpoint.to_value(true)),
+    )
+        .into_response())
+}
+
+/// `GET /v1/webhook_endpoints`
+pub async fn list(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let endpoints = webhooks::list(&state.pool, account.as_str()).await?;
+    let data: Vec<_> = endpoints.iter().map(|e| e.to_value(false)).collect();
+    Ok(Json(json!({
+        "object": "list", "data": data, "has_more": false, "url": "/v1/webhook_endpoints"
+    })))
+}
+
+/// `GET /v1/webhook_endpoints/{id}`
+pub async fn retrieve(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if !ids::is_well_formed(&id, "we") {
+        return Err(no_such_endpoint(&id));
+    }
+    let endpoint = webhooks::find(&state.pool, account.as_str(), &id)
+        .await?
+        .ok_or_else(|| no_such_endpoint(&id))?;
+    Ok(Json(endpoint.to_value(false)))
+}
+
+/// `POST /v1/webhook_endpoints/{id}`: disable or enable.
+pub async fn update(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    ApiPath(id): ApiPath<String>,
+    body: JsonBody<UpdateWebhookEndpointRequest>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if !ids::is_well_formed(&id, "we") {
+        return Err(no_such_endpoint(&id));
+    }
+    let status =
+        if body.value.disabled { EndpointStatus::Disabled } else { EndpointStatus::Enabled };
+    let endpoint = webhooks::set_status(&state.pool, account.as_str(), &id, status)
+        .await?
+        .ok_or_else(|| no_such_endpoint(&id))?;
+    Ok(Json(endpoint.to_value(false)))
+}
+
+/// `DELETE /v1/webhook_endpoints/{id}`
+pub async fn delete(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if !ids::is_well_formed(&id, "we")
+        || !webhooks::delete(&state.pool, account.as_str(), &id).await?
+    {
+        return Err(no_such_endpoint(&id));
+    }
+    Ok(Json(json!({"id": id, "object": "webhook_endpoint", "deleted": true})))
+}
+
+/// `GET /v1/webhook_endpoints/{id}/attempts`: the delivery log, newest first.
+pub async fn attempts(
+    State(state): State<AppState>,
+    Authenticated(account): Authenticated,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if !ids::is_well_formed(&id, "we") {
+        return Err(no_such_endpoint(&id));
+    }
+    webhooks::find(&state.pool, account.as_str(), &id)
+        .await?
+        .ok_or_else(|| no_such_endpoint(&id))?;
+    let data = webhooks::attempts(&state.pool, &id, LOG_LIMIT).await?;
+    Ok(Json(json!({
+        "object": "list", "data": data, "has_more": false,
+        "url": format!("/v1/webhook_endpoints/{id}/attempts"),
+    })))
+}

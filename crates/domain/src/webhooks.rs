@@ -1,0 +1,586 @@
+//! Webhook endpoints: where an account's events are delivered, the rule on which URLs may be
+//! registered (no server-side request forgery), the signature each delivery carries, and the
+//! delivery log.
+//!
+//! The signature is Stripe's scheme: `Payments-Signature: t=<unix>,v1=<hex HMAC-SHA256(secret,
+//! "<t>.<body>")>`. The receiver recomputes it with the secret it was shown once, compares in
+//! constant time, and refuses a timestamp outside its tolerance (a replay).
+
+use std::net::IpAddr;
+
+use hmac::{Hmac, Mac};
+use serde_json::{Value, json};
+use sha2::Sha256;
+use sqlx::{PgConnection, PgExecutor};
+
+use crate::DomainError;
+use crate::events::{Event, EventType};
+use crate::ids;
+
+/// The header a delivery's signature travels in.
+pub const SIGNATURE_HEADER: &str = "Payments-Signature";
+
+/// The most endpoints one account may have (deleted ones not counted): each event fans out to
+/// every one of them, so this bounds the work one change makes.
+pub const MAX_ENDPOINTS_PER_ACCOUNT: i64 = 16;
+
+/// The longest URL accepted.
+pub const URL_MAX_CHARS: usize = 2048;
+
+/// `t=<unix>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`.
+pub fn signature_header(secret: &str, unix_seconds: i64, body: &[u8]) -> String {
+    // HMAC takes a key of any length; this cannot fail.
+    let mut mac = match Hmac::<Sha256>::new_from_slice(secret.as_bytes()) {
+        Ok(mac) => mac,
+        Err(_) => unreachable!("HMAC accepts keys of any length"),
+    };
+    mac.update(unix_seconds.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!("t={unix_seconds},v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+/// Which destination addresses a delivery may reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressRule {
+    /// Loopback addresses allowed (local runs and tests).
+    pub allow_loopback: bool,
+}
+
+impl AddressRule {
+    /// Whether a delivery may connect to `ip`. Refused always: unspecified, private, link-local
+    /// (cloud metadata services live there), shared, multicast, broadcast, documentation and
+    /// unique-local addresses; loopback unless allowed. An IPv4-mapped IPv6 address is judged
+    /// as the IPv4 address it maps.
+    pub fn permits(self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(v4) => {
+                let [a, b, ..] = v4.octets();
+                if v4.is_loopback() {
+                    return self.allow_loopback;
+                }
+                !(v4.is_unspecified()
+                    || v4.is_private()
+                    || v4.is_link_local()
+                    || v4.is_multicast()
+                    || v4.is_broadcast()
+                    || v4.is_documentation()
+                    || a == 0
+                    || (a == 100 && (64..128).contains(&b)) // shared address space (RFC 6598)
+                    || a >= 240)
+            }
+            IpAddr::V6(v6) => {
+                if let Some(v4) = v6.to_ipv4_mapped() {
+                    return self.permits(IpAddr::V4(v4));
+                }
+                if v6.is_loopback() {
+                    return self.allow_loopback;
+                }
+                let first = v6.segments()[0];
+                !(v6.is_unspecified()
+                    || v6.is_multicast()
+                    || (first & 0xfe00) == 0xfc00 // unique local
+                    || (first & 0xffc0) == 0xfe80) // link-local
+            }
+        }
+    }
+
+    /// Checks a URL a merchant registers: `http` or `https`, a host, no credentials, and, when
+    /// the host is an address, one this rule permits. Names are resolved and checked again at
+    /// each delivery (a name can change what it points to).
+    pub fn check_url(self, url: &str) -> Result<url::Url, DomainError> {
+        let invalid =
+            |message: &str| DomainError::Invalid { param: "url", message: message.into() };
+        if url.chars().count() > URL_MAX_CHARS {
+            return Err(invalid(&format!("`url` must be at most {URL_MAX_CHARS} characters.")));
+        }
+        let parsed = url::Url::parse(url).map_err(|_| invalid("`url` must be an absolute URL."))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(invalid("`url` must be an `http` or `https` URL."));
+        }
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(invalid("`url` must not carry credentials."));
+        }
+        let refused = || {
+            invalid(
+                "`url` points at a private, loopback or otherwise internal address; webhooks are \
+                 delivered only to public addresses.",
+            )
+        };
+        match parsed.host() {
+            None => return Err(invalid("`url` must name a host.")),
+            Some(url::Host::Ipv4(v4)) if !self.permits(IpAddr::V4(v4)) => return Err(refused()),
+            Some(url::Host::Ipv6(v6)) if !self.permits(IpAddr::V6(v6)) => return Err(refused()),
+            Some(url::Host::Domain(name))
+                if !self.allow_loopback
+                    && (name.eq_ignore_ascii_case("localhost")
+                        || name.to_ascii_lowercase().ends_with(".localhost")) =>
+            {
+                return Err(refused());
+            }
+            Some(_) => {}
+        }
+        Ok(parsed)
+    }
+}
+
+/// Whether an endpoint receives deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointStatus {
+    /// Events are delivered.
+    Enabled,
+    /// Nothing is delivered; deliveries already due are dropped.
+    Disabled,
+}
+
+impl EndpointStatus {
+    /// As stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enabled => "enabled",
+            Self::Disabled => "disabled",
+        }
+    }
+
+    fn parse(text: &str) -> Result<Self, DomainError> {
+        match text {
+            "enabled" => Ok(Self::Enabled),
+            "disabled" => Ok(Self::Disabled),
+            _ => Err(DomainError::Corrupt("webhook_endpoints.status")),
+        }
+    }
+}
+
+/// One webhook endpoint.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// `we_…`
+    pub id: String,
+    /// The owner.
+    pub account_id: String,
+    /// Where deliveries are posted.
+    pub url: String,
+    /// The types delivered; `None` means every type (`["*"]`).
+    pub enabled_events: Option<Vec<EventType>>,
+    /// `whsec_…`: shown once, at creation.
+    pub secret: String,
+    /// Enabled or disabled.
+    pub status: EndpointStatus,
+    /// Unix seconds.
+    pub created: i64,
+}
+
+impl Endpoint {
+    /// The public representation; the secret only when `with_secret` (the creation's answer).
+    pub fn to_value(&self, with_secret: bool) -> Value {
+        let enabled: Vec<&str> = match &self.enabled_events {
+            None => vec!["*"],
+            Some(types) => types.iter().map(|t| t.as_str()).collect(),
+        };
+        let mut value = json!({
+            "id": self.id,
+            "object": "webhook_endpoint",
+            "url": self.url,
+            "enabled_events": enabled,
+            "status": self.status.as_str(),
+            "created": self.created,
+        });
+        if with_secret {
+            value["secret"] = Value::String(self.secret.clone());
+        }
+        value
+    }
+}
+
+/// Parses `enabled_events`: `["*"]` or a non-empty list of known types.
+pub fn parse_enabled_events(names: &[String]) -> Result<Option<Vec<EventType>>, DomainError> {
+    let invalid = |message: String| DomainError::Invalid { param: "enabled_events", message };
+    if names.is_empty() {
+        return Err(invalid("`enabled_events` must name at least one type, or `*`.".into()));
+    }
+    if names.iter().any(|n| n == "*") {
+        return if names.len() == 1 {
+            Ok(None)
+        } else {
+            Err(invalid("`*` stands alone in `enabled_events`.".into()))
+        };
+    }
+    let mut types = Vec::with_capacity(names.len());
+    for name in names {
+        let t = EventType::parse(name)
+            .ok_or_else(|| invalid(format!("`{name}` is not an event type.")))?;
+        if !types.contains(&t) {
+            types.push(t);
+        }
+    }
+    Ok(Some(types))
+}
+
+struct EndpointRow {
+    id: String,
+    account_id: String,
+    url: String,
+    enabled_events: Vec<String>,
+    secret: String,
+    status: String,
+    created: i64,
+}
+
+impl TryFrom<EndpointRow> for Endpoint {
+    type Error = DomainError;
+
+    fn try_from(row: EndpointRow) -> Result<Self, DomainError> {
+        let enabled_events = parse_enabled_events(&row.enabled_events)
+            .map_err(|_| DomainError::Corrupt("webhook_endpoints.enabled_events"))?;
+        Ok(Self {
+            id: row.id,
+            account_id: row.account_id,
+            url: row.url,
+            enabled_events,
+            secret: row.secret,
+            status: EndpointStatus::parse(&row.status)?,
+            created: row.created,
+        })
+    }
+}
+
+/// Registers an endpoint with a fresh secret. The URL must have passed [`AddressRule::check_url`].
+pub async fn create(
+    conn: &mut PgConnection,
+    account_id: &str,
+    url: &url::Url,
+    enabled_events: Option<&[EventType]>,
+) -> Result<Endpoint, DomainError> {
+    let names: Vec<String> = match enabled_events {
+        None => vec!["*".to_owned()],
+        Some(types) => types.iter().map(|t| t.as_str().to_owned()).collect(),
+    };
+    let id = ids::new_id("we");
+    let secret = ids::with_random_suffix("whsec", 32);
+    // The count and the insert in one statement, under the account's row lock, so that two
+    // concurrent creations cannot both pass the bound.
+    let row = sqlx::query_as!(
+        EndpointRow,
+        r#"
+        WITH owner AS (SELECT id FROM accounts WHERE id = $2 FOR UPDATE)
+        INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret)
+        SELECT $1, owner.id, $3, $4, $5 FROM owner
+         WHERE (SELECT count(*) FROM webhook_endpoints
+                 WHERE account_id = $2 AND deleted_at IS NULL) < $6
+        RETURNING id, account_id, url, enabled_events, secret, status,
+                  extract(epoch FROM created_at)::bigint AS "created!"
+        "#,
+        id,
+        account_id,
+        url.as_str(),
+        &names,
+        secret,
+        MAX_ENDPOINTS_PER_ACCOUNT,
+    )
+    .fetch_optional(conn)
+    .await?
+    .ok_or_else(|| DomainError::Invalid {
+        param: "url",
+        message: format!(
+            "An account has at most {MAX_ENDPOINTS_PER_ACCOUNT} webhook endpoints; delete one first."
+        ),
+    })?;
+    row.try_into()
+}
+
+/// The account's endpoint of this id, unless deleted.
+pub async fn find(
+    executor: impl PgExecutor<'_>,
+    account_id: &str,
+    id: &str,
+) -> Result<Option<Endpoint>, DomainError> {
+    let row = sqlx::query_as!(
+        EndpointRow,
+        r#"SELECT id, account_id, url, enabled_events, secret, status,
+                  extract(epoch FROM created_at)::bigint AS "created!"
+             FROM webhook_endpoints
+            WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL"#,
+        id,
+        account_id,
+    )
+    .fetch_optional(executor)
+    .await?;
+    row.map(Endpoint::try_from).transpose()
+}
+
+/// The account's endpoints, newest first (at most [`MAX_ENDPOINTS_PER_ACCOUNT`]).
+pub async fn list(
+    executor: impl PgExecutor<'_>,
+    account_id: &str,
+) -> Result<Vec<Endpoint>, DomainError> {
+    let rows = sqlx::query_as!(
+        EndpointRow,
+        r#"SELECT id, account_id, url, enabled_events, secret, status,
+                  extract(epoch FROM created_at)::bigint AS "created!"
+             FROM webhook_endpoints
+            WHERE account_id = $1 AND deleted_at IS NULL
+            ORDER BY seq DESC"#,
+        account_id,
+    )
+    .fetch_all(executor)
+    .await?;
+    rows.into_iter().map(Endpoint::try_from).collect()
+}
+
+/// Sets an endpoint's status; `None` when the account has no such endpoint.
+pub async fn set_status(
+    executor: impl PgExecutor<'_>,
+    account_id: &str,
+    id: &str,
+    status: EndpointStatus,
+) -> Result<Option<Endpoint>, DomainError> {
+    let row = sqlx::query_as!(
+        EndpointRow,
+        r#"UPDATE webhook_endpoints SET status = $3
+            WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
+        RETURNING id, account_id, url, enabled_events, secret, status,
+                  extract(epoch FROM created_at)::bigint AS "created!""#,
+        id,
+        account_id,
+        status.as_str(),
+    )
+    .fetch_optional(executor)
+    .await?;
+    row.map(Endpoint::try_from).transpose()
+}
+
+/// Deletes an endpoint (kept for its delivery log, never delivered to again); false when the
+/// account has no such endpoint.
+pub async fn delete(
+    executor: impl PgExecutor<'_>,
+    account_id: &str,
+    id: &str,
+) -> Result<bool, DomainError> {
+    let deleted = sqlx::query!(
+        "UPDATE webhook_endpoints SET deleted_at = now()
+          WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL",
+        id,
+        account_id,
+    )
+    .execute(executor)
+    .await?
+    .rows_affected();
+    Ok(deleted == 1)
+}
+
+/// What a delivery job needs: the event, and the endpoint as it is now (`None` when it was
+/// deleted or disabled since the event: nothing is delivered then).
+pub async fn delivery(
+    executor: impl PgExecutor<'_>,
+    event_id: &str,
+    endpoint_id: &str,
+) -> Result<Option<(Event, Option<Endpoint>, i64)>, DomainError> {
+    let row = sqlx::query!(
+        r#"SELECT e.id, e.account_id, e.type AS kind, e.object,
+                  extract(epoch FROM e.created_at)::bigint AS "created!",
+                  (extract(epoch FROM now() - e.created_at) * 1000)::bigint AS "age_ms!",
+                  w.id AS "endpoint_id?", w.url AS "url?", w.enabled_events AS "enabled_events?",
+                  w.secret AS "secret?", w.status AS "status?",
+                  extract(epoch FROM w.created_at)::bigint AS "endpoint_created?"
+             FROM events e
+             LEFT JOIN webhook_endpoints w
+               ON w.id = $2 AND w.account_id = e.account_id AND w.deleted_at IS NULL
+              AND w.status = 'enabled'
+            WHERE e.id = $1"#,
+        event_id,
+        endpoint_id,
+    )
+    .fetch_optional(executor)
+    .await?;
+    let Some(r) = row else { return Ok(None) };
+    let endpoint = match (r.endpoint_id, r.url, r.enabled_events, r.secret, r.status) {
+        (Some(id), Some(url), Some(enabled_events), Some(secret), Some(status)) => {
+            Some(Endpoint::try_from(EndpointRow {
+                id,
+                account_id: r.account_id.clone(),
+                url,
+                enabled_events,
+                secret,
+                status,
+                created: r.endpoint_created.unwrap_or_default(),
+            })?)
+        }
+        _ => None,
+    };
+    let event = Event::try_from_parts(r.id, r.account_id, &r.kind, r.object, r.created)?;
+    Ok(Some((event, endpoint, r.age_ms)))
+}
+
+/// What became of a delivery after one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A 2xx answer: done.
+    Delivered,
+    /// Failed; another attempt is scheduled.
+    Retrying,
+    /// Failed past the horizon (or refused by the address rule): dead-lettered.
+    Dead,
+}
+
+impl Outcome {
+    /// As stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Delivered => "delivered",
+            Self::Retrying => "retrying",
+            Self::Dead => "dead",
+        }
+    }
+}
+
+/// One attempt, for the delivery log.
+#[derive(Debug, Clone)]
+pub struct Attempt<'a> {
+    /// The endpoint.
+    pub endpoint_id: &'a str,
+    /// The event.
+    pub event_id: &'a str,
+    /// 1 for the first attempt.
+    pub attempt: i32,
+    /// The receiver's status, when it answered.
+    pub status_code: Option<u16>,
+    /// Why it failed, when it did.
+    pub error: Option<&'a str>,
+    /// How long it took.
+    pub duration_ms: u64,
+    /// What became of the delivery.
+    pub outcome: Outcome,
+}
+
+/// Appends an attempt to the delivery log.
+pub async fn log_attempt(
+    executor: impl PgExecutor<'_>,
+    attempt: &Attempt<'_>,
+) -> Result<(), DomainError> {
+    sqlx::query!(
+        "INSERT INTO webhook_attempts
+             (endpoint_id, event_id, attempt, status_code, error, duration_ms, outcome)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        attempt.endpoint_id,
+        attempt.event_id,
+        attempt.attempt,
+        attempt.status_code.map(i32::from),
+        attempt.error,
+        i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX),
+        attempt.outcome.as_str(),
+    )
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// The most recent attempts to deliver to an endpoint (its delivery log), newest first, as the
+/// API shows them.
+pub async fn attempts(
+    executor: impl PgExecutor<'_>,
+    endpoint_id: &str,
+    limit: i64,
+) -> Result<Vec<Value>, DomainError> {
+    let rows = sqlx::query!(
+        r#"SELECT event_id, attempt, status_code, error, duration_ms, outcome,
+                  extract(epoch FROM created_at)::bigint AS "created!"
+             FROM webhook_attempts WHERE endpoint_id = $1
+            ORDER BY seq DESC LIMIT $2"#,
+        endpoint_id,
+        limit,
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            json!({
+                "object": "webhook_attempt",
+                "event": r.event_id,
+                "attempt": r.attempt,
+                "status_code": r.status_code,
+                "error": r.error,
+                "duration_ms": r.duration_ms,
+                "outcome": r.outcome,
+                "created": r.created,
+            })
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+
+    const LIVE: AddressRule = AddressRule { allow_loopback: false };
+    const LOCAL: AddressRule = AddressRule { allow_loopback: true };
+
+    #[test]
+    fn the_signature_is_stripes_scheme_over_the_timestamp_and_the_body() {
+        // Computed independently: printf '1700000000.{"a":1}' | openssl dgst -sha256 -hmac whsec_test
+        let header = signature_header("whsec_test", 1_700_000_000, br#"{"a":1}"#);
+        assert_eq!(
+            header,
+            "t=1700000000,v1=38877139021993b830af32feea6e18a8da83eb2f6e49ee50bd9e4cf4ca4d3789"
+        );
+    }
+
+    #[test]
+    fn private_link_local_and_loopback_addresses_are_refused_in_live_settings() {
+        for ip in [
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            IpAddr::V4(Ipv4Addr::new(172, 16, 0, 1)),
+            IpAddr::V4(Ipv4Addr::new(192, 168, 1, 1)),
+            IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254)),
+            IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)),
+            IpAddr::V4(Ipv4Addr::new(0, 0, 0, 0)),
+            IpAddr::V4(Ipv4Addr::new(100, 64, 0, 1)),
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+            IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1)),
+            IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1)),
+            IpAddr::V6(Ipv4Addr::new(127, 0, 0, 1).to_ipv6_mapped()),
+            IpAddr::V6(Ipv4Addr::new(10, 1, 2, 3).to_ipv6_mapped()),
+        ] {
+            assert!(!LIVE.permits(ip), "{ip}");
+        }
+        assert!(LIVE.permits(IpAddr::V4(Ipv4Addr::new(93, 184, 216, 34))));
+    }
+
+    #[test]
+    fn the_loopback_setting_allows_loopback_and_nothing_else() {
+        assert!(LOCAL.permits(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1))));
+        assert!(LOCAL.permits(IpAddr::V6(Ipv6Addr::LOCALHOST)));
+        assert!(!LOCAL.permits(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
+        assert!(!LOCAL.permits(IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254))));
+        assert!(LOCAL.check_url("http://localhost:4242/hook").is_ok());
+        assert!(LIVE.check_url("http://localhost:4242/hook").is_err());
+        assert!(LIVE.check_url("http://127.0.0.1:4242/hook").is_err());
+    }
+
+    #[test]
+    fn only_http_and_https_urls_without_credentials_are_accepted() {
+        assert!(LIVE.check_url("https://hooks.example.com/payments").is_ok());
+        for url in [
+            "ftp://hooks.example.com/",
+            "file:///etc/passwd",
+            "hooks.example.com/payments",
+            "https://user:pass@hooks.example.com/",
+            "http://[::1]/",
+            "http://10.0.0.5/",
+        ] {
+            assert!(LIVE.check_url(url).is_err(), "{url}");
+        }
+    }
+
+    #[test]
+    fn enabled_events_are_a_star_alone_or_known_types() {
+        assert_eq!(parse_enabled_events(&["*".into()]).ok(), Some(None));
+        assert!(parse_enabled_events(&[]).is_err());
+        assert!(parse_enabled_events(&["*".into(), "payment.failed".into()]).is_err());
+        assert!(parse_enabled_events(&["payment.nope".into()]).is_err());
+        let parsed = parse_enabled_events(&["payment.failed".into(), "payment.failed".into()]);
+        assert_eq!(parsed.ok(), Some(Some(vec![EventType::PaymentFailed])));
+    }
+}

@@ -1,0 +1,248 @@
+//! Webhook delivery: one staged `webhook` job per (event, endpoint), posted signed, at least
+//! once.
+//!
+//! The job was staged in the transaction that wrote the event (`payments_domain::events`), so a
+//! committed change is always delivered and a rolled-back one never is. A delivery is done on any
+//! 2xx answer. Anything else (another status, a refused connection, a timeout) is retried with
+//! exponential back-off and full jitter, capped, until the horizon after the event's creation;
+//! then the job is dead-lettered. Every attempt is written to the endpoint's delivery log.
+//!
+//! A worker killed mid-delivery leaves the job claimed; the claim runs out and another run posts
+//! the event again, with the same event id: receivers dedupe by it.
+//!
+//! The address rule holds at connection time too: names are resolved by [`CheckedResolver`],
+//! which refuses every address the rule does not permit, so a name that later points inward
+//! (DNS rebinding) reaches nothing; redirects are not followed.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use payments_domain::webhooks::{self, AddressRule, Attempt, Outcome, SIGNATURE_HEADER};
+use payments_settings::WebhookSettings;
+use rand::Rng;
+use serde_json::Value;
+use sqlx::PgPool;
+
+use crate::jobs::{self, Job, SEND_TIMEOUT};
+
+/// Resolves names for deliveries, keeping only the addresses the rule permits.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckedResolver {
+    rule: AddressRule,
+}
+
+impl reqwest::dns::Resolve for CheckedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let rule = self.rule;
+        Box::pin(async move {
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            let permitted: Vec<SocketAddr> =
+                found.into_iter().filter(|addr| rule.permits(addr.ip())).collect();
+            if permitted.is_empty() {
+                return Err(format!(
+                    "{} resolves to no address webhooks may be delivered to",
+                    name.as_str()
+                )
+                .into());
+            }
+            let addrs: reqwest::dns::Addrs = Box::new(permitted.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+/// Posts webhooks.
+#[derive(Debug, Clone)]
+pub struct Deliverer {
+    client: reqwest::Client,
+    rule: AddressRule,
+    settings: WebhookSettings,
+}
+
+/// What one delivery job came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivered {
+    /// A 2xx answer, or nothing to deliver (the endpoint was disabled or deleted).
+    Done,
+    /// Failed; scheduled again.
+    Retrying,
+    /// Failed past the horizon, or refused by the address rule.
+    Dead,
+    /// Another runner claimed the job meanwhile; its run decides.
+    Lost,
+}
+
+impl Deliverer {
+    /// A deliverer for these settings.
+    pub fn new(settings: &WebhookSettings) -> anyhow::Result<Self> {
+        let rule = AddressRule { allow_loopback: settings.allow_loopback };
+        // Bounded by the job claim: a delivery never outlives it, so it is not posted twice at
+        // once by two runners.
+        let timeout = Duration::from_millis(settings.timeout_ms).min(SEND_TIMEOUT);
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(Arc::new(CheckedResolver { rule }))
+            .user_agent(concat!("payments-webhooks/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self { client, rule, settings: settings.clone() })
+    }
+
+    /// The delay before attempt `attempt + 1`: base × 2^(attempt-1), capped, with full jitter
+    /// over its upper half (so retries of many deliveries spread out, and none comes sooner than
+    /// half the schedule).
+    pub fn backoff(&self, attempt: i32) -> Duration {
+        let exponent = u32::try_from(attempt.saturating_sub(1)).unwrap_or(0).min(30);
+        let full = self
+            .settings
+            .backoff_base_ms
+            .saturating_mul(1u64 << exponent)
+            .min(self.settings.backoff_cap_ms)
+            .max(1);
+        Duration::from_millis(rand::thread_rng().gen_range(full.div_ceil(2)..=full))
+    }
+
+    /// Runs one claimed `webhook` job.
+    pub async fn run(&self, pool: &PgPool, job: &Job) -> Result<Delivered, String> {
+        let event_id = field(&job.payload, "event_id")?;
+        let endpoint_id = field(&job.payload, "endpoint_id")?;
+        let found =
+            webhooks::delivery(pool, event_id, endpoint_id).await.map_err(|err| err.to_string())?;
+        let Some((event, endpoint, age_ms)) = found else {
+            return Err(format!("no event {event_id}"));
+        };
+        let Some(endpoint) = endpoint else {
+            // Disabled or deleted since: nothing to deliver.
+            return finish(pool, job, true, "").await;
+        };
+        let body = event.to_json();
+        let started = Instant::now();
+        let answer = match self.rule.check_url(&endpoint.url) {
+            Err(err) => Err((err.to_string(), true)),
+            Ok(url) => {
+                let signature = webhooks::signature_header(&endpoint.secret, unix_now(), &body);
+                let sent = self
+                    .client
+                    .post(url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .header(SIGNATURE_HEADER, signature)
+                    .body(body)
+                    .send()
+                    .await;
+                match sent {
+                    Ok(response) => Ok(response.status().as_u16()),
+                    Err(err) => Err((error_chain(&err), false)),
+                }
+            }
+        };
+        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let horizon_ms = u64::from(self.settings.horizon_hours) * 3_600_000;
+        let (status_code, error, refused) = match &answer {
+            Ok(status) if (200..300).contains(status) => (Some(*status), None, false),
+            Ok(status) => (Some(*status), Some(format!("answered {status}")), false),
+            Err((error, refused)) => (None, Some(error.clone()), *refused),
+        };
+        let delay = self.backoff(job.attempts);
+        let outcome = match &error {
+            None => Outcome::Delivered,
+            Some(_) => {
+                let next_at_ms = u64::try_from(age_ms)
+                    .unwrap_or(0)
+                    .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
+                if refused || next_at_ms > horizon_ms { Outcome::Dead } else { Outcome::Retrying }
+            }
+        };
+        webhooks::log_attempt(
+            pool,
+            &Attempt {
+                endpoint_id: &endpoint.id,
+                event_id: &event.id,
+                attempt: job.attempts,
+                status_code,
+                error: error.as_deref(),
+                duration_ms,
+                outcome,
+            },
+        )
+        .await
+        .map_err(|err| err.to_string())?;
+        match (outcome, error) {
+            (Outcome::Delivered, _) | (_, None) => finish(pool, job, true, "").await,
+            (Outcome::Retrying, Some(error)) => {
+                let recorded = jobs::failed(pool, job.id, job.attempts, &error, delay, false)
+                    .await
+                    .map_err(|err| err.to_string())?;
+                Ok(if recorded { Delivered::Retrying } else { Delivered::Lost })
+            }
+            (Outcome::Dead, Some(error)) => finish(pool, job, false, &error).await,
+        }
+    }
+}
+
+async fn finish(pool: &PgPool, job: &Job, done: bool, error: &str) -> Result<Delivered, String> {
+    let recorded = if done {
+        jobs::done(pool, job.id, job.attempts).await
+    } else {
+        jobs::failed(pool, job.id, job.attempts, error, Duration::ZERO, true).await
+    }
+    .map_err(|err| err.to_string())?;
+    Ok(match (recorded, done) {
+        (false, _) => Delivered::Lost,
+        (true, true) => Delivered::Done,
+        (true, false) => Delivered::Dead,
+    })
+}
+
+fn field<'a>(payload: &'a Value, name: &str) -> Result<&'a str, String> {
+    payload[name].as_str().ok_or_else(|| format!("the job has no {name}"))
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// An error with its sources, so a log line says "connection refused", not "error sending".
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deliverer(base: u64, cap: u64) -> Deliverer {
+        let settings = WebhookSettings {
+            allow_loopback: true,
+            timeout_ms: 1000,
+            backoff_base_ms: base,
+            backoff_cap_ms: cap,
+            horizon_hours: 72,
+        };
+        Deliverer::new(&settings).unwrap_or_else(|err| panic!("{err}"))
+    }
+
+    #[test]
+    fn the_backoff_doubles_per_attempt_within_its_jitter_and_stops_at_the_cap() {
+        let d = deliverer(1000, 10_000);
+        for _ in 0..50 {
+            let first = d.backoff(1).as_millis();
+            assert!((500..=1000).contains(&first), "{first}");
+            let third = d.backoff(3).as_millis();
+            assert!((2000..=4000).contains(&third), "{third}");
+            let late = d.backoff(40).as_millis();
+            assert!((5000..=10_000).contains(&late), "{late}");
+        }
+    }
+}
