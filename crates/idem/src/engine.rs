@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -231,25 +231,37 @@ impl Engine {
                 Some(lanes) => self.retrying(|| lanes.claim(new.clone())).await?,
                 None => {
                     let new = new.borrowed();
-                    self.retrying(|| store::insert_or_read(&self.pool, &new)).await?
+                    self.retrying(|| store::read(&self.pool, &new)).await?
                 }
             };
             let row = match seen {
                 Seen::Key(row) => row,
-                // Inserted by someone else after this statement's snapshot: look again.
-                Seen::NotYet => continue,
                 Seen::Unauthenticated => return Ok(Claim::Unauthenticated),
+                Seen::Absent => match self.insert_new(&new).await? {
+                    (store::Insert::Inserted(key_id), Some(tx)) => {
+                        self.observer.event(Event::Claimed);
+                        let origin = LeaseOrigin {
+                            operation: &new.operation,
+                            params: &new.params,
+                            request_id: &new.request_id,
+                        };
+                        let mut lease = self.lease(key_id, token, STARTED.into(), 1, &origin);
+                        lease.pending = Some(PendingClaim { tx: Some(tx), new });
+                        // The database granted the lease (uncommitted until the first phase
+                        // commits): a caller that goes away from here on must not take it with
+                        // it (the hang-up tests stall here).
+                        crate::failpoint(|| "idem.claim.inserted".to_owned()).await;
+                        return Ok(Claim::Acquired(lease));
+                    }
+                    (store::Insert::InFlight, _) => {
+                        self.observer.event(Event::InUse);
+                        return Ok(Claim::InUse);
+                    }
+                    // Committed by someone else, or the credential was revoked, since the read:
+                    // read again to learn which, and what the key holds.
+                    _ => continue,
+                },
             };
-            // Our own token: this claim's statement was sent twice (its connection failed after
-            // the first run) and the first run inserted the key.
-            if row.inserted || (row.owner_token == Some(token) && row.lease_active) {
-                self.observer.event(Event::Claimed);
-                let lease = self.lease(row.id, token, STARTED.into(), 1, &row);
-                // The database granted the lease: a caller that goes away from here on must not
-                // take it with it (the hang-up tests stall here).
-                crate::failpoint(|| "idem.claim.inserted".to_owned()).await;
-                return Ok(Claim::Acquired(lease));
-            }
             if row.fingerprint != request.fingerprint.as_bytes() {
                 self.observer.event(Event::Mismatch);
                 return Ok(Claim::Mismatch { method: row.request_method, path: row.request_path });
@@ -295,7 +307,17 @@ impl Engine {
                         if row.owner_token.is_some() { Event::TookOver } else { Event::Resumed };
                     self.observer.event(event);
                     tracing::info!(key_id = row.id, recovery_point = %point, attempts, ?event, "resuming an idempotency key");
-                    let lease = self.lease(row.id, token, point, attempts, &row);
+                    let lease = self.lease(
+                        row.id,
+                        token,
+                        point,
+                        attempts,
+                        &LeaseOrigin {
+                            operation: &row.operation,
+                            params: &row.request_params,
+                            request_id: &row.request_id,
+                        },
+                    );
                     crate::failpoint(|| "idem.claim.taken_over".to_owned()).await;
                     return Ok(Claim::Acquired(lease));
                 }
@@ -369,6 +391,7 @@ impl Engine {
                 request_id: row.request_id,
                 finished: None,
                 just_planned: None,
+                pending: None,
             }));
         }
         Ok(due)
@@ -432,7 +455,7 @@ impl Engine {
         token: Uuid,
         point: String,
         attempts: i32,
-        row: &store::KeyRow,
+        origin: &LeaseOrigin<'_>,
     ) -> Lease {
         self.hold(key_id, token);
         Lease {
@@ -441,12 +464,31 @@ impl Engine {
             token,
             point,
             attempts,
-            operation: row.operation.clone(),
-            params: row.request_params.clone(),
-            request_id: row.request_id.clone(),
+            operation: origin.operation.to_owned(),
+            params: origin.params.clone(),
+            request_id: origin.request_id.to_owned(),
             finished: None,
             just_planned: None,
+            pending: None,
         }
+    }
+
+    /// Inserts a new key in a transaction that stays open for the operation's first phase
+    /// (`Lease::phase` commits it), so that the claim and the first phase cost one commit. A
+    /// duplicate that arrives meanwhile reads no committed row, then finds the key's gate taken
+    /// (`store::insert_new`): the key is in flight. The transaction comes back only with an
+    /// insert.
+    async fn insert_new(
+        &self,
+        new: &OwnedNewKey,
+    ) -> Result<(store::Insert, Option<Transaction<'static, Postgres>>), IdemError> {
+        self.retrying(|| async {
+            let mut tx = self.pool.begin().await?;
+            let insert = store::insert_new(&mut tx, &new.borrowed(), None).await?;
+            // Anything but an insert: the transaction is dropped, rolled back, at once.
+            Ok((insert, matches!(insert, store::Insert::Inserted(_)).then_some(tx)))
+        })
+        .await
     }
 
     /// The claim lanes, started on first use; `None` when claims use the pool.
@@ -477,6 +519,13 @@ impl Engine {
             }
         }
     }
+}
+
+/// What a lease keeps of the request that claimed its key.
+struct LeaseOrigin<'a> {
+    operation: &'a str,
+    params: &'a Value,
+    request_id: &'a str,
 }
 
 /// What the completer found.
@@ -525,6 +574,19 @@ pub struct Lease {
     /// The call this lease's own last phase planned, committed a moment ago: its first attempt
     /// needs no fenced check of its own (`before_call`).
     just_planned: Option<Value>,
+    /// A new key's claim that no phase has committed yet (`Engine::insert_new`): the first phase
+    /// runs in its transaction and its commit is the claim's. Dropped uncommitted, it takes the
+    /// key with it.
+    pending: Option<PendingClaim>,
+}
+
+/// A new key's claim, uncommitted.
+struct PendingClaim {
+    /// The transaction that inserted the key, still open; `None` after a try of the first phase
+    /// failed and rolled the insert back with it.
+    tx: Option<Transaction<'static, Postgres>>,
+    /// What was inserted, to insert it again (same id, same token) for the phase's next try.
+    new: OwnedNewKey,
 }
 
 impl Drop for Lease {
@@ -654,13 +716,52 @@ impl Lease {
         if self.finished.is_some() {
             return Err(PhaseError::LeaseLost);
         }
-        let mut tx = self.engine.pool.begin().await?;
-        let step = work(&mut tx).await?;
-        let fenced = match &step {
+        let mut pending = self.pending.take();
+        let mut tx = match &mut pending {
+            None => self.engine.pool.begin().await?,
+            Some(PendingClaim { tx: Some(_), .. }) => {
+                pending.as_mut().and_then(|claim| claim.tx.take()).ok_or(PhaseError::LeaseLost)?
+            }
+            Some(claim) => match self.reinsert(claim).await {
+                Ok(tx) => tx,
+                Err(err) => {
+                    self.pending = pending;
+                    return Err(err);
+                }
+            },
+        };
+        let result = async {
+            let step = work(&mut tx).await?;
+            if self.fence(&mut tx, &step).await? {
+                Ok(step)
+            } else {
+                // Dropping the transaction rolls back everything `work` wrote.
+                Err(PhaseError::LeaseLost)
+            }
+        }
+        .await;
+        let committed = match result {
+            Ok(step) => tx.commit().await.map(|()| step).map_err(PhaseError::from),
+            Err(err) => Err(err),
+        };
+        if committed.is_err() {
+            // The next try inserts the new key again (its insert was rolled back).
+            self.pending = pending;
+        }
+        committed
+    }
+
+    /// Moves the key on after a phase's work, in its transaction, fenced on this lease.
+    async fn fence<P: RecoveryPoint>(
+        &self,
+        tx: &mut PgConnection,
+        step: &Step<P>,
+    ) -> Result<bool, sqlx::Error> {
+        let lease_ms = self.engine.config.lease_ms();
+        match step {
             Step::Next(next) => {
-                let lease_ms = self.engine.config.lease_ms();
                 store::advance(
-                    &mut tx,
+                    tx,
                     self.key_id,
                     self.token,
                     &self.point,
@@ -668,12 +769,11 @@ impl Lease {
                     None,
                     lease_ms,
                 )
-                .await?
+                .await
             }
             Step::Call(next, plan) => {
-                let lease_ms = self.engine.config.lease_ms();
                 store::advance(
-                    &mut tx,
+                    tx,
                     self.key_id,
                     self.token,
                     &self.point,
@@ -681,18 +781,44 @@ impl Lease {
                     Some(plan),
                     lease_ms,
                 )
-                .await?
+                .await
             }
             Step::Finish(response) => {
-                store::finish(&mut tx, self.key_id, self.token, &self.point, response).await?
+                store::finish(tx, self.key_id, self.token, &self.point, response).await
             }
-        };
-        if !fenced {
-            // Dropping the transaction rolls back everything `work` wrote.
-            return Err(PhaseError::LeaseLost);
         }
-        tx.commit().await?;
-        Ok(step)
+    }
+
+    /// For the next try of a new key's first phase, after a try rolled the key's insert back:
+    /// inserts it again, with its id and token, in a new transaction. Lost to anyone who inserted
+    /// the key in between.
+    async fn reinsert<E>(
+        &self,
+        claim: &PendingClaim,
+    ) -> Result<Transaction<'static, Postgres>, PhaseError<E>> {
+        let mut tx = self.engine.pool.begin().await?;
+        match store::insert_new(&mut tx, &claim.new.borrowed(), Some(self.key_id)).await {
+            Ok(store::Insert::Inserted(_)) => Ok(tx),
+            Ok(store::Insert::InFlight | store::Insert::Nothing) => Err(PhaseError::LeaseLost),
+            Err(IdemError::Database(err)) => Err(PhaseError::Database(err)),
+            Err(_) => Err(PhaseError::LeaseLost),
+        }
+    }
+
+    /// Commits a new key's claim on its own, if no phase has committed it yet: for a caller that
+    /// does something else before its first phase. The engine does so itself before a foreign
+    /// call, a release or a flag, so that those find the key.
+    pub async fn commit_claim(&mut self) -> Result<(), IdemError> {
+        Ok(self.settle().await?)
+    }
+
+    async fn settle(&mut self) -> Result<(), sqlx::Error> {
+        match self.pending.take().and_then(|claim| claim.tx) {
+            Some(tx) => tx.commit().await,
+            // No claim pending, or one whose insert a failed phase rolled back: there is nothing
+            // to commit, and the fenced statements that follow find no key.
+            None => Ok(()),
+        }
     }
 
     /// Right before a foreign call: makes sure this lease still holds the key at its recovery
@@ -704,6 +830,7 @@ impl Lease {
         if let Some(plan) = self.just_planned.take() {
             return Ok(Some(plan));
         }
+        self.settle().await.map_err(IdemError::from)?;
         let lease_ms = self.engine.config.lease_ms();
         let checked = self
             .engine
@@ -742,6 +869,7 @@ impl Lease {
     /// first such answer, so once this outlives the call and the lookup's lag, "nothing" is the
     /// truth. A new plan (the next generation) clears the mark. Fenced.
     pub async fn unresolved_for(&self) -> Result<Duration, Interrupted> {
+        // Called after a foreign call, so the claim's transaction was settled before it.
         let seconds = self
             .engine
             .retrying(|| async {
@@ -753,7 +881,10 @@ impl Lease {
     }
 
     /// Flags the key for a person: no one drives it automatically again. Fenced on this lease.
-    pub async fn flag(self, reason: &str) {
+    pub async fn flag(mut self, reason: &str) {
+        if let Err(err) = self.settle().await {
+            tracing::warn!(key_id = self.key_id, error = %err, "could not commit a new key to flag it");
+        }
         match store::flag(&self.engine.pool, self.key_id, self.token, reason).await {
             Ok(true) => {
                 self.engine.observer.event(Event::Flagged);
@@ -768,7 +899,10 @@ impl Lease {
 
     /// Gives the key back to be driven again after `retry_in`, not sooner (see
     /// `Interrupted::Waiting`).
-    pub async fn release_for(self, reason: &str, retry_in: Duration) {
+    pub async fn release_for(mut self, reason: &str, retry_in: Duration) {
+        if let Err(err) = self.settle().await {
+            tracing::warn!(key_id = self.key_id, error = %err, "could not commit a new key to release it");
+        }
         let retry_in_ms = i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX);
         match store::release(&self.engine.pool, self.key_id, self.token, reason, retry_in_ms).await
         {
@@ -782,7 +916,10 @@ impl Lease {
 
     /// Gives the key back after a transient failure: it stays at its recovery point, unlocked, so
     /// that a retry with the same key resumes at once and the completer after a back-off.
-    pub async fn release(self, reason: &str) {
+    pub async fn release(mut self, reason: &str) {
+        if let Err(err) = self.settle().await {
+            tracing::warn!(key_id = self.key_id, error = %err, "could not commit a new key to release it");
+        }
         let delay = self.engine.config.retry_delay(self.attempts);
         let retry_in_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
         match store::release(&self.engine.pool, self.key_id, self.token, reason, retry_in_ms).await

@@ -1,4 +1,4 @@
-//! Claim lanes: a few connections the engine keeps for the claim statement alone.
+//! Claim lanes: a few connections the engine keeps for the claim's read alone.
 //!
 //! sqlx's pool checks every connection with a round trip when it is given back, and cannot be
 //! told not to: it cannot know whether the statement that used it ran to its end, or was cut off
@@ -171,8 +171,7 @@ async fn lane(queue: &Mutex<mpsc::Receiver<Job>>, connect: &Connect) {
 
 /// Runs one claim on the lane's connection, connecting first if it has none. A connection that
 /// had been open fails like this after a database restart; the claim is then sent once more on
-/// a fresh one. That is safe: sent twice, the statement reads the row its first run inserted, and
-/// the engine recognises its own lease by its token.
+/// a fresh one. That is safe: the statement only reads.
 async fn run(
     connection: &mut Option<PgConnection>,
     connect: &Connect,
@@ -198,7 +197,7 @@ async fn run_once(
         Some(conn) => conn,
         None => connection.insert(connect.connect().await?),
     };
-    let result = store::insert_or_read(&mut *conn, &new.borrowed()).await;
+    let result = store::read(&mut *conn, &new.borrowed()).await;
     if let Err(IdemError::Database(err)) = &result
         && connection_lost(err)
     {

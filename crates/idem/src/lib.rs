@@ -10,7 +10,8 @@
 //! # The key's life
 //!
 //! ```text
-//!                    claim: INSERT … ON CONFLICT DO NOTHING (one round trip)
+//!          claim: SELECT the key; if none, INSERT … ON CONFLICT DO NOTHING in a
+//!          transaction that the first phase commits
 //!                                        │
 //!         ┌──────────────── new ─────────┴──────── exists ───────────────────────┐
 //!         ▼                                                                      ▼
@@ -104,12 +105,14 @@
 //!
 //! # Costs
 //!
-//! A replay, a mismatch and a key in use cost one statement (`insert_or_read`), which can also
-//! check the request's API key (`ClaimRequest::credential`) on the way; it runs on connections
-//! the engine keeps for it (`lanes.rs`), which spares the pool's check of a returned connection.
-//! A new key costs
-//! one statement to claim; each phase is one transaction with the caller's statements plus the
-//! fenced update. Resuming costs one more statement (the compare-and-swap takeover).
+//! A replay, a mismatch and a key in use cost one statement (`read`: a point `SELECT`, which
+//! can also check the request's API key, `ClaimRequest::credential`, on the way); it runs on
+//! connections the engine keeps for it (`lanes.rs`), which spares the pool's check of a returned
+//! connection. A new key costs that read, then one transaction that inserts the key and holds it
+//! open for the operation's first phase: the claim and the first phase commit together, so a new
+//! key costs one commit fewer than a claim of its own would. Each later phase is one transaction
+//! with the caller's statements plus the fenced update. Resuming costs one more statement (the
+//! compare-and-swap takeover).
 
 mod engine;
 mod error;

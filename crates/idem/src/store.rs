@@ -11,8 +11,6 @@ use crate::error::IdemError;
 #[derive(Debug)]
 pub(crate) struct KeyRow {
     pub id: i64,
-    /// True when this statement created the row.
-    pub inserted: bool,
     pub fingerprint: Vec<u8>,
     pub request_method: String,
     pub request_path: String,
@@ -31,7 +29,7 @@ pub(crate) struct KeyRow {
 pub(crate) struct NewKey<'a> {
     pub account_id: &'a str,
     /// The SHA-256 digest of the API key the request presents, when the claim must also check
-    /// that it is a live key of `account_id` (see `insert_or_read`).
+    /// that it is a live key of `account_id` (see `read` and `insert_new`).
     pub credential: Option<&'a [u8]>,
     pub key: &'a str,
     pub fingerprint: &'a [u8],
@@ -48,20 +46,19 @@ pub(crate) struct NewKey<'a> {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // matched at once by the caller; a box would only allocate
 pub(crate) enum Seen {
-    /// The key row, inserted by this statement or read.
+    /// The key row.
     Key(KeyRow),
-    /// The row was inserted by a transaction that committed while this statement ran, so
-    /// neither branch saw it; the caller simply asks again.
-    NotYet,
     /// The credential is not a live API key of the account: nothing was inserted or read.
     Unauthenticated,
+    /// The credential is live and no committed key row exists (`read`): the key is new, unless
+    /// a transaction inserting it is in flight.
+    Absent,
 }
 
-/// Inserts the key holding a fresh lease, or, when it exists, reads it: one statement, one round
-/// trip. With a credential, the same statement first checks it against `api_keys` (the one table
-/// the engine reads that is not its own), so that a request whose account is already known costs
-/// no separate authentication round trip, and a revoked key claims and reads nothing.
-pub(crate) async fn insert_or_read(
+/// Reads the key, checking the credential in the same statement: one point `SELECT`, the whole
+/// of a replay. Unlike `insert_or_read`, it writes nothing and takes no lock, so a replay costs
+/// what the design's floor costs, and a key row locked by a stuck transaction does not hold it.
+pub(crate) async fn read(
     executor: impl PgExecutor<'_>,
     new: &NewKey<'_>,
 ) -> Result<Seen, IdemError> {
@@ -69,43 +66,96 @@ pub(crate) async fn insert_or_read(
         r#"
         WITH principal AS (
             SELECT 1 AS live
-             WHERE $11::bytea IS NULL
+             WHERE $3::bytea IS NULL
                 OR EXISTS (SELECT 1 FROM api_keys
-                            WHERE key_hash = $11 AND account_id = $1 AND revoked_at IS NULL)
-        ), inserted AS (
-            INSERT INTO idempotency_keys
-                (account_id, idempotency_key, fingerprint, request_method, request_path,
-                 request_id, operation, request_params, owner_token, locked_until)
-            SELECT $1, $2, $3::bytea, $4, $5, $6, $7, $8::jsonb, $9::uuid,
-                   now() + $10 * interval '1 millisecond'
-              FROM principal
-            ON CONFLICT (account_id, idempotency_key) DO NOTHING
-            RETURNING id
+                            WHERE key_hash = $3 AND account_id = $1 AND revoked_at IS NULL)
         )
-        SELECT k.id AS "id?", k.inserted AS "inserted?", k.fingerprint AS "fingerprint?",
+        SELECT k.id AS "id?", k.fingerprint AS "fingerprint?",
                k.request_method AS "request_method?", k.request_path AS "request_path?",
                k.request_id AS "request_id?", k.operation AS "operation?",
                k.request_params AS "request_params?", k.owner_token AS "owner_token?",
-               k.lease_active AS "lease_active?", k.needs_human AS "needs_human?",
+               coalesce(k.locked_until > now(), false) AS "lease_active?",
+               k.needs_human_at IS NOT NULL AS "needs_human?",
                k.response_status AS "response_status?", k.response_headers AS "response_headers?",
                k.response_body AS "response_body?"
           FROM principal
-          LEFT JOIN LATERAL (
-            SELECT id, true AS inserted, $3::bytea AS fingerprint, $4::text AS request_method,
-                   $5::text AS request_path, $6::text AS request_id, $7::text AS operation,
-                   $8::jsonb AS request_params, $9::uuid AS owner_token, true AS lease_active,
-                   false AS needs_human, NULL::smallint AS response_status,
-                   NULL::jsonb AS response_headers, NULL::bytea AS response_body
-              FROM inserted
-            UNION ALL
-            SELECT k.id, false, k.fingerprint, k.request_method, k.request_path, k.request_id,
-                   k.operation, k.request_params, k.owner_token,
-                   coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
-                   k.response_status, k.response_headers, k.response_body
-              FROM idempotency_keys k
-             WHERE k.account_id = $1 AND k.idempotency_key = $2
-               AND NOT EXISTS (SELECT 1 FROM inserted)
-          ) k ON true
+          LEFT JOIN idempotency_keys k ON k.account_id = $1 AND k.idempotency_key = $2
+        "#,
+        new.account_id,
+        new.key,
+        new.credential,
+    )
+    .fetch_optional(executor)
+    .await?;
+    let Some(row) = row else { return Ok(Seen::Unauthenticated) };
+    let Some(id) = row.id else { return Ok(Seen::Absent) };
+    let response = stored_response(row.response_status, row.response_headers, row.response_body)?;
+    Ok(Seen::Key(KeyRow {
+        id,
+        fingerprint: present(row.fingerprint)?,
+        request_method: present(row.request_method)?,
+        request_path: present(row.request_path)?,
+        request_id: present(row.request_id)?,
+        operation: present(row.operation)?,
+        request_params: present(row.request_params)?,
+        owner_token: row.owner_token,
+        lease_active: present(row.lease_active)?,
+        needs_human: present(row.needs_human)?,
+        response,
+    }))
+}
+
+/// What `insert_new` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Insert {
+    /// The key was inserted, uncommitted, with this row id.
+    Inserted(i64),
+    /// Another transaction is inserting the same key right now (it holds the key's gate): the
+    /// key is in flight. Nothing was inserted and nothing waited.
+    InFlight,
+    /// The key exists already, or the credential is no longer live: nothing was inserted; the
+    /// caller reads the key again to learn which.
+    Nothing,
+}
+
+/// Inserts a new key holding a fresh lease, in the caller's transaction, if the credential is
+/// still live and nobody inserted the key first.
+///
+/// The key's gate, a transaction-scoped advisory lock on a hash of (account, key), is tried
+/// first and held until the caller's transaction ends: a duplicate that arrives while the first
+/// request's transaction is open finds it taken and learns at once that the key is in flight,
+/// instead of waiting on the unique index for as long as that transaction lasts. (A hash
+/// collision between two keys in flight at the same moment answers "in flight" for a key that is
+/// not: a `409` that the client's retry clears.)
+///
+/// `id` gives the row the id an earlier insert of this claim had, when a failed try of the
+/// first phase rolled that insert back (the phase may already hold the id); `None` takes a new one.
+pub(crate) async fn insert_new(
+    conn: &mut PgConnection,
+    new: &NewKey<'_>,
+    id: Option<i64>,
+) -> Result<Insert, IdemError> {
+    let row = sqlx::query!(
+        r#"
+        WITH gate AS (
+            SELECT pg_try_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0)) AS free
+        ), inserted AS (
+            INSERT INTO idempotency_keys
+                (id, account_id, idempotency_key, fingerprint, request_method, request_path,
+                 request_id, operation, request_params, owner_token, locked_until)
+            OVERRIDING SYSTEM VALUE
+            SELECT coalesce($12::bigint, nextval(pg_get_serial_sequence('idempotency_keys', 'id'))),
+                   $1, $2, $3::bytea, $4, $5, $6, $7, $8::jsonb, $9::uuid,
+                   now() + $10 * interval '1 millisecond'
+              FROM gate
+             WHERE gate.free
+               AND ($11::bytea IS NULL
+                    OR EXISTS (SELECT 1 FROM api_keys
+                                WHERE key_hash = $11 AND account_id = $1 AND revoked_at IS NULL))
+            ON CONFLICT (account_id, idempotency_key) DO NOTHING
+            RETURNING id
+        )
+        SELECT gate.free AS "free!", (SELECT id FROM inserted) AS "id?" FROM gate
         "#,
         new.account_id,
         new.key,
@@ -118,29 +168,15 @@ pub(crate) async fn insert_or_read(
         new.token,
         new.lease_ms as f64,
         new.credential,
-    )
-    .fetch_optional(executor)
-    .await?;
-    // No row: the principal was empty. A row without an id: the lateral part was empty.
-    let Some(row) = row else { return Ok(Seen::Unauthenticated) };
-    let Some(id) = row.id else { return Ok(Seen::NotYet) };
-    // The key's own columns are NOT NULL and the inserted branch's are literals: with an id,
-    // all of them are present.
-    let response = stored_response(row.response_status, row.response_headers, row.response_body)?;
-    Ok(Seen::Key(KeyRow {
         id,
-        inserted: present(row.inserted)?,
-        fingerprint: present(row.fingerprint)?,
-        request_method: present(row.request_method)?,
-        request_path: present(row.request_path)?,
-        request_id: present(row.request_id)?,
-        operation: present(row.operation)?,
-        request_params: present(row.request_params)?,
-        owner_token: row.owner_token,
-        lease_active: present(row.lease_active)?,
-        needs_human: present(row.needs_human)?,
-        response,
-    }))
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(match (row.free, row.id) {
+        (_, Some(id)) => Insert::Inserted(id),
+        (false, None) => Insert::InFlight,
+        (true, None) => Insert::Nothing,
+    })
 }
 
 /// Bounds, for the rest of the transaction, how long a statement runs and waits for a row lock

@@ -482,6 +482,22 @@ async fn a_key_abandoned_at_every_recovery_point_resumes_and_ships_once(pool: Pg
             op.step(&mut lease, at).await.unwrap();
         }
         drop(lease);
+        if stop_at == Point::Started {
+            // The claim commits with the first phase: walked away from before it, the key was
+            // never stored, and the retry claims it anew.
+            let rows: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM idempotency_keys WHERE idempotency_key = $1",
+            )
+            .bind(&key_value)
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+            assert_eq!(rows, 0);
+            let lease = h.acquire(&key_value).await;
+            assert_eq!((lease.point::<Point>().unwrap(), lease.attempts()), (Point::Started, 1));
+            assert_eq!(h.run(lease).await.unwrap().status, 201);
+            continue;
+        }
         assert_eq!(h.recovery_point(&key_value).await, stop_at.name());
 
         // Nobody can take it while the lease lives; once it expires, a retry finishes it.
@@ -495,7 +511,7 @@ async fn a_key_abandoned_at_every_recovery_point_resumes_and_ships_once(pool: Pg
     }
     assert_eq!(h.orders().await, 3);
     assert_eq!(h.shipper.shipments_made(), 3, "one shipment per key, however often it was resumed");
-    assert_eq!(h.events.count(Event::TookOver), 3);
+    assert_eq!(h.events.count(Event::TookOver), 2);
 }
 
 #[sqlx::test(migrations = "../../migrations")]
@@ -504,6 +520,7 @@ async fn a_late_commit_by_a_holder_that_lost_its_lease_is_rejected_and_leaves_no
 ) {
     let h = harness(pool).await;
     let mut slow = h.acquire("k1").await;
+    slow.commit_claim().await.unwrap();
     h.expire_lease("k1").await;
     let fast = h.acquire("k1").await;
 
@@ -540,16 +557,25 @@ async fn fifty_concurrent_claims_of_one_key_yield_exactly_one_holder(pool: PgPoo
         let h = h.clone();
         tasks.push(tokio::spawn(async move { h.claim("storm").await }));
     }
-    let mut acquired = 0;
-    let mut in_use = 0;
+    // Every answer is kept until all are in: a lease dropped before its first phase takes its
+    // uncommitted key with it, and a later claim could then acquire the key again.
+    let mut claims = Vec::new();
     for task in tasks {
-        match task.await.unwrap() {
-            Claim::Acquired(_) => acquired += 1,
+        claims.push(task.await.unwrap());
+    }
+    let mut holders = Vec::new();
+    let mut in_use = 0;
+    for claim in claims {
+        match claim {
+            Claim::Acquired(lease) => holders.push(lease),
             Claim::InUse => in_use += 1,
             other => panic!("unexpected outcome {other:?}"),
         }
     }
-    assert_eq!((acquired, in_use), (1, 49));
+    assert_eq!((holders.len(), in_use), (1, 49));
+    for holder in &mut holders {
+        holder.commit_claim().await.unwrap();
+    }
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
         .fetch_one(&h.pool)
         .await
