@@ -8,47 +8,44 @@
 -- Variables: account, key_hash (set by payments-bench).
 \set n random(1000000000, 9223372036854775806)
 
--- The claim: one statement checks the API key, then inserts the key or reads the existing one.
+-- The claim's read: one statement checks the API key and finds no key.
 WITH principal AS (
     SELECT 1 AS live
      WHERE :key_hash::bytea IS NULL
         OR EXISTS (SELECT 1 FROM api_keys
                     WHERE key_hash = :key_hash AND account_id = :account AND revoked_at IS NULL)
+)
+SELECT k.id, k.fingerprint, k.request_method, k.request_path, k.request_id, k.operation,
+       k.request_params, k.owner_token, coalesce(k.locked_until > now(), false) AS lease_active,
+       k.needs_human_at IS NOT NULL AS needs_human, k.response_status, k.response_headers,
+       k.response_body
+  FROM principal
+  LEFT JOIN idempotency_keys k ON k.account_id = :account AND k.idempotency_key = :n::text;
+
+-- The claim's insert and phase 1 (started → payment_created) in one transaction: the key (behind
+-- its gate, checking the API key again), the payment row, its audit record, the fence.
+BEGIN;
+WITH gate AS (
+    SELECT pg_try_advisory_xact_lock(hashtextextended(:account || '/' || :n::text, 0)) AS free
 ), inserted AS (
     INSERT INTO idempotency_keys
-        (account_id, idempotency_key, fingerprint, request_method, request_path,
+        (id, account_id, idempotency_key, fingerprint, request_method, request_path,
          request_id, operation, request_params, owner_token, locked_until)
-    SELECT :account, :n, '\x48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0'::bytea, 'POST', '/v1/payments', 'req_e8oJXKStH4I7DzCaPcWXJdX9', 'payments.create', '{"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}'::jsonb, 'c0a80101-0000-4000-8000-000000000001'::uuid,
+    OVERRIDING SYSTEM VALUE
+    SELECT coalesce(NULL::bigint, nextval(pg_get_serial_sequence('idempotency_keys', 'id'))),
+           :account, :n, '\x48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0'::bytea, 'POST', '/v1/payments', 'req_e8oJXKStH4I7DzCaPcWXJdX9', 'payments.create', '{"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}'::jsonb, 'c0a80101-0000-4000-8000-000000000001'::uuid,
            now() + 60000 * interval '1 millisecond'
-      FROM principal
+      FROM gate
+     WHERE gate.free
+       AND (:key_hash::bytea IS NULL
+            OR EXISTS (SELECT 1 FROM api_keys
+                        WHERE key_hash = :key_hash AND account_id = :account AND revoked_at IS NULL))
     ON CONFLICT (account_id, idempotency_key) DO NOTHING
     RETURNING id
 )
-SELECT k.id AS key_id, k.inserted, k.fingerprint, k.request_method, k.request_path,
-       k.request_id, k.operation, k.request_params, k.owner_token, k.lease_active,
-       k.needs_human, k.response_status, k.response_headers, k.response_body
-  FROM principal
-  LEFT JOIN LATERAL (
-    SELECT id, true AS inserted, '\x00'::bytea AS fingerprint, 'POST'::text AS request_method,
-           '/v1/payments'::text AS request_path, 'req'::text AS request_id,
-           'payments.create'::text AS operation, '{}'::jsonb AS request_params,
-           'c0a80101-0000-4000-8000-000000000001'::uuid AS owner_token, true AS lease_active,
-           false AS needs_human, NULL::smallint AS response_status,
-           NULL::jsonb AS response_headers, NULL::bytea AS response_body
-      FROM inserted
-    UNION ALL
-    SELECT k.id, false, k.fingerprint, k.request_method, k.request_path, k.request_id,
-           k.operation, k.request_params, k.owner_token,
-           coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
-           k.response_status, k.response_headers, k.response_body
-      FROM idempotency_keys k
-     WHERE k.account_id = :account AND k.idempotency_key = :n::text
-       AND NOT EXISTS (SELECT 1 FROM inserted)
-  ) k ON true
+SELECT gate.free, (SELECT id FROM inserted) AS key_id FROM gate
 \gset
 
--- Phase 1 (started → payment_created): the payment row, its audit record, the fence.
-BEGIN;
 INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
                       capture_method, payment_method, description, metadata, receipt_email)
 VALUES ('pay_' || :n, :account, :key_id, 1000, 'usd', 'processing', 'automatic', 'pm_card_visa', NULL, '{}', NULL)
@@ -60,7 +57,8 @@ INSERT INTO audit_events (account_id, object_id, action, request_id, idempotency
  VALUES (:account, 'pay_' || :n, 'payment.created', 'req_e8oJXKStH4I7DzCaPcWXJdX9', :key_id, '{"amount": 1000, "currency": "usd"}');
 UPDATE idempotency_keys
    SET recovery_point = 'payment_created', locked_until = now() + 60000 * interval '1 millisecond',
-       last_run_at = now()
+       last_run_at = now(), planned_call = '{"key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge", "path": "/v1/charges", "fields": [["amount", "1000"], ["currency", "usd"], ["source", "pm_card_visa"], ["capture", "true"], ["metadata[payment_id]", "pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]}'::jsonb,
+       unresolved_at = NULL
  WHERE id = :key_id AND owner_token = 'c0a80101-0000-4000-8000-000000000001' AND recovery_point = 'started';
 COMMIT;
 
