@@ -428,6 +428,46 @@ async fn a_key_held_by_a_live_lease_is_in_use(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = "../../migrations")]
+async fn a_new_key_is_stored_only_when_its_first_phase_commits(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut lease = h.acquire("k1").await;
+    let stored = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idempotency_keys")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(stored().await, 0, "the claim's insert waits for the first phase's commit");
+    // A duplicate meanwhile finds the key's gate taken: in use, at once (a wait on the unique
+    // index would hang this test, the first claim's transaction being open).
+    let duplicate = tokio::time::timeout(Duration::from_secs(5), h.claim("k1")).await;
+    assert!(matches!(duplicate, Ok(Claim::InUse)), "{duplicate:?}");
+    let step = lease
+        .phase(|tx| {
+            boxed(async move {
+                sqlx::query("INSERT INTO orders (key_id) VALUES (1)").execute(&mut *tx).await?;
+                Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(step, Step::Next(Point::OrderCreated));
+    assert_eq!((stored().await, h.orders().await), (1, 1), "one commit stored both");
+    assert_eq!(h.recovery_point("k1").await, "order_created");
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_step_that_calls_out_before_its_first_phase_commits_the_claim_first(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut lease = h.acquire("k1").await;
+    // The fenced check before a foreign call finds the key (no plan: none was frozen).
+    assert!(matches!(lease.before_call().await, Ok(None)));
+    assert_eq!(h.recovery_point("k1").await, "started");
+    drop(lease);
+    assert!(matches!(h.claim("k1").await, Claim::InUse), "the committed key keeps its lease");
+}
+
+#[sqlx::test(migrations = "../../migrations")]
 async fn a_released_key_is_resumed_from_its_recovery_point(pool: PgPool) {
     let h = harness(pool).await;
     h.shipper.failures.store(1, Ordering::SeqCst);
