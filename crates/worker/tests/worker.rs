@@ -147,6 +147,9 @@ impl Harness {
             let at = lease.point::<O::Point>().unwrap();
             op.step(&mut lease, at).await.unwrap();
         }
+        // A new key's claim commits with its first phase; a key left at `started` is one whose
+        // claim committed on its own (a release before issue #18 claimed that way), so commit it.
+        lease.commit_claim().await.unwrap();
         drop(lease);
         sqlx::query("UPDATE idempotency_keys SET locked_until = now() - interval '1 second' WHERE idempotency_key = $1")
             .bind(key)
