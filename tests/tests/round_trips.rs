@@ -103,8 +103,9 @@ async fn a_replay_costs_one_statement_and_a_new_payment_two_transactions(pool: P
     assert!(new[1].contains("INSERT INTO idempotency_keys"), "{new:#?}");
 }
 
-/// A new payment as the server counts it (`BEGIN` and `COMMIT` included), and its transactions:
-/// the claim's read; `BEGIN`, the key's insert, the payment, its audit row, the fenced move to
+/// A new payment as the server counts it (`BEGIN` and `COMMIT` included), and its commits: the
+/// claim's read (read-only, a transaction of its own for the server's counter, committing
+/// nothing); `BEGIN`, the key's insert, the payment, its audit row, the fenced move to
 /// `payment_created`, `COMMIT`; `BEGIN`, the payment's update, its audit row, the fenced final
 /// answer, `COMMIT`.
 const NEW_PAYMENT: (usize, usize) = (12, 2);
