@@ -656,32 +656,17 @@ impl Lease {
         }
         let mut tx = self.engine.pool.begin().await?;
         let step = work(&mut tx).await?;
+        let lease_ms = self.engine.config.lease_ms();
+        let (key_id, token) = (self.key_id, self.token);
         let fenced = match &step {
             Step::Next(next) => {
-                let lease_ms = self.engine.config.lease_ms();
-                store::advance(
-                    &mut tx,
-                    self.key_id,
-                    self.token,
-                    &self.point,
-                    next.name(),
-                    None,
-                    lease_ms,
-                )
-                .await?
+                store::advance(&mut tx, key_id, token, &self.point, next.name(), None, lease_ms)
+                    .await?
             }
             Step::Call(next, plan) => {
-                let lease_ms = self.engine.config.lease_ms();
-                store::advance(
-                    &mut tx,
-                    self.key_id,
-                    self.token,
-                    &self.point,
-                    next.name(),
-                    Some(plan),
-                    lease_ms,
-                )
-                .await?
+                let plan = Some(plan);
+                store::advance(&mut tx, key_id, token, &self.point, next.name(), plan, lease_ms)
+                    .await?
             }
             Step::Finish(response) => {
                 store::finish(&mut tx, self.key_id, self.token, &self.point, response).await?
@@ -774,6 +759,7 @@ impl Lease {
         {
             Ok(true) => self.engine.observer.event(Event::Released),
             Ok(false) => {}
+            // The lease then simply expires, and the key is resumed after it.
             Err(err) => {
                 tracing::warn!(key_id = self.key_id, error = %err, "could not release an idempotency key")
             }
@@ -784,16 +770,7 @@ impl Lease {
     /// that a retry with the same key resumes at once and the completer after a back-off.
     pub async fn release(self, reason: &str) {
         let delay = self.engine.config.retry_delay(self.attempts);
-        let retry_in_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
-        match store::release(&self.engine.pool, self.key_id, self.token, reason, retry_in_ms).await
-        {
-            Ok(true) => self.engine.observer.event(Event::Released),
-            Ok(false) => {}
-            // The lease then simply expires, and the key is resumed after it.
-            Err(err) => {
-                tracing::warn!(key_id = self.key_id, error = %err, "could not release an idempotency key")
-            }
-        }
+        self.release_for(reason, delay).await;
     }
 }
 
