@@ -280,8 +280,8 @@ enum Reconciled<T> {
     NextGeneration,
 }
 
-/// `Reconciled::NextGeneration` if a lookup that found nothing can be trusted, else a transient
-/// failure (the key is released and the lookup done again later). Whatever the call made was made
+/// `Reconciled::NextGeneration` if a lookup that found nothing can be trusted, else a wait (the
+/// key is released until the lookup can be believed, and looked up again then). Whatever the call made was made
 /// before the first answer that could not tell us (or within the longest call of it, for a
 /// request still executing), so "nothing" is the truth once that first answer is older than the
 /// longest call and the lookup's lag (`Lease::unresolved_for`, by the database clock).
@@ -327,6 +327,7 @@ async fn next_generation<P: RecoveryPoint>(
     at: P,
     request: &FrozenRequest,
     (account_id, object_id, action): (&str, &str, &str),
+    what: &str,
     cause: &ProcessorError,
 ) -> Result<(), Interrupted> {
     let next = request.next_generation();
@@ -347,7 +348,7 @@ async fn next_generation<P: RecoveryPoint>(
             })
         })
         .await?;
-    count_reconciliation(object_id.split('_').next().unwrap_or("object"), "next_generation");
+    count_reconciliation(what, "next_generation");
     tracing::warn!(key_id = info.key_id, object_id, downstream_key = %next.key, "nothing found at the processor: calling again under the next key generation");
     Ok(())
 }
@@ -542,7 +543,10 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                                     payment.id.as_str(),
                                     "payment.reconciled",
                                 );
-                                return next_generation(lease, at, &request, object, &err).await;
+                                return next_generation(
+                                    lease, at, &request, object, "charge", &err,
+                                )
+                                .await;
                             }
                         }
                     }
@@ -958,7 +962,10 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                                     payment.id.as_str(),
                                     "payment.reconciled",
                                 );
-                                return next_generation(lease, at, &request, object, &err).await;
+                                return next_generation(
+                                    lease, at, &request, object, "capture", &err,
+                                )
+                                .await;
                             }
                         }
                     }
@@ -1086,7 +1093,10 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                                     payment.id.as_str(),
                                     "payment.reconciled",
                                 );
-                                return next_generation(lease, at, &request, object, &err).await;
+                                return next_generation(
+                                    lease, at, &request, object, "cancel", &err,
+                                )
+                                .await;
                             }
                         }
                     }
@@ -1333,7 +1343,10 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                                     refund.id.as_str(),
                                     "refund.reconciled",
                                 );
-                                return next_generation(lease, at, &request, object, &err).await;
+                                return next_generation(
+                                    lease, at, &request, object, "refund", &err,
+                                )
+                                .await;
                             }
                         }
                     }
