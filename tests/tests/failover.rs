@@ -80,10 +80,10 @@ impl Cluster {
                 .into_iter()
                 .flatten()
                 .map(|m| Member {
-                    name: m["name"].as_str().unwrap_or_default().to_owned(),
-                    role: m["role"].as_str().unwrap_or_default().to_owned(),
-                    state: m["state"].as_str().unwrap_or_default().to_owned(),
-                    port: m["port"].as_u64().unwrap_or_default() as u16,
+                    name: m["name"].as_str().expect("a Patroni member has a name").to_owned(),
+                    role: m["role"].as_str().expect("a Patroni member has a role").to_owned(),
+                    state: m["state"].as_str().expect("a Patroni member has a state").to_owned(),
+                    port: m["port"].as_u64().expect("a Patroni member has a port") as u16,
                 })
                 .collect();
         }
