@@ -170,9 +170,19 @@ pub struct Engine {
     /// Started on the first claim, so that an engine that never claims (the worker's) opens no
     /// connections for it.
     lanes: Arc<OnceLock<Lanes>>,
-    /// The leases this process holds (key id, token), so that a shutdown can give back those it
-    /// cannot finish (`release_held`). A lease leaves when it is dropped.
-    held: Arc<Mutex<HashMap<i64, Uuid>>>,
+    /// The leases this process holds, so that a shutdown can give back those it cannot finish
+    /// (`release_held`). A lease leaves when it is dropped.
+    held: Arc<Mutex<Held>>,
+}
+
+/// The leases a process holds (key id, token), and whether it still takes new ones.
+#[derive(Default)]
+struct Held {
+    leases: HashMap<i64, Uuid>,
+    /// Set by `release_held`: a lease the database grants after it is given back at once, so
+    /// that a claim already on its way when the shutdown gave up cannot leave its key leased to
+    /// a process about to exit.
+    closed: bool,
 }
 
 impl fmt::Debug for Engine {
@@ -244,7 +254,9 @@ impl Engine {
             // the first run) and the first run inserted the key.
             if row.inserted || (row.owner_token == Some(token) && row.lease_active) {
                 self.observer.event(Event::Claimed);
-                let lease = self.lease(row.id, token, STARTED.into(), 1, &row);
+                let Some(lease) = self.lease(row.id, token, STARTED.into(), 1, &row).await else {
+                    return Ok(Claim::InUse);
+                };
                 // The database granted the lease: a caller that goes away from here on must not
                 // take it with it (the hang-up tests stall here).
                 crate::failpoint(|| "idem.claim.inserted".to_owned()).await;
@@ -295,7 +307,9 @@ impl Engine {
                         if row.owner_token.is_some() { Event::TookOver } else { Event::Resumed };
                     self.observer.event(event);
                     tracing::info!(key_id = row.id, recovery_point = %point, attempts, ?event, "resuming an idempotency key");
-                    let lease = self.lease(row.id, token, point, attempts, &row);
+                    let Some(lease) = self.lease(row.id, token, point, attempts, &row).await else {
+                        return Ok(Claim::InUse);
+                    };
                     crate::failpoint(|| "idem.claim.taken_over".to_owned()).await;
                     return Ok(Claim::Acquired(lease));
                 }
@@ -357,7 +371,9 @@ impl Engine {
                 continue;
             }
             self.observer.event(Event::TookOver);
-            self.hold(row.id, row.token);
+            if !self.hold(row.id, row.token).await {
+                continue;
+            }
             due.push(Due::Lease(Lease {
                 engine: self.clone(),
                 key_id: row.id,
@@ -392,50 +408,71 @@ impl Engine {
     /// process's completer) instead of after the lease. A holder still running loses its next
     /// fenced commit. Returns how many were released.
     pub async fn release_held(&self, reason: &str) -> usize {
-        let held: Vec<(i64, Uuid)> = self
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .map(|(key_id, token)| (*key_id, *token))
-            .collect();
+        let held: Vec<(i64, Uuid)> = {
+            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            held.closed = true;
+            held.leases.iter().map(|(key_id, token)| (*key_id, *token)).collect()
+        };
         let mut released = 0;
         for (key_id, token) in held {
-            match store::release(&self.pool, key_id, token, reason, 0).await {
-                Ok(true) => {
-                    released += 1;
-                    self.observer.event(Event::Released);
-                }
-                Ok(false) => {}
-                Err(err) => {
-                    tracing::warn!(key_id, error = %err, "could not release an idempotency key at shutdown")
-                }
+            if self.give_back(key_id, token, reason).await {
+                released += 1;
             }
         }
         released
     }
 
-    fn hold(&self, key_id: i64, token: Uuid) {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner).insert(key_id, token);
+    /// Releases one lease at its recovery point, now. False if it was no longer ours or the
+    /// database could not be reached (the lease then runs out by itself).
+    async fn give_back(&self, key_id: i64, token: Uuid, reason: &str) -> bool {
+        match store::release(&self.pool, key_id, token, reason, 0).await {
+            Ok(true) => {
+                self.observer.event(Event::Released);
+                true
+            }
+            Ok(false) => false,
+            Err(err) => {
+                tracing::warn!(key_id, error = %err, "could not release an idempotency key at shutdown");
+                false
+            }
+        }
+    }
+
+    /// Records a lease the database granted to this process. After `release_held` a lease is
+    /// given back at once instead, and false is returned: the caller must not use it.
+    async fn hold(&self, key_id: i64, token: Uuid) -> bool {
+        {
+            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            if !held.closed {
+                held.leases.insert(key_id, token);
+                return true;
+            }
+        }
+        self.give_back(key_id, token, "the server was stopping when the lease was granted").await;
+        false
     }
 
     fn forget(&self, key_id: i64, token: Uuid) {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        if held.get(&key_id) == Some(&token) {
-            held.remove(&key_id);
+        if held.leases.get(&key_id) == Some(&token) {
+            held.leases.remove(&key_id);
         }
     }
 
-    fn lease(
+    /// The lease the database just granted, or `None` when the process is stopping (it was
+    /// given back already).
+    async fn lease(
         &self,
         key_id: i64,
         token: Uuid,
         point: String,
         attempts: i32,
         row: &store::KeyRow,
-    ) -> Lease {
-        self.hold(key_id, token);
-        Lease {
+    ) -> Option<Lease> {
+        if !self.hold(key_id, token).await {
+            return None;
+        }
+        Some(Lease {
             engine: self.clone(),
             key_id,
             token,
@@ -446,7 +483,7 @@ impl Engine {
             request_id: row.request_id.clone(),
             finished: None,
             just_planned: None,
-        }
+        })
     }
 
     /// The claim lanes, started on first use; `None` when claims use the pool.

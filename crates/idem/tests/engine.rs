@@ -459,6 +459,40 @@ async fn a_key_held_by_a_live_lease_is_in_use(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = "../../migrations")]
+async fn a_shutdown_gives_back_held_leases_and_any_granted_after_it(pool: PgPool) {
+    let h = harness(pool).await;
+    let held = h.acquire("k1").await;
+    assert_eq!(h.engine.release_held("stopping").await, 1);
+    // The holder that was still running loses its next fenced commit.
+    assert!(matches!(h.run(held).await, Err(Interrupted::LeaseLost)));
+
+    // A claim the database grants after the shutdown gave up (one already on its way) is given
+    // back at once instead of leaving its key leased to a process about to exit.
+    assert!(matches!(h.claim("k2").await, Claim::InUse));
+    let free: bool = sqlx::query_scalar(
+        "SELECT owner_token IS NULL AND locked_until IS NULL FROM idempotency_keys \
+         WHERE idempotency_key = 'k2'",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert!(free, "k2 must be free at its recovery point");
+    assert_eq!(h.events.count(Event::Released), 2);
+
+    // Another process (a fresh engine) resumes both at once.
+    let other = Engine::new(h.pool.clone(), EngineConfig::default(), h.events.clone());
+    for k in ["k1", "k2"] {
+        let key = key(k);
+        let body = json!({"item": "book"});
+        match other.claim(&order_claim("acct_1", &key, &body)).await.unwrap() {
+            Claim::Acquired(lease) => drive(&h.operation(), lease).await.unwrap(),
+            claim => panic!("{k}: expected to resume it, got {claim:?}"),
+        };
+    }
+    assert_eq!(h.orders().await, 2);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
 async fn a_released_key_is_resumed_from_its_recovery_point(pool: PgPool) {
     let h = harness(pool).await;
     h.shipper.failures.store(1, Ordering::SeqCst);
