@@ -186,3 +186,56 @@ async fn a_processor_refusal_after_execution_began_is_stored(pool: PgPool) {
         sqlx::query_scalar("SELECT status FROM payments").fetch_one(&pool).await.unwrap();
     assert_eq!(status, "failed");
 }
+
+/// Stripe answers `200` for a refund that has not moved the money (yet): `pending`,
+/// `requires_action`, `failed`, `canceled`. None of them may be recorded as a success.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_refund_the_processor_has_not_completed_is_referred_to_a_person_not_recorded(
+    pool: PgPool,
+) {
+    let processor = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(charge(true)))
+        .mount(&processor)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/refunds"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": "re_wire", "object": "refund", "charge": "ch_wire", "amount": 200,
+            "currency": "usd", "status": "pending", "metadata": {}})))
+        .mount(&processor)
+        .await;
+    let app = app_against(pool.clone(), &processor).await;
+    let (_, key) = app.create_account("shop").await;
+    let paid = json(app.post("/v1/payments", &key, Some("pay"), &visa()).await).await;
+    let path = format!("/v1/payments/{}/refunds", paid["id"].as_str().unwrap());
+    let refund = app.post(&path, &key, Some("refund"), &json!({"amount": 200})).await;
+    assert_problem(refund, 422, "operation_needs_review").await;
+    // The retry does not call the processor again, and says the same.
+    let again = app.post(&path, &key, Some("refund"), &json!({"amount": 200})).await;
+    assert_problem(again, 422, "operation_needs_review").await;
+    let refund_calls = processor
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.url.path() == "/v1/refunds")
+        .count();
+    assert_eq!(refund_calls, 1);
+    let (status, reserved): (String, i64) = sqlx::query_as(
+        "SELECT r.status, p.amount_refunded FROM refunds r JOIN payments p ON p.id = r.payment_id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_ne!(status, "succeeded", "a pending refund is not a succeeded one");
+    assert_eq!(reserved, 200, "the amount stays reserved while a person looks");
+    let flagged: bool = sqlx::query_scalar(
+        "SELECT needs_human_at IS NOT NULL FROM idempotency_keys WHERE idempotency_key = 'refund'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(flagged);
+}

@@ -1352,6 +1352,21 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                     }
                     other => (refused_at_a_later_generation(&request, other)?, None),
                 };
+                // Stripe answers a refund that is still on its way (`pending`,
+                // `requires_action`) or that did not go through after all (`failed`,
+                // `canceled`) with a 200 too: only `succeeded` says the money moved back. Any
+                // other status is neither a success nor a refusal this code may record, so a
+                // person looks (the amount stays reserved against the payment meanwhile).
+                if let Ok(found) = &outcome
+                    && found.status != "succeeded"
+                {
+                    return Err(Interrupted::NeedsHuman {
+                        reason: format!(
+                            "the processor answered refund {} of {charge_id} with status `{}`, not `succeeded`",
+                            found.id, found.status
+                        ),
+                    });
+                }
                 let key = request.key.clone();
                 let problem = match &outcome {
                     Ok(_) => None,
