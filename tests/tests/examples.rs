@@ -67,7 +67,10 @@ struct Transcript {
 }
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the tests crate sits in the workspace").into()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate sits in the workspace")
+        .into()
 }
 
 /// `README.md`, then `docs/*.md` in name order.
@@ -94,8 +97,11 @@ fn transcripts(file: &str, text: &str) -> Result<Vec<Transcript>, String> {
         let fence = line.trim_start();
         let Some(info) = fence.strip_prefix("```") else { continue };
         let info = info.trim();
-        let body: Vec<(usize, &str)> =
-            lines.by_ref().take_while(|(_, l)| l.trim_start() != "```").map(|(i, l)| (i + 1, l)).collect();
+        let body: Vec<(usize, &str)> = lines
+            .by_ref()
+            .take_while(|(_, l)| l.trim_start() != "```")
+            .map(|(i, l)| (i + 1, l))
+            .collect();
         if info == "console" {
             found.push(parse_transcript(file, index + 1, &body)?);
         } else if (info == "sh" || info == "bash" || info == "shell")
@@ -133,7 +139,8 @@ fn parse_transcript(file: &str, line: usize, body: &[(usize, &str)]) -> Result<T
     }
     for step in &steps {
         // A command that sends its output elsewhere (`>/dev/null &`) has none to show.
-        if step.command.contains("curl ") && !step.command.contains('>') && step.expected.is_empty() {
+        if step.command.contains("curl ") && !step.command.contains('>') && step.expected.is_empty()
+        {
             return Err(format!(
                 "{file}:{}: this curl command shows no expected output (its status line and the \
                  fields that matter)",
@@ -243,7 +250,8 @@ fn json_pattern(expected: &str) -> Result<Value, String> {
         }
         out.push(c);
     }
-    serde_json::from_str(&out).map_err(|err| format!("the expected JSON does not parse ({err}): {expected}"))
+    serde_json::from_str(&out)
+        .map_err(|err| format!("the expected JSON does not parse ({err}): {expected}"))
 }
 
 /// Matches an actual JSON value against a pattern made by `json_pattern`; binds into `new`.
@@ -412,15 +420,159 @@ impl Addresses {
         for sim in SIM_AS_WRITTEN {
             text = text.replace(sim, self.sim.trim_start_matches("http://"));
         }
-        text.replace(DEMO_API_AS_WRITTEN, &self.demo_api).replace(DATABASE_AS_WRITTEN, &self.database)
+        text.replace(DEMO_API_AS_WRITTEN, &self.demo_api)
+            .replace(DATABASE_AS_WRITTEN, &self.database)
     }
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces made hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside code blocks).
+fn anchors(text: &str) -> Vec<String> {
+    let mut in_code = false;
+    let mut found = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && let Some(heading) = line.strip_prefix('#') {
+            found.push(anchor(heading.trim_start_matches('#')));
+        }
+    }
+    found
+}
+
+/// The targets of the inline links `[text](target)` of a Markdown text, with their line, outside
+/// code blocks and code spans.
+fn links(text: &str) -> Vec<(usize, String)> {
+    let mut in_code = false;
+    let mut found = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        let outside_spans: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 0)
+            .map(|(_, s)| s)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut rest = outside_spans.as_str();
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            found.push((index + 1, after[..end].to_owned()));
+            rest = &after[end..];
+        }
+    }
+    found
+}
+
+/// The paths of this repository named in code spans (`` `crates/idem/src/store.rs` ``) but not
+/// as the text of a link, outside code blocks.
+fn unlinked_paths(text: &str) -> Vec<(usize, String)> {
+    const ROOTS: [&str; 5] = ["crates/", "tests/", "migrations/", "scripts/", "docs/"];
+    let mut in_code = false;
+    let mut found = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        let mut position = 0;
+        for (i, piece) in line.split('`').enumerate() {
+            let before = line[..position].trim_end_matches('`');
+            position += piece.len() + 1;
+            let is_path = ROOTS.iter().any(|root| piece.starts_with(root))
+                && !piece.contains(' ')
+                && root().join(piece.trim_end_matches('/')).exists();
+            if i % 2 == 1 && is_path && !before.ends_with('[') {
+                found.push((index + 1, piece.to_owned()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_relative_link_of_the_readme_and_the_guide_resolves() {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for path in markdown_files() {
+        let text = std::fs::read_to_string(&path).expect("a Markdown file");
+        let dir = path.parent().expect("a file's directory");
+        for (line, target) in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (file, fragment) = target.split_once('#').unwrap_or((&target, ""));
+            let resolved = if file.is_empty() { path.clone() } else { dir.join(file) };
+            if !resolved.exists() {
+                broken.push(format!("{}:{line}: {target} (no such file)", relative(&path)));
+                continue;
+            }
+            if !fragment.is_empty() && resolved.extension().is_some_and(|e| e == "md") {
+                let linked = std::fs::read_to_string(&resolved).expect("a linked Markdown file");
+                if !anchors(&linked).iter().any(|a| a == fragment) {
+                    broken.push(format!("{}:{line}: {target} (no such heading)", relative(&path)));
+                }
+            }
+        }
+    }
+    assert!(checked >= 50, "found only {checked} relative links");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_guide_names_the_repositorys_files_by_links() {
+    let mut unlinked = Vec::new();
+    for path in markdown_files() {
+        let text = std::fs::read_to_string(&path).expect("a Markdown file");
+        for (line, named) in unlinked_paths(&text) {
+            unlinked.push(format!("{}:{line}: `{named}`", relative(&path)));
+        }
+    }
+    assert!(
+        unlinked.is_empty(),
+        "files named without a link (write [`path`](relative/path)):\n{}",
+        unlinked.join("\n")
+    );
+}
+
+#[test]
+fn the_link_checks_find_what_they_look_for() {
+    let text = "# A heading, with `code`\n[a](x.md#a-heading-with-code) `crates/idem` [`crates/idem`](c)\n```\n[b](y)\n```\n";
+    assert_eq!(anchors(text), ["a-heading-with-code"]);
+    assert_eq!(links(text), [(2, "x.md#a-heading-with-code".to_owned()), (2, "c".to_owned())]);
+    assert_eq!(unlinked_paths(text), [(2, "crates/idem".to_owned())]);
 }
 
 #[test]
 fn the_transcript_format_matches_what_it_promises() {
     let bound = HashMap::from([("PAY".to_owned(), "pay_1".to_owned())]);
-    assert!(match_text("location: /v1/payments/$PAY", "location: /v1/payments/pay_1", &bound).is_some());
-    assert!(match_text("location: /v1/payments/$PAY", "location: /v1/payments/pay_2", &bound).is_none());
+    assert!(
+        match_text("location: /v1/payments/$PAY", "location: /v1/payments/pay_1", &bound).is_some()
+    );
+    assert!(
+        match_text("location: /v1/payments/$PAY", "location: /v1/payments/pay_2", &bound).is_none()
+    );
     let binds = match_text("id $NEW, …", "id pay_9, and more", &HashMap::new()).unwrap();
     assert_eq!(binds["NEW"], "pay_9");
     let check = |want: &str, line: &str| {
@@ -429,15 +581,15 @@ fn the_transcript_format_matches_what_it_promises() {
     assert!(check(r#"{"id":"$PAY","amount":500,…}"#, r#"{"id":"pay_1","amount":500,"x":1}"#));
     assert!(!check(r#"{"id":"$PAY","amount":500}"#, r#"{"id":"pay_1","amount":500,"x":1}"#));
     assert!(!check(r#"{"id":"$PAY",…}"#, r#"{"id":"pay_2"}"#));
-    assert!(check(r#"{"data":[{"id":"pay_…",…},…]}"#, r#"{"data":[{"id":"pay_3","a":1},{"b":2}]}"#));
+    assert!(check(
+        r#"{"data":[{"id":"pay_…",…},…]}"#,
+        r#"{"data":[{"id":"pay_3","a":1},{"b":2}]}"#
+    ));
     assert!(!check(r#"{"data":[{"id":"pay_…",…}]}"#, r#"{"data":[{"id":"pay_3"},{"b":2}]}"#));
     assert!(check("HTTP/1.1 201 Created", "HTTP/1.1 201 Created"));
     assert!(!check("HTTP/1.1 201 Created", "HTTP/1.1 409 Conflict"));
-    let ordered = check_output(
-        &["b".to_owned(), "a".to_owned()],
-        &["a".to_owned(), "b".to_owned()],
-        &bound,
-    );
+    let ordered =
+        check_output(&["b".to_owned(), "a".to_owned()], &["a".to_owned(), "b".to_owned()], &bound);
     assert!(ordered.is_err(), "expected lines are found in order");
     let md = "```console\n$ curl -s x\n```\n";
     assert!(transcripts("t.md", md).is_err(), "a curl without its output is refused");
@@ -456,7 +608,11 @@ async fn every_example_of_the_readme_and_the_guide_runs_as_written(pool: PgPool)
         }
     }
     let commands: usize = all.iter().map(|t| t.steps.len()).sum();
-    assert!(all.len() >= 5 && commands >= 20, "found only {} transcripts ({commands} commands)", all.len());
+    assert!(
+        all.len() >= 5 && commands >= 20,
+        "found only {} transcripts ({commands} commands)",
+        all.len()
+    );
 
     let sys = System::start(pool).await;
     // As `make run` serves it: the default processor timeouts, the inspector on.
@@ -509,11 +665,13 @@ async fn every_example_of_the_readme_and_the_guide_runs_as_written(pool: PgPool)
                     Err(err) => panic!("{place}: `{command}`: {err}\n{}", api.log()),
                 };
                 assert_eq!(
-                    status, 0,
+                    status,
+                    0,
                     "{place}: `{command}` exited with {status}, printing:\n{}",
                     printed.join("\n")
                 );
-                let expected: Vec<String> = step.expected.iter().map(|l| addresses.apply(l)).collect();
+                let expected: Vec<String> =
+                    step.expected.iter().map(|l| addresses.apply(l)).collect();
                 match check_output(&expected, &printed, &bound) {
                     Ok(binds) => {
                         for (name, value) in binds {
