@@ -66,6 +66,14 @@ struct Transcript {
     steps: Vec<Step>,
 }
 
+/// The info string of a line that opens or closes a fenced code block (CommonMark: three or more
+/// backticks, then an info string without backticks); `None` for any other line, such as one
+/// that starts with a code span of backticks.
+fn fence(line: &str) -> Option<&str> {
+    let info = line.trim_start().strip_prefix("```")?.trim_start_matches('`');
+    (!info.contains('`')).then(|| info.trim())
+}
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -94,12 +102,10 @@ fn transcripts(file: &str, text: &str) -> Result<Vec<Transcript>, String> {
     let mut found = Vec::new();
     let mut lines = text.lines().enumerate();
     while let Some((index, line)) = lines.next() {
-        let fence = line.trim_start();
-        let Some(info) = fence.strip_prefix("```") else { continue };
-        let info = info.trim();
+        let Some(info) = fence(line) else { continue };
         let body: Vec<(usize, &str)> = lines
             .by_ref()
-            .take_while(|(_, l)| l.trim_start() != "```")
+            .take_while(|(_, l)| fence(l) != Some(""))
             .map(|(i, l)| (i + 1, l))
             .collect();
         if info == "console" {
@@ -356,6 +362,10 @@ impl Shell {
             .current_dir(root())
             .env("PATH", path)
             .env_remove("RUST_LOG")
+            // `make demo-crash` run from inside `make test` is not a sub-make of it.
+            .env_remove("MAKEFLAGS")
+            .env_remove("MAKELEVEL")
+            .env_remove("MFLAGS")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -441,7 +451,7 @@ fn anchors(text: &str) -> Vec<String> {
     let mut in_code = false;
     let mut found = Vec::new();
     for line in text.lines() {
-        if line.trim_start().starts_with("```") {
+        if fence(line).is_some() {
             in_code = !in_code;
         } else if !in_code && let Some(heading) = line.strip_prefix('#') {
             found.push(anchor(heading.trim_start_matches('#')));
@@ -456,7 +466,7 @@ fn links(text: &str) -> Vec<(usize, String)> {
     let mut in_code = false;
     let mut found = Vec::new();
     for (index, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("```") {
+        if fence(line).is_some() {
             in_code = !in_code;
             continue;
         }
@@ -488,7 +498,7 @@ fn unlinked_paths(text: &str) -> Vec<(usize, String)> {
     let mut in_code = false;
     let mut found = Vec::new();
     for (index, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("```") {
+        if fence(line).is_some() {
             in_code = !in_code;
             continue;
         }
@@ -603,7 +613,12 @@ async fn every_example_of_the_readme_and_the_guide_runs_as_written(pool: PgPool)
     for path in markdown_files() {
         let text = std::fs::read_to_string(&path).expect("a Markdown file");
         match transcripts(&relative(&path), &text) {
-            Ok(found) => all.extend(found),
+            Ok(found) => {
+                // A cross-check of the parser: every block opened as a transcript was read as one.
+                let opened = text.lines().filter(|l| l.trim() == "```console").count();
+                assert_eq!(found.len(), opened, "transcripts read in {}", relative(&path));
+                all.extend(found);
+            }
             Err(err) => panic!("{err}"),
         }
     }
