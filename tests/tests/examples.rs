@@ -520,6 +520,61 @@ fn unlinked_paths(text: &str) -> Vec<(usize, String)> {
     found
 }
 
+/// Whether a code span names a Rust item by a path (`Lease::phase`, `store::take_over`).
+fn is_rust_path(span: &str) -> bool {
+    span.contains("::")
+        && span.split("::").all(|segment| {
+            segment.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && segment.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
+
+/// Rust items named in code spans (`` `Lease::phase` ``) in a paragraph or a table row that links
+/// to no source file, outside code blocks.
+fn unlinked_items(text: &str) -> Vec<(usize, String)> {
+    let mut in_code = false;
+    let mut blocks: Vec<Vec<(usize, &str)>> = vec![Vec::new()];
+    for (index, line) in text.lines().enumerate() {
+        if fence(line).is_some() {
+            in_code = !in_code;
+            blocks.push(Vec::new());
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        let own_block = line.starts_with('|') || line.starts_with('#');
+        if line.trim().is_empty() || own_block {
+            blocks.push(Vec::new());
+        }
+        blocks.last_mut().expect("a block").push((index + 1, line));
+        if own_block {
+            blocks.push(Vec::new());
+        }
+    }
+    let mut found = Vec::new();
+    for block in blocks {
+        let joined: String = block.iter().map(|(_, line)| *line).collect::<Vec<_>>().join(" ");
+        let links_source = links(&joined).iter().any(|(_, target)| {
+            target
+                .split('#')
+                .next()
+                .is_some_and(|file| file.ends_with(".rs") || file.contains("crates/"))
+        });
+        if links_source {
+            continue;
+        }
+        for (number, line) in block {
+            for (i, piece) in line.split('`').enumerate() {
+                if i % 2 == 1 && is_rust_path(piece) {
+                    found.push((number, piece.to_owned()));
+                }
+            }
+        }
+    }
+    found
+}
+
 #[test]
 fn every_relative_link_of_the_readme_and_the_guide_resolves() {
     let mut broken = Vec::new();
@@ -551,17 +606,18 @@ fn every_relative_link_of_the_readme_and_the_guide_resolves() {
 }
 
 #[test]
-fn the_guide_names_the_repositorys_files_by_links() {
+fn the_guide_names_files_and_items_of_the_code_by_links() {
     let mut unlinked = Vec::new();
     for path in markdown_files() {
         let text = std::fs::read_to_string(&path).expect("a Markdown file");
-        for (line, named) in unlinked_paths(&text) {
+        for (line, named) in unlinked_paths(&text).into_iter().chain(unlinked_items(&text)) {
             unlinked.push(format!("{}:{line}: `{named}`", relative(&path)));
         }
     }
     assert!(
         unlinked.is_empty(),
-        "files named without a link (write [`path`](relative/path)):\n{}",
+        "files named without a link (write [`path`](relative/path)), or items named in a paragraph \
+         that links to no source file (write [`Type::item`](relative/path/to/its/file.rs)):\n{}",
         unlinked.join("\n")
     );
 }
@@ -572,6 +628,8 @@ fn the_link_checks_find_what_they_look_for() {
     assert_eq!(anchors(text), ["a-heading-with-code"]);
     assert_eq!(links(text), [(2, "x.md#a-heading-with-code".to_owned()), (2, "c".to_owned())]);
     assert_eq!(unlinked_paths(text), [(2, "crates/idem".to_owned())]);
+    let text = "`Lease::phase` and `a::b c`\n\n[`Lease::phase`](e.rs) and `store::advance`\n";
+    assert_eq!(unlinked_items(text), [(1, "Lease::phase".to_owned())]);
 }
 
 #[test]
