@@ -446,33 +446,36 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
-/// The anchors of a Markdown file's headings (outside code blocks).
-fn anchors(text: &str) -> Vec<String> {
+/// The lines of a Markdown text outside its code blocks, numbered from 1; each fence reads as a
+/// blank line, so that it ends a paragraph.
+fn prose_lines(text: &str) -> Vec<(usize, &str)> {
     let mut in_code = false;
-    let mut found = Vec::new();
-    for line in text.lines() {
+    let mut prose = Vec::new();
+    for (index, line) in text.lines().enumerate() {
         if fence(line).is_some() {
             in_code = !in_code;
-        } else if !in_code && let Some(heading) = line.strip_prefix('#') {
-            found.push(anchor(heading.trim_start_matches('#')));
+            prose.push((index + 1, ""));
+        } else if !in_code {
+            prose.push((index + 1, line));
         }
     }
-    found
+    prose
+}
+
+/// The anchors of a Markdown file's headings.
+fn anchors(text: &str) -> Vec<String> {
+    prose_lines(text)
+        .into_iter()
+        .filter_map(|(_, line)| line.strip_prefix('#'))
+        .map(|heading| anchor(heading.trim_start_matches('#')))
+        .collect()
 }
 
 /// The targets of the inline links `[text](target)` of a Markdown text, with their line, outside
 /// code blocks and code spans.
 fn links(text: &str) -> Vec<(usize, String)> {
-    let mut in_code = false;
     let mut found = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        if fence(line).is_some() {
-            in_code = !in_code;
-            continue;
-        }
-        if in_code {
-            continue;
-        }
+    for (number, line) in prose_lines(text) {
         let outside_spans: String = line
             .split('`')
             .enumerate()
@@ -484,7 +487,7 @@ fn links(text: &str) -> Vec<(usize, String)> {
         while let Some(at) = rest.find("](") {
             let after = &rest[at + 2..];
             let Some(end) = after.find(')') else { break };
-            found.push((index + 1, after[..end].to_owned()));
+            found.push((number, after[..end].to_owned()));
             rest = &after[end..];
         }
     }
@@ -495,16 +498,8 @@ fn links(text: &str) -> Vec<(usize, String)> {
 /// as the text of a link, outside code blocks.
 fn unlinked_paths(text: &str) -> Vec<(usize, String)> {
     const ROOTS: [&str; 5] = ["crates/", "tests/", "migrations/", "scripts/", "docs/"];
-    let mut in_code = false;
     let mut found = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        if fence(line).is_some() {
-            in_code = !in_code;
-            continue;
-        }
-        if in_code {
-            continue;
-        }
+    for (number, line) in prose_lines(text) {
         let mut position = 0;
         for (i, piece) in line.split('`').enumerate() {
             let before = line[..position].trim_end_matches('`');
@@ -513,7 +508,7 @@ fn unlinked_paths(text: &str) -> Vec<(usize, String)> {
                 && !piece.contains(' ')
                 && root().join(piece.trim_end_matches('/')).exists();
             if i % 2 == 1 && is_path && !before.ends_with('[') {
-                found.push((index + 1, piece.to_owned()));
+                found.push((number, piece.to_owned()));
             }
         }
     }
@@ -532,22 +527,13 @@ fn is_rust_path(span: &str) -> bool {
 /// Rust items named in code spans (`` `Lease::phase` ``) in a paragraph or a table row that links
 /// to no source file, outside code blocks.
 fn unlinked_items(text: &str) -> Vec<(usize, String)> {
-    let mut in_code = false;
     let mut blocks: Vec<Vec<(usize, &str)>> = vec![Vec::new()];
-    for (index, line) in text.lines().enumerate() {
-        if fence(line).is_some() {
-            in_code = !in_code;
-            blocks.push(Vec::new());
-            continue;
-        }
-        if in_code {
-            continue;
-        }
+    for (number, line) in prose_lines(text) {
         let own_block = line.starts_with('|') || line.starts_with('#');
         if line.trim().is_empty() || own_block {
             blocks.push(Vec::new());
         }
-        blocks.last_mut().expect("a block").push((index + 1, line));
+        blocks.last_mut().expect("a block").push((number, line));
         if own_block {
             blocks.push(Vec::new());
         }
