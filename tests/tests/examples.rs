@@ -1,14 +1,19 @@
-//! The examples of the README and the guide, run: every ```` ```console ```` block of `README.md`
-//! and `docs/*.md` is a transcript, and this test types each of its commands into a shell against
-//! the real `payments-api` and `processor-sim` binaries (on free ports, over a fresh database, as
-//! `make run` starts them), then checks what the transcript says the command prints. An example
-//! that stops working fails `make test`.
+//! The examples of the README and the guide, run, and their links, followed: every
+//! ```` ```console ```` block of `README.md` and `docs/*.md` is a transcript, and this test types
+//! each of its commands into a shell against the real `payments-api` and `processor-sim` binaries
+//! (on free ports, over a fresh database, as `make run` starts them), then checks what the
+//! transcript says the command prints. An example that stops working fails `make test`. So does a
+//! relative link or heading anchor that leads nowhere, a file of the repository named without a
+//! link, and a Rust item named in a paragraph that links to no source file.
 //!
 //! The transcript format, which the README's "Reading the examples" explains to readers:
 //! - `$ command` is typed into one `bash` per Markdown file (so `B=…` set in one command holds in
 //!   the next); a line ending in `\` continues on the next one. `KEY` holds a fresh account's
-//!   secret key, as `make run` prints one; `http://127.0.0.1:8080` and `127.0.0.1:12111` are
-//!   replaced by the addresses of the test's API and stand-in processor, in commands and output.
+//!   secret key, as `make run` prints one. `http://127.0.0.1:8080`, `127.0.0.1:12111` and
+//!   `postgres://postgres@127.0.0.1:5432/payments` are replaced by the test's API, stand-in
+//!   processor and database, and `127.0.0.1:8090` (the crash demo's API) by a free port, in
+//!   commands and output. `make demo-crash` finds the binaries `make test` built
+//!   (`PAYMENTS_DEMO_BIN`) and builds nothing.
 //! - A line starting with `#` between commands is narration.
 //! - Every other line is expected output. Each must match a line the command printed, in order
 //!   (lines not shown are not checked): a status line or a header matches exactly, but for `…`,
