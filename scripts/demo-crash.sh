@@ -118,3 +118,10 @@ echo "   recovery point: $point"
 
 echo "5. The processor still holds $(charges) charge: the retry sent the same downstream key and got the charge back"
 [ "$(charges)" = 1 ] || fail "the processor holds $(charges) charges"
+
+# In a terminal, keep the API up until Enter, so that the inspector's link shows the whole story.
+if [ -t 0 ] && [ -t 1 ]; then
+  echo
+  echo "The inspector's page above now shows the key's whole timeline. Press Enter to stop."
+  read -r _
+fi
