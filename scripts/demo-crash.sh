@@ -80,7 +80,8 @@ doomed=${children[-1]}
 pay >"$WORK/first" 2>&1 &
 client=$!
 for _ in $(seq 1 400); do grep -q "FAILPOINT payments.create.after_call" "$WORK/doomed.log" && break; sleep 0.05; done
-grep -q "FAILPOINT payments.create.after_call" "$WORK/doomed.log" || fail "the API never reached its failpoint"
+grep -q "FAILPOINT payments.create.after_call" "$WORK/doomed.log" || \
+  fail "the API never reached its failpoint (are the binaries in $BIN built with failpoints? make demo-crash builds them)"
 echo "   a payment is sent; the processor charged the card: $(charges) charge"
 
 echo "2. The API is killed there (SIGKILL): the client gets no answer"
