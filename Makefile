@@ -1,9 +1,10 @@
 # The two commands of the quick start are `make run` and `make test`; the rest are helpers.
-.PHONY: run test diagrams proof proof-ha ha-up ha-down bench fuzz-api stripe-sdk fmt lint db-up db-down sqlx-prepare help
+.PHONY: run test demo-crash diagrams proof proof-ha ha-up ha-down bench fuzz-api stripe-sdk fmt lint db-up db-down sqlx-prepare help
 
 help:
 	@echo "make run           start Postgres (if needed), the API and friends, print a demo key"
 	@echo "make test          everything CI runs: fmt, clippy, offline build, all tests"
+	@echo "make demo-crash    a payment killed between its phases, seen in the inspector, finished by its retry"
 	@echo "make proof         the fault matrix at a larger scale (PROOF_SCALE=5, PROOF_SEED=…)"
 	@echo "make proof-ha      a Postgres failover under load (Patroni, etcd, HAProxy), synchronous and not"
 	@echo "make ha-up|ha-down start or stop that cluster under target/ha (HAProxy's primary on 54330)"
@@ -20,6 +21,11 @@ run:
 
 test:
 	@scripts/test.sh
+
+# docs/crash-demo.md: a payment killed at a failpoint after the processor charged, the key in the
+# inspector at its recovery point, the retry finishing it with one charge. Builds with failpoints.
+demo-crash:
+	@scripts/demo-crash.sh
 
 # Every fenced mermaid block of the repository's Markdown parsed by Mermaid (pinned in
 # scripts/diagrams/, installed into target/diagram-check with npm). `make test` runs it.

@@ -4,14 +4,14 @@
 #
 # It starts processor-sim and payments-api on free ports against a database of its own
 # (payments_fuzz on the server scripts/postgres.sh finds), and installs schemathesis into
-# target/fuzz-venv the first time. FUZZ_EXAMPLES (default 25) sets the test cases per operation;
+# target/fuzz-venv the first time. FUZZ_EXAMPLES (default 100, as `make fuzz-api`) sets the test cases per operation;
 # FUZZ_DATABASE names its database (default payments_fuzz). FUZZ_SEED fixes the run (make test
 # uses a fixed seed; by hand it is random). The hooks in scripts/fuzz_hooks.py put control
 # characters (NUL, ESC, DEL, …) into the generated strings.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-EXAMPLES=${FUZZ_EXAMPLES:-25}
+EXAMPLES=${FUZZ_EXAMPLES:-100}
 VENV=$ROOT/target/fuzz-venv
 say() { echo "fuzz-api: $*" >&2; }
 

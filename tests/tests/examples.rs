@@ -1,0 +1,753 @@
+//! The examples of the README and the guide, run, and their links, followed: every
+//! ```` ```console ```` block of `README.md` and `docs/*.md` is a transcript, and this test types
+//! each of its commands into a shell against the real `payments-api` and `processor-sim` binaries
+//! (on free ports, over a fresh database, as `make run` starts them), then checks what the
+//! transcript says the command prints. An example that stops working fails `make test`. So does a
+//! relative link or heading anchor that leads nowhere, a file of the repository named without a
+//! link, and a Rust item named in a paragraph that links to no source file.
+//!
+//! The transcript format, which the README's "Reading the examples" explains to readers:
+//! - `$ command` is typed into one `bash` per Markdown file (so `B=…` set in one command holds in
+//!   the next); a line ending in `\` continues on the next one. `KEY` holds a fresh account's
+//!   secret key, as `make run` prints one. `http://127.0.0.1:8080`, `127.0.0.1:12111` and
+//!   `postgres://postgres@127.0.0.1:5432/payments` are replaced by the test's API, stand-in
+//!   processor and database, and `127.0.0.1:8090` (the crash demo's API) by a free port, in
+//!   commands and output. `make demo-crash` finds the binaries `make test` built
+//!   (`PAYMENTS_DEMO_BIN`) and builds nothing.
+//! - A line starting with `#` between commands is narration.
+//! - Every other line is expected output. Each must match a line the command printed, in order
+//!   (lines not shown are not checked): a status line or a header matches exactly, but for `…`,
+//!   which stands for any text, and `$NAME`, which stands for the value the shell variable `NAME`
+//!   holds, or, when nothing is bound to `NAME` yet, binds it (exported to the shell, so the
+//!   next commands can use `$NAME`). A line starting with `{` or `[` is JSON, matched member by
+//!   member with the same rules in every string; a bare `…` in an object or array stands for
+//!   the members or elements not shown, and without it the object has exactly the members shown.
+//! - A command that runs `curl` must show output, unless it redirects it (`>`); every command
+//!   must exit 0.
+//!
+//! Idempotency keys are used as written: each file gets an account of its own in a fresh
+//! database, so the keys of one file never meet another's, and a key reused within a file means
+//! what it says (a replay, a `409`, a `422`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use payments_tests::system::{Process, System, binary, free_port};
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+/// The stand-in for "anything" in expected output.
+const ANY: char = '…';
+/// The address the examples use for the API, as `make run` serves it.
+const API_AS_WRITTEN: &str = "http://127.0.0.1:8080";
+/// The stand-in processor's address, as `make run` starts it.
+const SIM_AS_WRITTEN: [&str; 2] = ["127.0.0.1:12111", "localhost:12111"];
+/// The crash demo's own ports (`scripts/demo-crash.sh`), so that it runs beside `make run`.
+const DEMO_API_AS_WRITTEN: &str = "127.0.0.1:8090";
+/// The database `make run` uses by default.
+const DATABASE_AS_WRITTEN: &str = "postgres://postgres@127.0.0.1:5432/payments";
+/// The inspector's operator token the API runs with here.
+const INSPECTOR_TOKEN: &str = "examples-inspector-token";
+/// How long one command may run.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One command of a transcript and what it should print.
+#[derive(Debug)]
+struct Step {
+    line: usize,
+    command: String,
+    expected: Vec<String>,
+}
+
+/// One ```` ```console ```` block.
+#[derive(Debug)]
+struct Transcript {
+    file: String,
+    steps: Vec<Step>,
+}
+
+/// The info string of a line that opens or closes a fenced code block (CommonMark: three or more
+/// backticks, then an info string without backticks); `None` for any other line, such as one
+/// that starts with a code span of backticks.
+fn fence(line: &str) -> Option<&str> {
+    let info = line.trim_start().strip_prefix("```")?.trim_start_matches('`');
+    (!info.contains('`')).then(|| info.trim())
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate sits in the workspace")
+        .into()
+}
+
+/// `README.md`, then `docs/*.md` in name order.
+fn markdown_files() -> Vec<PathBuf> {
+    let root = root();
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/ is readable")
+        .map(|entry| entry.expect("a docs/ entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    docs.sort();
+    std::iter::once(root.join("README.md")).chain(docs).collect()
+}
+
+fn relative(path: &Path) -> String {
+    path.strip_prefix(root()).unwrap_or(path).display().to_string()
+}
+
+/// Every transcript of one Markdown text; `Err` for a block that breaks the format's rules.
+fn transcripts(file: &str, text: &str) -> Result<Vec<Transcript>, String> {
+    let mut found = Vec::new();
+    let mut lines = text.lines().enumerate();
+    while let Some((index, line)) = lines.next() {
+        let Some(info) = fence(line) else { continue };
+        let body: Vec<(usize, &str)> = lines
+            .by_ref()
+            .take_while(|(_, l)| fence(l) != Some(""))
+            .map(|(i, l)| (i + 1, l))
+            .collect();
+        if info == "console" {
+            found.push(parse_transcript(file, index + 1, &body)?);
+        } else if (info == "sh" || info == "bash" || info == "shell")
+            && body.iter().any(|(_, l)| l.contains("curl "))
+        {
+            return Err(format!(
+                "{file}:{}: a ```{info} block sends requests with curl: write it as a ```console \
+                 transcript with its expected output, so that this test runs it",
+                index + 1
+            ));
+        }
+    }
+    Ok(found)
+}
+
+fn parse_transcript(file: &str, line: usize, body: &[(usize, &str)]) -> Result<Transcript, String> {
+    let mut steps: Vec<Step> = Vec::new();
+    let mut continues = false;
+    for (number, text) in body {
+        if continues {
+            let step = steps.last_mut().expect("a continued command exists");
+            step.command.push('\n');
+            step.command.push_str(text);
+            continues = text.ends_with('\\');
+        } else if let Some(command) = text.strip_prefix("$ ") {
+            steps.push(Step { line: *number, command: command.to_owned(), expected: Vec::new() });
+            continues = command.ends_with('\\');
+        } else if text.starts_with('#') || text.trim().is_empty() {
+            // Narration, or a blank line.
+        } else if let Some(step) = steps.last_mut() {
+            step.expected.push((*text).to_owned());
+        } else {
+            return Err(format!("{file}:{number}: output before any `$ ` command"));
+        }
+    }
+    for step in &steps {
+        // A command that sends its output elsewhere (`>/dev/null &`) has none to show.
+        if step.command.contains("curl ") && !step.command.contains('>') && step.expected.is_empty()
+        {
+            return Err(format!(
+                "{file}:{}: this curl command shows no expected output (its status line and the \
+                 fields that matter)",
+                step.line
+            ));
+        }
+    }
+    if steps.is_empty() {
+        return Err(format!("{file}:{line}: a console block without a `$ ` command"));
+    }
+    Ok(Transcript { file: file.to_owned(), steps })
+}
+
+/// One piece of a text pattern.
+#[derive(Debug, PartialEq)]
+enum Piece {
+    Text(char),
+    Any,
+    Var(String),
+}
+
+fn pieces(pattern: &str) -> Vec<Piece> {
+    let chars: Vec<char> = pattern.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == ANY {
+            out.push(Piece::Any);
+        } else if c == '$' && chars.get(i + 1).is_some_and(char::is_ascii_uppercase) {
+            let name: String = chars[i + 1..]
+                .iter()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || **c == '_')
+                .collect();
+            i += name.len();
+            out.push(Piece::Var(name));
+        } else {
+            out.push(Piece::Text(c));
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Matches the whole of `text` against `pattern`; returns the variables it binds.
+fn match_text(
+    pattern: &str,
+    text: &str,
+    bound: &HashMap<String, String>,
+) -> Option<HashMap<String, String>> {
+    fn go(
+        pieces: &[Piece],
+        text: &[char],
+        bound: &HashMap<String, String>,
+        new: &mut HashMap<String, String>,
+    ) -> bool {
+        let Some((first, rest)) = pieces.split_first() else { return text.is_empty() };
+        match first {
+            Piece::Text(c) => text.first() == Some(c) && go(rest, &text[1..], bound, new),
+            Piece::Any => (0..=text.len()).any(|n| go(rest, &text[n..], bound, new)),
+            Piece::Var(name) => {
+                if let Some(value) = bound.get(name).or_else(|| new.get(name)).cloned() {
+                    let value: Vec<char> = value.chars().collect();
+                    return text.starts_with(&value) && go(rest, &text[value.len()..], bound, new);
+                }
+                // Greedy, as a reader expects of `$PAY…`.
+                for n in (1..=text.len()).rev() {
+                    new.insert(name.clone(), text[..n].iter().collect());
+                    if go(rest, &text[n..], bound, new) {
+                        return true;
+                    }
+                }
+                new.remove(name);
+                false
+            }
+        }
+    }
+    let text: Vec<char> = text.chars().collect();
+    let mut new = HashMap::new();
+    go(&pieces(pattern), &text, bound, &mut new).then_some(new)
+}
+
+/// The expected JSON with each bare `…` made a marker: in an object the member `"…": true`, in
+/// an array the element `"…"`.
+fn json_pattern(expected: &str) -> Result<Value, String> {
+    let mut out = String::new();
+    let mut stack = Vec::new();
+    let (mut in_string, mut escaped) = (false, false);
+    for c in expected.chars() {
+        if in_string {
+            in_string = escaped || c != '"';
+            escaped = !escaped && c == '\\';
+            out.push(c);
+            continue;
+        }
+        match c {
+            '"' => in_string = true,
+            '{' | '[' => stack.push(c),
+            '}' | ']' => {
+                stack.pop();
+            }
+            ANY => {
+                out.push_str(if stack.last() == Some(&'{') { "\"…\":true" } else { "\"…\"" });
+                continue;
+            }
+            _ => {}
+        }
+        out.push(c);
+    }
+    serde_json::from_str(&out)
+        .map_err(|err| format!("the expected JSON does not parse ({err}): {expected}"))
+}
+
+/// Matches an actual JSON value against a pattern made by `json_pattern`; binds into `new`.
+fn match_json(
+    pattern: &Value,
+    actual: &Value,
+    bound: &HashMap<String, String>,
+    new: &mut HashMap<String, String>,
+) -> bool {
+    match (pattern, actual) {
+        (Value::String(pattern), Value::String(actual)) => {
+            let mut all = bound.clone();
+            all.extend(new.clone());
+            match match_text(pattern, actual, &all) {
+                Some(binds) => {
+                    new.extend(binds);
+                    true
+                }
+                None => false,
+            }
+        }
+        (Value::Object(pattern), Value::Object(actual)) => {
+            let open = pattern.contains_key("…");
+            let shown = pattern.keys().filter(|k| *k != "…").count();
+            (open || shown == actual.len())
+                && pattern.iter().filter(|(k, _)| *k != "…").all(|(key, value)| {
+                    actual.get(key).is_some_and(|actual| match_json(value, actual, bound, new))
+                })
+        }
+        (Value::Array(pattern), Value::Array(actual)) => {
+            let open = pattern.last() == Some(&Value::String("…".into()));
+            let shown = if open { &pattern[..pattern.len() - 1] } else { &pattern[..] };
+            (if open { actual.len() >= shown.len() } else { actual.len() == shown.len() })
+                && shown.iter().zip(actual).all(|(p, a)| match_json(p, a, bound, new))
+        }
+        (pattern, actual) => pattern == actual,
+    }
+}
+
+/// Checks the expected lines against what a command printed, in order; returns the bindings.
+fn check_output(
+    expected: &[String],
+    printed: &[String],
+    bound: &HashMap<String, String>,
+) -> Result<HashMap<String, String>, String> {
+    let mut new = HashMap::new();
+    let mut at = 0;
+    for want in expected {
+        let json = if want.starts_with('{') || want.starts_with('[') {
+            Some(json_pattern(want)?)
+        } else {
+            None
+        };
+        let mut all = bound.clone();
+        all.extend(new.clone());
+        let found = printed[at..].iter().enumerate().find_map(|(offset, line)| {
+            let binds = match &json {
+                Some(pattern) => {
+                    let actual: Value = serde_json::from_str(line).ok()?;
+                    let mut binds = HashMap::new();
+                    match_json(pattern, &actual, &all, &mut binds).then_some(binds)?
+                }
+                None => match_text(want, line, &all)?,
+            };
+            Some((offset, binds))
+        });
+        match found {
+            Some((offset, binds)) => {
+                at += offset + 1;
+                new.extend(binds);
+            }
+            None => {
+                return Err(format!(
+                    "expected the line\n    {want}\nafter line {at} of what the command printed:\n    {}",
+                    printed.join("\n    ")
+                ));
+            }
+        }
+    }
+    Ok(new)
+}
+
+/// A `bash` that the commands of one Markdown file are typed into.
+struct Shell {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+}
+
+const DONE: &str = "__EXAMPLE_COMMAND_DONE__";
+
+impl Shell {
+    fn start(env: &[(&str, String)]) -> Self {
+        let path = format!(
+            "{}:{}",
+            binary("payments-api").parent().expect("the binaries' directory").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut command = Command::new("bash");
+        command
+            .args(["--noprofile", "--norc"])
+            .current_dir(root())
+            .env("PATH", path)
+            .env_remove("RUST_LOG")
+            // `make demo-crash` run from inside `make test` is not a sub-make of it.
+            .env_remove("MAKEFLAGS")
+            .env_remove("MAKELEVEL")
+            .env_remove("MFLAGS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("bash starts");
+        let stdin = child.stdin.take().expect("bash's input");
+        let stdout = BufReader::new(child.stdout.take().expect("bash's output")).lines();
+        Self { child, stdin, stdout }
+    }
+
+    /// Types a command; returns its exit status and the lines it printed (standard error too).
+    async fn run(&mut self, command: &str) -> Result<(i32, Vec<String>), String> {
+        let script = format!("{{\n{command}\n}} 2>&1\nprintf '\\n{DONE} %s\\n' \"$?\"\n");
+        self.stdin.write_all(script.as_bytes()).await.map_err(|e| format!("bash: {e}"))?;
+        self.stdin.flush().await.map_err(|e| format!("bash: {e}"))?;
+        let mut printed = Vec::new();
+        let read = async {
+            while let Some(line) = self.stdout.next_line().await.map_err(|e| e.to_string())? {
+                if let Some(status) = line.strip_prefix(DONE) {
+                    return Ok(status.trim().parse().unwrap_or(-1));
+                }
+                let line = line.trim_end_matches('\r');
+                if !line.trim().is_empty() {
+                    printed.push(line.to_owned());
+                }
+            }
+            Err("bash exited".to_owned())
+        };
+        let status = tokio::time::timeout(COMMAND_TIMEOUT, read)
+            .await
+            .map_err(|_| format!("no end within {COMMAND_TIMEOUT:?}"))??;
+        Ok((status, printed))
+    }
+
+    async fn export(&mut self, name: &str, value: &str) {
+        let quoted = value.replace('\'', r"'\''");
+        let (status, _) = self.run(&format!("export {name}='{quoted}'")).await.expect("export");
+        assert_eq!(status, 0);
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// The addresses of the servers the examples run against, in place of those written.
+struct Addresses {
+    database: String,
+    api: String,
+    sim: String,
+    demo_api: String,
+}
+
+impl Addresses {
+    fn apply(&self, text: &str) -> String {
+        let mut text = text.replace(API_AS_WRITTEN, &self.api);
+        for sim in SIM_AS_WRITTEN {
+            text = text.replace(sim, self.sim.trim_start_matches("http://"));
+        }
+        text.replace(DEMO_API_AS_WRITTEN, &self.demo_api)
+            .replace(DATABASE_AS_WRITTEN, &self.database)
+    }
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces made hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The lines of a Markdown text outside its code blocks, numbered from 1; each fence reads as a
+/// blank line, so that it ends a paragraph.
+fn prose_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut in_code = false;
+    let mut prose = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if fence(line).is_some() {
+            in_code = !in_code;
+            prose.push((index + 1, ""));
+        } else if !in_code {
+            prose.push((index + 1, line));
+        }
+    }
+    prose
+}
+
+/// The anchors of a Markdown file's headings.
+fn anchors(text: &str) -> Vec<String> {
+    prose_lines(text)
+        .into_iter()
+        .filter_map(|(_, line)| line.strip_prefix('#'))
+        .map(|heading| anchor(heading.trim_start_matches('#')))
+        .collect()
+}
+
+/// The targets of the inline links `[text](target)` of a Markdown text, with their line, outside
+/// code blocks and code spans.
+fn links(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (number, line) in prose_lines(text) {
+        let outside_spans: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 0)
+            .map(|(_, s)| s)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut rest = outside_spans.as_str();
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            found.push((number, after[..end].to_owned()));
+            rest = &after[end..];
+        }
+    }
+    found
+}
+
+/// The paths of this repository named in code spans (`` `crates/idem/src/store.rs` ``) but not
+/// as the text of a link, outside code blocks.
+fn unlinked_paths(text: &str) -> Vec<(usize, String)> {
+    const ROOTS: [&str; 5] = ["crates/", "tests/", "migrations/", "scripts/", "docs/"];
+    let mut found = Vec::new();
+    for (number, line) in prose_lines(text) {
+        let mut position = 0;
+        for (i, piece) in line.split('`').enumerate() {
+            let before = line[..position].trim_end_matches('`');
+            position += piece.len() + 1;
+            let is_path = ROOTS.iter().any(|root| piece.starts_with(root))
+                && !piece.contains(' ')
+                && root().join(piece.trim_end_matches('/')).exists();
+            if i % 2 == 1 && is_path && !before.ends_with('[') {
+                found.push((number, piece.to_owned()));
+            }
+        }
+    }
+    found
+}
+
+/// Whether a code span names a Rust item by a path (`Lease::phase`, `store::take_over`).
+fn is_rust_path(span: &str) -> bool {
+    span.contains("::")
+        && span.split("::").all(|segment| {
+            segment.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && segment.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
+
+/// Rust items named in code spans (`` `Lease::phase` ``) in a paragraph or a table row that links
+/// to no source file, outside code blocks.
+fn unlinked_items(text: &str) -> Vec<(usize, String)> {
+    let mut blocks: Vec<Vec<(usize, &str)>> = vec![Vec::new()];
+    for (number, line) in prose_lines(text) {
+        let own_block = line.starts_with('|') || line.starts_with('#');
+        if line.trim().is_empty() || own_block {
+            blocks.push(Vec::new());
+        }
+        blocks.last_mut().expect("a block").push((number, line));
+        if own_block {
+            blocks.push(Vec::new());
+        }
+    }
+    let mut found = Vec::new();
+    for block in blocks {
+        let joined: String = block.iter().map(|(_, line)| *line).collect::<Vec<_>>().join(" ");
+        let links_source = links(&joined).iter().any(|(_, target)| {
+            target
+                .split('#')
+                .next()
+                .is_some_and(|file| file.ends_with(".rs") || file.contains("crates/"))
+        });
+        if links_source {
+            continue;
+        }
+        for (number, line) in block {
+            for (i, piece) in line.split('`').enumerate() {
+                if i % 2 == 1 && is_rust_path(piece) {
+                    found.push((number, piece.to_owned()));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_relative_link_of_the_readme_and_the_guide_resolves() {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for path in markdown_files() {
+        let text = std::fs::read_to_string(&path).expect("a Markdown file");
+        let dir = path.parent().expect("a file's directory");
+        for (line, target) in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (file, fragment) = target.split_once('#').unwrap_or((&target, ""));
+            let resolved = if file.is_empty() { path.clone() } else { dir.join(file) };
+            if !resolved.exists() {
+                broken.push(format!("{}:{line}: {target} (no such file)", relative(&path)));
+                continue;
+            }
+            if !fragment.is_empty() && resolved.extension().is_some_and(|e| e == "md") {
+                let linked = std::fs::read_to_string(&resolved).expect("a linked Markdown file");
+                if !anchors(&linked).iter().any(|a| a == fragment) {
+                    broken.push(format!("{}:{line}: {target} (no such heading)", relative(&path)));
+                }
+            }
+        }
+    }
+    assert!(checked >= 50, "found only {checked} relative links");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_guide_names_files_and_items_of_the_code_by_links() {
+    let mut unlinked = Vec::new();
+    for path in markdown_files() {
+        let text = std::fs::read_to_string(&path).expect("a Markdown file");
+        for (line, named) in unlinked_paths(&text).into_iter().chain(unlinked_items(&text)) {
+            unlinked.push(format!("{}:{line}: `{named}`", relative(&path)));
+        }
+    }
+    assert!(
+        unlinked.is_empty(),
+        "files named without a link (write [`path`](relative/path)), or items named in a paragraph \
+         that links to no source file (write [`Type::item`](relative/path/to/its/file.rs)):\n{}",
+        unlinked.join("\n")
+    );
+}
+
+#[test]
+fn the_link_checks_find_what_they_look_for() {
+    let text = "# A heading, with `code`\n[a](x.md#a-heading-with-code) `crates/idem` [`crates/idem`](c)\n```\n[b](y)\n```\n";
+    assert_eq!(anchors(text), ["a-heading-with-code"]);
+    assert_eq!(links(text), [(2, "x.md#a-heading-with-code".to_owned()), (2, "c".to_owned())]);
+    assert_eq!(unlinked_paths(text), [(2, "crates/idem".to_owned())]);
+    let text = "`Lease::phase` and `a::b c`\n\n[`Lease::phase`](e.rs) and `store::advance`\n";
+    assert_eq!(unlinked_items(text), [(1, "Lease::phase".to_owned())]);
+}
+
+#[test]
+fn the_transcript_format_matches_what_it_promises() {
+    let bound = HashMap::from([("PAY".to_owned(), "pay_1".to_owned())]);
+    assert!(
+        match_text("location: /v1/payments/$PAY", "location: /v1/payments/pay_1", &bound).is_some()
+    );
+    assert!(
+        match_text("location: /v1/payments/$PAY", "location: /v1/payments/pay_2", &bound).is_none()
+    );
+    let binds = match_text("id $NEW, …", "id pay_9, and more", &HashMap::new()).unwrap();
+    assert_eq!(binds["NEW"], "pay_9");
+    let check = |want: &str, line: &str| {
+        check_output(&[want.to_owned()], &[line.to_owned()], &bound).is_ok()
+    };
+    assert!(check(r#"{"id":"$PAY","amount":500,…}"#, r#"{"id":"pay_1","amount":500,"x":1}"#));
+    assert!(!check(r#"{"id":"$PAY","amount":500}"#, r#"{"id":"pay_1","amount":500,"x":1}"#));
+    assert!(!check(r#"{"id":"$PAY",…}"#, r#"{"id":"pay_2"}"#));
+    assert!(check(
+        r#"{"data":[{"id":"pay_…",…},…]}"#,
+        r#"{"data":[{"id":"pay_3","a":1},{"b":2}]}"#
+    ));
+    assert!(!check(r#"{"data":[{"id":"pay_…",…}]}"#, r#"{"data":[{"id":"pay_3"},{"b":2}]}"#));
+    assert!(check("HTTP/1.1 201 Created", "HTTP/1.1 201 Created"));
+    assert!(!check("HTTP/1.1 201 Created", "HTTP/1.1 409 Conflict"));
+    let ordered =
+        check_output(&["b".to_owned(), "a".to_owned()], &["a".to_owned(), "b".to_owned()], &bound);
+    assert!(ordered.is_err(), "expected lines are found in order");
+    let md = "```console\n$ curl -s x\n```\n";
+    assert!(transcripts("t.md", md).is_err(), "a curl without its output is refused");
+    let md = "```sh\ncurl -s x\n```\n";
+    assert!(transcripts("t.md", md).is_err(), "a curl outside a transcript is refused");
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn every_example_of_the_readme_and_the_guide_runs_as_written(pool: PgPool) {
+    let mut all = Vec::new();
+    for path in markdown_files() {
+        let text = std::fs::read_to_string(&path).expect("a Markdown file");
+        match transcripts(&relative(&path), &text) {
+            Ok(found) => {
+                // A cross-check of the parser: every block opened as a transcript was read as one.
+                let opened = text.lines().filter(|l| l.trim() == "```console").count();
+                assert_eq!(found.len(), opened, "transcripts read in {}", relative(&path));
+                all.extend(found);
+            }
+            Err(err) => panic!("{err}"),
+        }
+    }
+    let commands: usize = all.iter().map(|t| t.steps.len()).sum();
+    assert!(
+        all.len() >= 5 && commands >= 20,
+        "found only {} transcripts ({commands} commands)",
+        all.len()
+    );
+
+    let sys = System::start(pool).await;
+    // As `make run` serves it: the default processor timeouts, the inspector on.
+    let api: Process = sys
+        .api_with(
+            "",
+            &[
+                ("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "10000"),
+                ("PAYMENTS__PROCESSOR__MAX_RETRIES", "2"),
+                ("PAYMENTS__PROCESSOR__BACKOFF_BASE_MS", "100"),
+                ("PAYMENTS__PROCESSOR__BACKOFF_CAP_MS", "2000"),
+                ("PAYMENTS__PROCESSOR__RETRY_AFTER_CAP_MS", "5000"),
+                ("PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK", "true"),
+                ("PAYMENTS__INSPECTOR__ENABLED", "true"),
+                ("PAYMENTS__INSPECTOR__TOKEN", INSPECTOR_TOKEN),
+            ],
+        )
+        .await;
+    let demo_api_port = free_port();
+    let addresses = Addresses {
+        database: sys.db_url.clone(),
+        api: api.url.clone(),
+        sim: sys.sim.url.clone(),
+        demo_api: format!("127.0.0.1:{demo_api_port}"),
+    };
+
+    let mut by_file: Vec<(String, Vec<Transcript>)> = Vec::new();
+    for transcript in all {
+        match by_file.last_mut() {
+            Some((file, list)) if *file == transcript.file => list.push(transcript),
+            _ => by_file.push((transcript.file.clone(), vec![transcript])),
+        }
+    }
+    for (file, transcripts) in by_file {
+        let account = sys.account(&file).await;
+        let mut shell = Shell::start(&[
+            ("KEY", account.secret.clone()),
+            ("DATABASE_URL", sys.db_url.clone()),
+            ("PAYMENTS_DEMO_BIN", binary("payments-api").parent().unwrap().display().to_string()),
+            ("PAYMENTS_DEMO_PORT", demo_api_port.to_string()),
+            ("PAYMENTS_DEMO_SIM_PORT", free_port().to_string()),
+        ]);
+        let mut bound: HashMap<String, String> = HashMap::new();
+        for transcript in &transcripts {
+            for step in &transcript.steps {
+                let place = format!("{}:{}", transcript.file, step.line);
+                let command = addresses.apply(&step.command);
+                let (status, printed) = match shell.run(&command).await {
+                    Ok(done) => done,
+                    Err(err) => panic!("{place}: `{command}`: {err}\n{}", api.log()),
+                };
+                assert_eq!(
+                    status,
+                    0,
+                    "{place}: `{command}` exited with {status}, printing:\n{}",
+                    printed.join("\n")
+                );
+                let expected: Vec<String> =
+                    step.expected.iter().map(|l| addresses.apply(l)).collect();
+                match check_output(&expected, &printed, &bound) {
+                    Ok(binds) => {
+                        for (name, value) in binds {
+                            shell.export(&name, &value).await;
+                            bound.insert(name, value);
+                        }
+                    }
+                    Err(err) => panic!("{place}: `{command}`: {err}"),
+                }
+            }
+        }
+        // Whatever a file did to the stand-in, the next one starts with a healthy processor.
+        sys.faults(serde_json::json!({})).await;
+    }
+}
