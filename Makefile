@@ -12,6 +12,7 @@ help:
 	@echo "make fuzz-api      schemathesis against /openapi.json (100 per operation; FUZZ_EXAMPLES=500 for a long run)"
 	@echo "make stripe-sdk    Stripe's Python SDK against processor-sim, every endpoint it serves"
 	@echo "make fmt           format the code"
+	@echo "make lint          clippy, cargo deny and cargo machete"
 	@echo "make sqlx-prepare  refresh .sqlx/ after changing a query (needs a migrated DATABASE_URL)"
 	@echo "make db-up|db-down start or stop the private Postgres cluster under target/"
 
@@ -79,8 +80,12 @@ stripe-sdk:
 fmt:
 	cargo fmt --all
 
+# clippy, then the dependency checks (scripts/deps.sh: cargo deny and cargo machete, installed
+# if missing; the advisory check runs only where RustSec's database on GitHub can be reached).
 lint:
+	@scripts/toolchain.sh
 	SQLX_OFFLINE=true cargo clippy --workspace --all-targets -- -D warnings
+	@scripts/deps.sh
 
 db-up:
 	@scripts/postgres.sh up
