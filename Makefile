@@ -35,7 +35,7 @@ proof:
 	SQLX_OFFLINE=true cargo build --workspace --all-targets
 	@eval "$$(scripts/postgres.sh up | sed 's/^/export /')" && \
 	  PROOF_SCALE=$(PROOF_SCALE) PROOF_SEED=$(PROOF_SEED) SQLX_OFFLINE=true \
-	  cargo test -p payments-tests --test proof --test leases -- --test-threads 2 && \
+	  cargo test -p payments-tests --test e2e -- --test-threads 2 proof:: leases:: && \
 	  PROOF_SCALE=$(PROOF_SCALE) SQLX_OFFLINE=true \
 	  cargo test -p payments-worker --test worker -- brown_out
 
@@ -51,13 +51,13 @@ ha-down:
 
 proof-ha:
 	SQLX_OFFLINE=true cargo build -p payments-api -p payments-worker -p provider --bin processor-sim
-	SQLX_OFFLINE=true cargo test -p payments-tests --test failover --no-run
+	SQLX_OFFLINE=true cargo test -p payments-tests --test e2e --no-run
 	@scripts/ha.sh down
 	@status=0; \
 	  env=$$(scripts/ha.sh up) || exit 1; \
 	  export HA_DATABASE_URL=$$(echo "$$env" | sed -n 's/^DATABASE_URL=//p') \
 	         HA_PATRONI=$$(echo "$$env" | sed -n 's/^HA_PATRONI=//p'); \
-	  SQLX_OFFLINE=true cargo test -p payments-tests --test failover -- --ignored --nocapture --test-threads 1 || status=$$?; \
+	  SQLX_OFFLINE=true cargo test -p payments-tests --test e2e -- --ignored --nocapture --test-threads 1 failover:: || status=$$?; \
 	  scripts/ha.sh down; exit $$status
 
 # Never part of `make test`. A private PostgreSQL server with pg_stat_statements, release builds,
