@@ -31,7 +31,7 @@ cargo machete
 
 if timeout 20 git ls-remote --exit-code "$ADVISORY_DB" HEAD >/dev/null 2>&1; then
   echo "deps.sh: cargo deny check (advisories, licenses, bans, sources)" >&2
-  cargo deny --locked check advisories licenses bans sources
+  cargo deny --locked check --hide-inclusion-graph advisories licenses bans sources
 else
   cat >&2 <<WARN
 
@@ -43,5 +43,5 @@ deps.sh: #######################################################################
 
 WARN
   echo "deps.sh: cargo deny check (licenses, bans, sources)" >&2
-  cargo deny --locked check licenses bans sources
+  cargo deny --locked check --hide-inclusion-graph licenses bans sources
 fi
