@@ -26,7 +26,7 @@ pub mod webhooks;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rand::Rng;
+use payments_backoff::{Backoff, Jitter};
 use reqwest::{Method, StatusCode, header};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -454,13 +454,11 @@ impl Client {
     /// Full jitter below an exponentially growing ceiling, never sooner than `Retry-After` (as
     /// far as `retry_after_cap`).
     fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
-        let ceiling =
-            self.policy.base.saturating_mul(1 << (attempt - 1).min(16)).min(self.policy.cap);
-        let jitter = Duration::from_micros(
-            rand::thread_rng()
-                .gen_range(0..=u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX)),
-        );
-        retry_after.map_or(jitter, |asked| jitter.max(asked.min(self.policy.retry_after_cap)))
+        Backoff::new(self.policy.base, self.policy.cap, Jitter::Full).delay_honouring(
+            attempt,
+            retry_after,
+            self.policy.retry_after_cap,
+        )
     }
 }
 
