@@ -8,8 +8,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
 
-pub mod telemetry;
-
 use config::{Config, Environment, File, FileFormat};
 pub use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
