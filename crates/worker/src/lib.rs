@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use idem::{Due, Engine, Interrupted, NoObserver};
 use payments_backoff::{Backoff, Jitter};
+use payments_domain::jobs as queue;
 use payments_domain::operations::{self, Context};
 use payments_settings::{Settings, WorkerSettings};
 use provider::{CardProcessor, ProcessorClient};
@@ -277,15 +278,8 @@ impl<P: CardProcessor> Worker<P> {
                         let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
                             >= self.settings.job_max_attempts;
                         let delay = self.deliverer.backoff(job.attempts);
-                        payments_domain::jobs::failed(
-                            &self.ctx.pool,
-                            job.id,
-                            job.attempts,
-                            &error,
-                            delay,
-                            dead,
-                        )
-                        .await?;
+                        queue::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead)
+                            .await?;
                         tracing::warn!(parent: &span, error, dead, "webhook job failed");
                         if dead {
                             report.jobs_dead += 1;
@@ -308,7 +302,7 @@ impl<P: CardProcessor> Worker<P> {
             };
             match outcome {
                 Ok(_) => {
-                    if payments_domain::jobs::done(&self.ctx.pool, job.id, job.attempts).await? {
+                    if queue::done(&self.ctx.pool, job.id, job.attempts).await? {
                         report.jobs_done += 1;
                     } else {
                         tracing::warn!(parent: &span, "another runner claimed the job meanwhile; its run decides");
@@ -318,15 +312,8 @@ impl<P: CardProcessor> Worker<P> {
                     let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
                         >= self.settings.job_max_attempts;
                     let delay = self.job_backoff().delay(u32::try_from(job.attempts).unwrap_or(0));
-                    if !payments_domain::jobs::failed(
-                        &self.ctx.pool,
-                        job.id,
-                        job.attempts,
-                        &error,
-                        delay,
-                        dead,
-                    )
-                    .await?
+                    if !queue::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead)
+                        .await?
                     {
                         tracing::warn!(parent: &span, error, "job failed, and another runner claimed it meanwhile");
                     } else if dead {
