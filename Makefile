@@ -13,6 +13,7 @@ help:
 	@echo "make fuzz-api      schemathesis against /openapi.json (100 per operation; FUZZ_EXAMPLES=500 for a long run)"
 	@echo "make stripe-sdk    Stripe's Python SDK against processor-sim, every endpoint it serves"
 	@echo "make fmt           format the code"
+	@echo "make lint          clippy, cargo deny and cargo machete"
 	@echo "make sqlx-prepare  refresh .sqlx/ after changing a query (needs a migrated DATABASE_URL)"
 	@echo "make db-up|db-down start or stop the private Postgres cluster under target/"
 
@@ -37,10 +38,11 @@ diagrams:
 PROOF_SCALE ?= 5
 PROOF_SEED ?= $(shell date +%s)
 proof:
+	@scripts/toolchain.sh
 	SQLX_OFFLINE=true cargo build --workspace --all-targets
 	@eval "$$(scripts/postgres.sh up | sed 's/^/export /')" && \
 	  PROOF_SCALE=$(PROOF_SCALE) PROOF_SEED=$(PROOF_SEED) SQLX_OFFLINE=true \
-	  cargo test -p payments-tests --test proof --test leases -- --test-threads 2 && \
+	  cargo test -p payments-tests --test e2e -- --test-threads 2 proof:: leases:: && \
 	  PROOF_SCALE=$(PROOF_SCALE) SQLX_OFFLINE=true \
 	  cargo test -p payments-worker --test worker -- brown_out
 
@@ -55,14 +57,15 @@ ha-down:
 	@scripts/ha.sh down
 
 proof-ha:
+	@scripts/toolchain.sh
 	SQLX_OFFLINE=true cargo build -p payments-api -p payments-worker -p provider --bin processor-sim
-	SQLX_OFFLINE=true cargo test -p payments-tests --test failover --no-run
+	SQLX_OFFLINE=true cargo test -p payments-tests --test e2e --no-run
 	@scripts/ha.sh down
 	@status=0; \
 	  env=$$(scripts/ha.sh up) || exit 1; \
 	  export HA_DATABASE_URL=$$(echo "$$env" | sed -n 's/^DATABASE_URL=//p') \
 	         HA_PATRONI=$$(echo "$$env" | sed -n 's/^HA_PATRONI=//p'); \
-	  SQLX_OFFLINE=true cargo test -p payments-tests --test failover -- --ignored --nocapture --test-threads 1 || status=$$?; \
+	  SQLX_OFFLINE=true cargo test -p payments-tests --test e2e -- --ignored --nocapture --test-threads 1 failover:: || status=$$?; \
 	  scripts/ha.sh down; exit $$status
 
 # Never part of `make test`. A private PostgreSQL server with pg_stat_statements, release builds,
@@ -79,14 +82,20 @@ fuzz-api:
 # stripe-python (pinned in tests/stripe_sdk/requirements.txt, installed into
 # target/stripe-sdk-venv) against the stand-in. `make test` runs it after the tests.
 stripe-sdk:
+	@scripts/toolchain.sh
 	SQLX_OFFLINE=true cargo build -p provider --bin processor-sim
 	@scripts/stripe-sdk.sh
 
 fmt:
+	@scripts/toolchain.sh
 	cargo fmt --all
 
+# clippy, then the dependency checks (scripts/deps.sh: cargo deny and cargo machete, installed
+# if missing; the advisory check runs only where RustSec's database on GitHub can be reached).
 lint:
+	@scripts/toolchain.sh
 	SQLX_OFFLINE=true cargo clippy --workspace --all-targets -- -D warnings
+	@scripts/deps.sh
 
 db-up:
 	@scripts/postgres.sh up
@@ -97,6 +106,7 @@ db-down:
 # Regenerates the offline query data from a live, migrated database. The sqlx macros write one
 # file per query into SQLX_OFFLINE_DIR; touching the sources makes them run again.
 sqlx-prepare:
+	@scripts/toolchain.sh
 	@test -n "$$DATABASE_URL" || { echo "set DATABASE_URL to a migrated database"; exit 1; }
 	rm -rf .sqlx && mkdir -p .sqlx
 	find crates tests -name '*.rs' -exec touch {} +

@@ -8,6 +8,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+scripts/toolchain.sh # the pinned compiler, linked if it is the installed one
 
 SQLX_OFFLINE=true cargo build --release --quiet \
   -p payments-api -p payments-worker -p provider -p payments-bench

@@ -12,6 +12,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+scripts/toolchain.sh # the pinned compiler, linked if it is the installed one
 
 if [ -n "${PAYMENTS_DEMO_BIN:-}" ]; then
   BIN=$PAYMENTS_DEMO_BIN

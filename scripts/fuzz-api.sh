@@ -11,6 +11,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+scripts/toolchain.sh # the pinned compiler, linked if it is the installed one
 EXAMPLES=${FUZZ_EXAMPLES:-100}
 VENV=$ROOT/target/fuzz-venv
 say() { echo "fuzz-api: $*" >&2; }

@@ -4,6 +4,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+scripts/toolchain.sh # the pinned compiler, linked if it is the installed one
 
 pg_env=$(scripts/postgres.sh up)
 export DATABASE_URL; DATABASE_URL=$(sed -n 's/^DATABASE_URL=//p' <<<"$pg_env")

@@ -8,6 +8,9 @@ export SQLX_OFFLINE=true
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
+step "the pinned toolchain (rust-toolchain.toml)"
+scripts/toolchain.sh
+
 step "cargo fmt --check"
 cargo fmt --all --check
 
@@ -16,6 +19,9 @@ scripts/check-diagrams.sh
 
 step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "dependency checks: cargo deny, cargo machete (make lint)"
+scripts/deps.sh
 
 step "offline build (proves .sqlx/ is current)"
 cargo build --workspace --all-targets --locked

@@ -1,6 +1,7 @@
 //! Support for the end-to-end tests: the real API on port 0 against a per-test database, an HTTP
 //! client, and a TCP proxy that can cut the API off from Postgres.
 
+pub mod invariants;
 pub mod proxy;
 pub mod system;
 

@@ -1,8 +1,9 @@
 //! The system under proof: the real `payments-api`, `payments-worker` and `processor-sim`
 //! binaries as child processes on free ports against a fresh database, a client ledger of every
-//! answer, and the invariant checker.
+//! answer. The invariant checker over them is `crate::invariants`.
+#![allow(clippy::expect_used)] // test support: a failed start or read is a failed test
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -26,8 +27,8 @@ pub fn scale() -> usize {
 
 /// Where cargo put the binaries: next to the directory of this test executable.
 pub fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_default();
-    let dir = exe.parent().and_then(|deps| deps.parent()).map(PathBuf::from).unwrap_or_default();
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe.parent().and_then(|deps| deps.parent()).expect("the test sits in target/*/deps");
     let path = dir.join(name);
     assert!(
         path.exists(),
@@ -42,7 +43,7 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .unwrap_or(0)
+        .expect("a free loopback port")
 }
 
 /// The URL of the database a pool is connected to.
@@ -153,7 +154,7 @@ impl Process {
 }
 
 /// The answers to one (secret key, request) pair: status and body bytes.
-type Answers = HashMap<(String, String), Vec<(u16, Vec<u8>)>>;
+pub(crate) type Answers = HashMap<(String, String), Vec<(u16, Vec<u8>)>>;
 
 /// Every answer clients received, by (account key, idempotency key).
 #[derive(Debug, Default, Clone)]
@@ -172,7 +173,7 @@ impl ClientLedger {
         map.values().flatten().map(|(status, _)| *status).collect()
     }
 
-    fn snapshot(&self) -> Answers {
+    pub(crate) fn snapshot(&self) -> Answers {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 }
@@ -371,11 +372,13 @@ impl System {
             if let Some(after) = &after {
                 url.push_str(&format!("&starting_after={after}"));
             }
-            let page: Value = match self.http.get(url).bearer_auth("sk_test_proof").send().await {
-                Ok(response) => response.json().await.unwrap_or_default(),
-                Err(err) => panic!("cannot list charges: {err}"),
-            };
-            let data = page["data"].as_array().cloned().unwrap_or_default();
+            let response = self.http.get(url).bearer_auth("sk_test_proof").send().await;
+            let page: Value = response
+                .expect("listing the processor's charges")
+                .json()
+                .await
+                .expect("the processor's list of charges");
+            let data = page["data"].as_array().cloned().expect("a list of charges has `data`");
             after = data.last().and_then(|c| c["id"].as_str()).map(str::to_owned);
             all.extend(data);
             if page["has_more"] != json!(true) {
@@ -386,265 +389,16 @@ impl System {
 
     /// The processor's counters.
     pub async fn sim_stats(&self) -> Value {
-        match self.http.get(format!("{}/_sim/stats", self.sim.url)).send().await {
-            Ok(response) => response.json().await.unwrap_or_default(),
-            Err(err) => panic!("cannot read the processor's stats: {err}"),
-        }
-    }
-
-    /// Checks every invariant of the proof; `completer_ran` adds the ones that hold only after
-    /// the completer and the job runner had their turn. Panics with every violation found.
-    pub async fn check_invariants(&self, completer_ran: bool) -> InvariantReport {
-        let (violations, report) = self.invariant_violations(completer_ran).await;
-        assert!(violations.is_empty(), "invariants violated:\n{}", violations.join("\n"));
-        report
-    }
-
-    /// Every violation of the proof's invariants, one line each, without panicking: for a run
-    /// that measures what breaks (the asynchronous failover of `make proof-ha`) rather than
-    /// asserting that nothing does.
-    pub async fn invariant_violations(
-        &self,
-        completer_ran: bool,
-    ) -> (Vec<String>, InvariantReport) {
-        let mut violations = Vec::new();
-        let charges = self.charges().await;
-        let payments: Vec<PaymentRow> = sqlx::query_as(
-            "SELECT id, account_id, status, amount_captured, amount_refunded, processor_charge_id, receipt_email FROM payments",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .unwrap_or_default();
-        let by_id: HashMap<&str, _> = payments.iter().map(|p| (p.0.as_str(), p)).collect();
-
-        // 1. Exactly one successful charge per payment, and it is the one the payment records.
-        let mut paid: HashMap<String, Vec<&Value>> = HashMap::new();
-        for charge in &charges {
-            let Some(payment_id) = charge["metadata"]["payment_id"].as_str() else {
-                violations.push(format!("charge {} has no payment_id", charge["id"]));
-                continue;
-            };
-            // 2b. Every charge the processor made belongs to a payment row.
-            if !by_id.contains_key(payment_id) {
-                violations
-                    .push(format!("charge {} belongs to no payment ({payment_id})", charge["id"]));
-            }
-            if charge["paid"] == json!(true) {
-                paid.entry(payment_id.to_owned()).or_default().push(charge);
-            }
-            // 4b. No over-refund at the processor.
-            if charge["amount_refunded"].as_i64() > charge["amount"].as_i64() {
-                violations.push(format!("charge {} refunded more than its amount", charge["id"]));
-            }
-        }
-        for (id, _, status, captured, refunded, charge_id, _) in &payments {
-            let made = paid.get(id.as_str()).map(Vec::len).unwrap_or(0);
-            let expected = match status.as_str() {
-                "succeeded" | "requires_capture" | "canceled" => 1,
-                "failed" => 0,
-                _ => made.min(1), // processing: at most one
-            };
-            if made != expected {
-                violations.push(format!("payment {id} ({status}) has {made} successful charges"));
-            }
-            // A payment still `processing` has not recorded its charge yet; at most one may
-            // exist (checked above). Once the completer ran, only a key flagged for a person may
-            // leave it so: checked below with the keys.
-            if expected == 1 && status != "processing" {
-                let recorded =
-                    paid.get(id.as_str()).and_then(|c| c.first()).and_then(|c| c["id"].as_str());
-                if recorded != charge_id.as_deref() {
-                    violations.push(format!(
-                        "payment {id} records charge {charge_id:?}, the processor made {recorded:?}"
-                    ));
-                }
-            }
-            // 4. No over-refund here.
-            if refunded > captured {
-                violations.push(format!("payment {id} refunded {refunded} of {captured}"));
-            }
-        }
-        let refunded_sums: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT payment_id, coalesce(sum(amount), 0)::bigint FROM refunds WHERE status = 'succeeded' GROUP BY payment_id",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .unwrap_or_default();
-        for (payment_id, sum) in refunded_sums {
-            if let Some(p) = by_id.get(payment_id.as_str())
-                && sum > p.3
-            {
-                violations.push(format!(
-                    "refunds of {payment_id} add up to {sum}, more than the {} captured",
-                    p.3
-                ));
-            }
-        }
-
-        // 2 and 3. Same key, same answer; every 201 has its payment; 6. no cross-account leak.
-        let secrets: HashMap<String, String> =
-            sqlx::query_as::<_, (String, Vec<u8>)>("SELECT account_id, key_hash FROM api_keys")
-                .fetch_all(&self.pool)
-                .await
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(account, hash)| (hash.iter().map(|b| format!("{b:02x}")).collect(), account))
-                .collect();
-        let mut answers = 0;
-        for ((secret, key), responses) in self.ledger.snapshot() {
-            let hash: String = payments_domain::accounts::key_digest(&secret)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            let account = secrets.get(&hash).cloned().unwrap_or_default();
-            let finals: Vec<&(u16, Vec<u8>)> =
-                responses.iter().filter(|(s, _)| is_final(*s)).collect();
-            answers += finals.len();
-            if let Some(first) = finals.first()
-                && finals.iter().any(|r| r != first)
-            {
-                violations.push(format!("key {key} got different final answers"));
-            }
-            for (status, body) in &finals {
-                let text = String::from_utf8_lossy(body);
-                for id in ids_in(&text, "pay_") {
-                    match by_id.get(id.as_str()) {
-                        None if *status == 201 => violations
-                            .push(format!("a 201 names payment {id}, which does not exist")),
-                        Some(p) if p.1 != account => violations
-                            .push(format!("account {account} was shown payment {id} of {}", p.1)),
-                        _ => {}
-                    }
-                }
-            }
-        }
-
-        // 7. Every committed change has exactly one event, and no event exists for a change that
-        // did not commit: the events of each object are the ones its state implies (written in
-        // the change's own phase, so this holds at every moment, crashes included).
-        let counted: Vec<(String, String, i64)> = sqlx::query_as(
-            "SELECT object->>'id', type, count(*) FROM events WHERE type <> 'payment.updated' \
-             GROUP BY 1, 2",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .unwrap_or_else(|err| panic!("cannot read the events: {err}"));
-        let mut events: HashMap<String, HashMap<String, i64>> = HashMap::new();
-        for (object, kind, n) in counted {
-            events.entry(object).or_default().insert(kind, n);
-        }
-        let refunds: Vec<(String, String)> = sqlx::query_as("SELECT id, status FROM refunds")
-            .fetch_all(&self.pool)
+        let response = self.http.get(format!("{}/_sim/stats", self.sim.url)).send().await;
+        response
+            .expect("reading the processor's stats")
+            .json()
             .await
-            .unwrap_or_else(|err| panic!("cannot read the refunds: {err}"));
-        let states = payments
-            .iter()
-            .map(|p| (p.0.clone(), format!("payment:{}", p.2)))
-            .chain(refunds.into_iter().map(|(id, status)| (id, format!("refund:{status}"))));
-        for (id, state) in states {
-            let mut got: Vec<(String, i64)> =
-                events.remove(&id).unwrap_or_default().into_iter().collect();
-            got.sort();
-            let got: Vec<(&str, i64)> = got.iter().map(|(k, n)| (k.as_str(), *n)).collect();
-            let allowed: &[&[(&str, i64)]] = match state.as_str() {
-                "payment:succeeded" => &[
-                    &[("payment.succeeded", 1)],
-                    &[("payment.captured", 1), ("payment.requires_capture", 1)],
-                ],
-                "payment:requires_capture" => &[&[("payment.requires_capture", 1)]],
-                "payment:canceled" => {
-                    &[&[("payment.canceled", 1), ("payment.requires_capture", 1)]]
-                }
-                "payment:failed" => &[&[("payment.failed", 1)]],
-                // Created and not charged yet, or authorized and being captured or canceled.
-                "payment:processing" => &[&[], &[("payment.requires_capture", 1)]],
-                "refund:succeeded" => &[&[("refund.succeeded", 1)]],
-                "refund:failed" => &[&[("refund.failed", 1)]],
-                _ => &[&[]],
-            };
-            if !allowed.contains(&got.as_slice()) {
-                violations.push(format!("{id} ({state}) has the events {got:?}"));
-            }
-        }
-        for (id, kinds) in events {
-            violations.push(format!("events {kinds:?} name {id}, which does not exist"));
-        }
-
-        if completer_ran {
-            // 2c. Nothing is left unfinished unless a person has to look at it.
-            let unfinished: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM idempotency_keys WHERE completed_at IS NULL AND needs_human_at IS NULL",
-            )
-            .fetch_one(&self.pool)
-            .await
-            .unwrap_or(-1);
-            if unfinished != 0 {
-                violations.push(format!("{unfinished} keys are unfinished and not flagged"));
-            }
-            let stranded: Result<Vec<String>, _> = sqlx::query_scalar(
-                "SELECT p.id FROM payments p JOIN idempotency_keys k ON k.id = p.idempotency_key_id \
-                 WHERE p.status = 'processing' AND k.needs_human_at IS NULL \
-                   AND NOT EXISTS (SELECT 1 FROM idempotency_keys o WHERE o.account_id = p.account_id \
-                                    AND o.completed_at IS NULL AND o.request_path LIKE '/v1/payments/' || p.id || '/%')",
-            )
-            .fetch_all(&self.pool)
-            .await;
-            let stranded = match stranded {
-                Ok(ids) => ids,
-                Err(err) => panic!("cannot read the payments left processing: {err}"),
-            };
-            for id in stranded {
-                violations
-                    .push(format!("payment {id} is processing, and no key is left to finish it"));
-            }
-            // 5. One receipt per payment that asked for one.
-            let receipts: HashMap<String, i64> = sqlx::query_as::<_, (String, i64)>(
-                "SELECT payment_id, count(*) FROM receipts GROUP BY payment_id",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-            for (id, _, status, _, _, _, email) in &payments {
-                let wanted = email.is_some() && status == "succeeded";
-                let got = receipts.get(id).copied().unwrap_or(0);
-                if wanted && got != 1 {
-                    violations.push(format!("payment {id} has {got} receipts"));
-                }
-            }
-        }
-        (violations, InvariantReport { payments: payments.len(), charges: charges.len(), answers })
+            .expect("the processor's stats")
     }
-}
-
-/// id, account, status, captured, refunded, charge, receipt email
-type PaymentRow = (String, String, String, i64, i64, Option<String>, Option<String>);
-
-/// What the checker looked at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InvariantReport {
-    /// Payment rows.
-    pub payments: usize,
-    /// Charges at the processor.
-    pub charges: usize,
-    /// Final answers clients received.
-    pub answers: usize,
 }
 
 /// Whether a status is a final answer (stored and replayed) rather than "try again".
 pub fn is_final(status: u16) -> bool {
     !(status == 409 || status == 429 || status >= 500)
-}
-
-fn ids_in(text: &str, prefix: &str) -> HashSet<String> {
-    text.match_indices(prefix)
-        .map(|(i, _)| {
-            text[i..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect::<String>()
-        })
-        .filter(|id| id.len() > prefix.len() + 8)
-        .collect()
 }

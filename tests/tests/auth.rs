@@ -1,5 +1,4 @@
 //! Authentication at the edge: every way to present a key, and every way to be refused.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;

@@ -1,6 +1,5 @@
 //! The typed client against the real server: it keeps one key per operation across retries,
 //! treats replays as final, and types the API's problems.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::time::Duration;
 

@@ -1,5 +1,4 @@
 //! The HTTP edge: request ids, problem details, limits, health and readiness.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

@@ -1,7 +1,6 @@
 //! The edge holds (issue 17): control characters, bodies that are not objects, slow clients,
 //! floods of bad keys, honest Retry-After, keyed PATCH, and the rest of HTTP hygiene. Every
 //! answer to bad input is a problem, never a 5xx.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -17,7 +17,6 @@
 //! the kernel's socket buffers hold what was sent, and the standby reads it on waking).
 //! Synchronous replication makes commits wait through the pause; asynchronous replication
 //! acknowledges them, and the proof counts what the promotion then forgets.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -369,7 +368,7 @@ impl Report {
     }
 }
 
-/// The checker's messages (`tests/src/system.rs`) by what they mean.
+/// The checker's messages (`tests/src/invariants.rs`) by what they mean.
 const VIOLATION_KINDS: [(&str, &str); 8] = [
     ("belongs to no payment", "charge at the processor whose payment the database forgot"),
     ("different final answers", "key answered differently on replay"),

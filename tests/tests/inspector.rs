@@ -2,7 +2,6 @@
 //! them, after a test created the keys they show. `make test` installs chromium when it is missing
 //! and sets PAYMENTS_REQUIRE_BROWSER=1; without a browser and without that variable the browser
 //! test says so and passes, so that `cargo test` works on a laptop without one.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::path::PathBuf;
 use std::time::Duration;

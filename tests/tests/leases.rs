@@ -3,7 +3,6 @@
 //!
 //! The hang-up tests run the real `payments-api` binary with failpoints that stall right after
 //! the database granted a lease; the others run the API in this process.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,6 @@
 //! Lists: a page costs what the page holds, not what the account holds (Postgres' own counters
 //! say how many rows a page read), and the order is the one the client sees, `created` newest
 //! first with ties broken by creation sequence.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use payments_domain::payments::{self, Cursor};
 use payments_domain::refunds;

@@ -1,5 +1,4 @@
 //! What operators rely on: metrics and per-account rate limits.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use payments_tests::{TestApp, assert_problem, spawn_with_sim};
 use serde_json::json;

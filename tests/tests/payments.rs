@@ -1,6 +1,5 @@
 //! The payments API end to end: the real server, a fresh database per test, and the stand-in
 //! processor (or wiremock, where a test must see every request the processor receives).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::sync::Arc;
 

@@ -1,6 +1,5 @@
 //! The payments API against wiremock as the processor, where every request the processor
 //! receives can be counted: one charge per payment, one downstream key across every retry.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::time::Duration;
 

@@ -3,7 +3,6 @@
 //!
 //! Counts are small so that `make test` stays fast; `PROOF_SCALE` and `PROOF_SEED` make longer,
 //! different runs (`make proof`).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -228,7 +227,7 @@ async fn load(
     }
 }
 
-async fn finish_and_check(sys: &System) -> payments_tests::system::InvariantReport {
+async fn finish_and_check(sys: &System) -> payments_tests::invariants::InvariantReport {
     sys.faults(json!({})).await;
     sys.expire_leases().await;
     sys.make_due().await;

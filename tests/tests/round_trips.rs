@@ -1,7 +1,6 @@
 //! What a request costs the database, counted statement by statement: the figures the README
 //! promises. This file is its own test binary, so it can own the process's log subscriber and see
 //! every statement sqlx sends.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::sync::{Arc, Mutex};
 

@@ -3,7 +3,6 @@
 //! that answers 500s and hangs before it recovers, a runner that dies mid-delivery, and forced
 //! redeliveries; and the example receiver (`crates/client/examples/webhook_receiver.rs`, included
 //! here as a module) applies each event exactly once.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 #[path = "../../crates/client/examples/webhook_receiver.rs"]
 #[allow(dead_code)]

@@ -116,7 +116,7 @@ impl Application {
         let header_read_timeout = Duration::from_millis(settings.http.header_read_timeout_ms);
         let max_connections = settings.http.max_connections as usize;
         // Install the metrics recorder before anything records.
-        let _ = payments_settings::telemetry::metrics();
+        let _ = payments_telemetry::metrics();
         let tasks = TaskTracker::new();
         let engine = Engine::new(
             pool.clone(),
@@ -312,4 +312,4 @@ async fn method_not_allowed(method: Method, OriginalUri(uri): OriginalUri) -> Ap
 }
 
 /// Completes on SIGTERM or Ctrl-C.
-pub use payments_settings::telemetry::shutdown_signal;
+pub use payments_telemetry::shutdown_signal;

@@ -13,7 +13,7 @@ use crate::{MIGRATOR, telemetry};
 
 /// The payments API server and its operator commands.
 #[derive(Debug, Parser)]
-#[command(name = "payments-api", version, about)]
+#[command(name = "payments-api", version)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -16,7 +16,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod routes;
 pub use payments_settings as settings;
-pub use payments_settings::telemetry;
+pub use payments_telemetry as telemetry;
 
 pub use app::{AppState, Application, Services};
 pub use error::{ApiError, ProblemCode};

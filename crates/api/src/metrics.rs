@@ -37,7 +37,7 @@ pub async fn track(request: Request, next: Next) -> Response {
 pub async fn render() -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        payments_settings::telemetry::metrics().render(),
+        payments_telemetry::metrics().render(),
     )
         .into_response()
 }

@@ -39,6 +39,15 @@ async fn a_bad_setting_stops_start_up_naming_the_setting() {
     assert!(stderr.contains("log.filter") && stderr.contains("PAYMENTS__LOG__FILTER"), "{stderr}");
 }
 
+#[tokio::test]
+async fn help_describes_the_command_itself_not_the_crate() {
+    let output = payments_api(&["--help"], &[]).await;
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let about = stdout.lines().next().expect("help has a first line");
+    assert_eq!(about, "The payments API server and its operator commands", "{stdout}");
+}
+
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn accounts_create_prints_the_new_key_alone_on_standard_output(pool: PgPool) {
     let url = database_url(&pool);

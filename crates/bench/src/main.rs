@@ -54,7 +54,7 @@ impl Scenario {
 
 /// Measures the payments API against the floor pgbench sets with the same SQL.
 #[derive(Debug, Parser)]
-#[command(name = "payments-bench", version, about)]
+#[command(name = "payments-bench", version)]
 struct Args {
     /// A PostgreSQL server that preloads pg_stat_statements, trust authentication, as a
     /// superuser. Its database `payments_bench` is dropped and created afresh (only that one,

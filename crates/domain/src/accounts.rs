@@ -224,6 +224,28 @@ pub async fn authenticate_digest(
     Ok(account.map(AccountId))
 }
 
+/// The first `limit` accounts by name (then id), for an operator's overview.
+pub async fn first_by_name(
+    executor: impl PgExecutor<'_>,
+    limit: i64,
+) -> Result<Vec<Account>, DomainError> {
+    let rows = sqlx::query!("SELECT id, name FROM accounts ORDER BY name, id LIMIT $1", limit)
+        .fetch_all(executor)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Account { id: AccountId::from_trusted(r.id), name: r.name })
+        .collect())
+}
+
+/// The name of account `id`, if it exists.
+pub async fn name(executor: impl PgExecutor<'_>, id: &str) -> Result<Option<String>, DomainError> {
+    let name = sqlx::query_scalar!("SELECT name FROM accounts WHERE id = $1", id)
+        .fetch_optional(executor)
+        .await?;
+    Ok(name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

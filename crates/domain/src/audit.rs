@@ -1,7 +1,7 @@
 //! The audit trail: who did what to which object, from which request and key, when.
 
 use serde_json::Value;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
 
@@ -39,22 +39,38 @@ pub async fn record(conn: &mut PgConnection, event: &AuditEvent<'_>) -> Result<(
     Ok(())
 }
 
-/// Stages a job to run after the commit of the current transaction; staging the same job twice
-/// is a no-op.
-pub async fn stage_job(
-    conn: &mut PgConnection,
-    kind: &str,
-    dedupe_key: &str,
-    payload: Value,
-) -> Result<(), DomainError> {
-    sqlx::query!(
-        "INSERT INTO jobs (kind, dedupe_key, payload) VALUES ($1, $2, $3)
-         ON CONFLICT (kind, dedupe_key) DO NOTHING",
-        kind,
-        dedupe_key,
-        payload,
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
+/// An audit record as an operator reads it.
+#[derive(Debug, Clone)]
+pub struct AuditLine {
+    /// E.g. `payment.created`.
+    pub action: String,
+    /// `pay_…`, `re_…`
+    pub object_id: String,
+    /// Anything else worth knowing.
+    pub detail: Value,
+    /// When (UTC, to the millisecond).
+    pub at: String,
 }
+
+/// The records written under idempotency key `key_id` (its row id), in order.
+pub async fn for_key(
+    executor: impl PgExecutor<'_>,
+    key_id: i64,
+) -> Result<Vec<AuditLine>, DomainError> {
+    let lines = sqlx::query_as!(
+        AuditLine,
+        r#"
+        SELECT action, object_id, detail,
+               to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS') AS "at!"
+          FROM audit_events WHERE idempotency_key_id = $1 ORDER BY id
+        "#,
+        key_id
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(lines)
+}
+
+/// Stages a job after the commit of the current transaction: `jobs::stage`, under the name the
+/// operations call it by until they are rewritten (issue #18).
+pub use crate::jobs::stage as stage_job;

@@ -115,6 +115,7 @@ mod engine;
 mod error;
 pub mod failpoint;
 pub mod fingerprint;
+pub mod inspect;
 pub mod key;
 mod lanes;
 mod observe;

@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use rand::Rng;
+use payments_backoff::{Backoff, Jitter};
 use reqwest::{Method, StatusCode, header};
 use serde::de::DeserializeOwned;
 
@@ -287,19 +287,8 @@ impl ProcessorClient {
     /// Full jitter: uniform below an exponentially growing ceiling; never less than the
     /// processor's own `Retry-After` (capped).
     fn backoff(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
-        let ceiling = self
-            .config
-            .backoff_base
-            .saturating_mul(1 << retry.saturating_sub(1).min(16))
-            .min(self.config.backoff_cap);
-        let jitter = Duration::from_micros(
-            rand::thread_rng()
-                .gen_range(0..=u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX)),
-        );
-        match retry_after {
-            Some(asked) => jitter.max(asked.min(self.config.retry_after_cap)),
-            None => jitter,
-        }
+        Backoff::new(self.config.backoff_base, self.config.backoff_cap, Jitter::Full)
+            .delay_honouring(retry, retry_after, self.config.retry_after_cap)
     }
 
     async fn call_once<T: DeserializeOwned>(

@@ -4,7 +4,8 @@
 //! that dies mid-job lets another take it later); success marks it done, failure schedules it
 //! again with exponential back-off, and after a bound it is dead-lettered for a person. The claim
 //! outlasts the longest send (`SEND_TIMEOUT`), and `done`/`failed` are fenced on the claim's
-//! attempt number, so a runner whose claim was taken over records nothing.
+//! attempt number, so a runner whose claim was taken over records nothing. The table's SQL is
+//! `payments_domain::jobs`; the receipts' is `payments_domain::receipts`.
 //!
 //! Receipts are delivered at least once: a crash between the send and its record sends the email
 //! again. Every copy carries the same `Message-ID`, derived from the receipt's id (the payment's
@@ -13,6 +14,9 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use payments_domain::DomainError;
+use payments_domain::jobs::{self, Job};
+use payments_domain::receipts;
 use serde_json::Value;
 use sqlx::PgPool;
 
@@ -109,91 +113,9 @@ impl Mailer for SmtpMailer {
     }
 }
 
-/// A claimed job.
-#[derive(Debug)]
-pub struct Job {
-    /// Its id.
-    pub id: i64,
-    /// What kind (`receipt`).
-    pub kind: String,
-    /// Its input.
-    pub payload: Value,
-    /// Attempts so far, this one included.
-    pub attempts: i32,
-}
-
-/// Claims up to `limit` due jobs, each for `CLAIM`.
-pub async fn claim(pool: &PgPool, limit: u32) -> Result<Vec<Job>, sqlx::Error> {
-    let rows = sqlx::query!(
-        r#"
-        WITH due AS (
-            SELECT id FROM jobs
-             WHERE done_at IS NULL AND dead_at IS NULL AND run_at <= now()
-             ORDER BY run_at
-             LIMIT $1
-             FOR UPDATE SKIP LOCKED
-        )
-        UPDATE jobs j
-           SET attempts = j.attempts + 1, run_at = now() + $2 * interval '1 millisecond'
-          FROM due
-         WHERE j.id = due.id
-        RETURNING j.id, j.kind, j.payload, j.attempts
-        "#,
-        i64::from(limit),
-        CLAIM.as_millis() as f64,
-    )
-    .fetch_all(pool)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| Job { id: r.id, kind: r.kind, payload: r.payload, attempts: r.attempts })
-        .collect())
-}
-
-/// Marks a job done, if the claim that ran it (`attempt`) is still the job's last one. False when
-/// another runner claimed the job since: its run decides.
-pub async fn done(pool: &PgPool, id: i64, attempt: i32) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query!(
-        r#"
-        UPDATE jobs SET done_at = now(), last_error = NULL
-         WHERE id = $1 AND attempts = $2 AND done_at IS NULL AND dead_at IS NULL
-        "#,
-        id,
-        attempt,
-    )
-    .execute(pool)
-    .await?
-    .rows_affected();
-    Ok(done == 1)
-}
-
-/// Records a failure of the claim `attempt`: the job runs again after `delay`, or is
-/// dead-lettered when `dead`. False (nothing recorded) when another runner claimed it since.
-pub async fn failed(
-    pool: &PgPool,
-    id: i64,
-    attempt: i32,
-    error: &str,
-    delay: Duration,
-    dead: bool,
-) -> Result<bool, sqlx::Error> {
-    let failed = sqlx::query!(
-        r#"
-        UPDATE jobs
-           SET last_error = $3, run_at = now() + $4 * interval '1 millisecond',
-               dead_at = CASE WHEN $5 THEN now() END
-         WHERE id = $1 AND attempts = $2 AND done_at IS NULL AND dead_at IS NULL
-        "#,
-        id,
-        attempt,
-        error,
-        delay.as_millis() as f64,
-        dead,
-    )
-    .execute(pool)
-    .await?
-    .rows_affected();
-    Ok(failed == 1)
+/// Claims up to `limit` due jobs, each for `CLAIM` (the table's SQL is `payments_domain::jobs`).
+pub async fn claim(pool: &PgPool, limit: u32) -> Result<Vec<Job>, DomainError> {
+    jobs::claim(pool, limit, CLAIM).await
 }
 
 /// Runs a receipt job: records the receipt (one per payment), sends it unless it was sent.
@@ -204,14 +126,10 @@ pub async fn send_receipt(
 ) -> Result<bool, String> {
     let payment_id = payload["payment_id"].as_str().ok_or("the job has no payment_id")?;
     let email = payload["email"].as_str().ok_or("the job has no email")?;
-    let payment = sqlx::query!(
-        "SELECT account_id, amount, currency, description, processor_charge_id FROM payments WHERE id = $1",
-        payment_id
-    )
-    .fetch_optional(pool)
-    .await
-    .map_err(|err| err.to_string())?
-    .ok_or("the payment does not exist")?;
+    let payment = receipts::facts(pool, payment_id)
+        .await
+        .map_err(|err| err.to_string())?
+        .ok_or("the payment does not exist")?;
     let receipt = Receipt {
         payment_id: payment_id.to_owned(),
         email: email.to_owned(),
@@ -224,39 +142,14 @@ pub async fn send_receipt(
             payment.processor_charge_id.as_deref().unwrap_or("-"),
         ),
     };
-    // The primary key on the payment makes a second run find the first one's receipt.
-    let sent_before = sqlx::query_scalar!(
-        r#"
-        WITH recorded AS (
-            INSERT INTO receipts (payment_id, account_id, email, body) VALUES ($1, $2, $3, $4)
-            ON CONFLICT (payment_id) DO NOTHING
-            RETURNING sent_at
-        )
-        SELECT sent_at IS NOT NULL AS "sent!" FROM recorded
-        UNION ALL
-        SELECT sent_at IS NOT NULL FROM receipts
-         WHERE payment_id = $1 AND NOT EXISTS (SELECT 1 FROM recorded)
-        "#,
-        payment_id,
-        payment.account_id,
-        email,
-        receipt.body,
-    )
-    .fetch_optional(pool)
-    .await
-    .map_err(|err| err.to_string())?
-    .unwrap_or(false);
+    let sent_before = receipts::record(pool, payment_id, &payment.account_id, email, &receipt.body)
+        .await
+        .map_err(|err| err.to_string())?;
     if sent_before {
         return Ok(false);
     }
     mailer.send(&receipt).await?;
-    sqlx::query!(
-        "UPDATE receipts SET sent_at = now() WHERE payment_id = $1 AND sent_at IS NULL",
-        payment_id
-    )
-    .execute(pool)
-    .await
-    .map_err(|err| err.to_string())?;
+    receipts::mark_sent(pool, payment_id).await.map_err(|err| err.to_string())?;
     Ok(true)
 }
 

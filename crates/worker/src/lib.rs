@@ -22,6 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{Due, Engine, Interrupted, NoObserver};
+use payments_backoff::{Backoff, Jitter};
+use payments_domain::jobs as queue;
 use payments_domain::operations::{self, Context};
 use payments_settings::{Settings, WorkerSettings};
 use provider::{CardProcessor, ProcessorClient};
@@ -127,6 +129,13 @@ impl<P: CardProcessor> Worker<P> {
             mailer,
             deliverer: Deliverer::new(&settings.webhooks)?,
         })
+    }
+
+    /// The delay before a failed job runs again: its base doubling per attempt, without jitter
+    /// (one runner retries one job), stopping after 16 doublings.
+    fn job_backoff(&self) -> Backoff {
+        let base = Duration::from_millis(self.settings.job_backoff_base_ms);
+        Backoff::new(base, base.saturating_mul(1 << 16), Jitter::None)
     }
 
     /// One pass of each loop, stopping between items once `stop` turns true.
@@ -269,7 +278,7 @@ impl<P: CardProcessor> Worker<P> {
                         let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
                             >= self.settings.job_max_attempts;
                         let delay = self.deliverer.backoff(job.attempts);
-                        jobs::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead)
+                        queue::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead)
                             .await?;
                         tracing::warn!(parent: &span, error, dead, "webhook job failed");
                         if dead {
@@ -293,7 +302,7 @@ impl<P: CardProcessor> Worker<P> {
             };
             match outcome {
                 Ok(_) => {
-                    if jobs::done(&self.ctx.pool, job.id, job.attempts).await? {
+                    if queue::done(&self.ctx.pool, job.id, job.attempts).await? {
                         report.jobs_done += 1;
                     } else {
                         tracing::warn!(parent: &span, "another runner claimed the job meanwhile; its run decides");
@@ -302,11 +311,8 @@ impl<P: CardProcessor> Worker<P> {
                 Err(error) => {
                     let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
                         >= self.settings.job_max_attempts;
-                    let exponent =
-                        u32::try_from(job.attempts.saturating_sub(1)).unwrap_or(0).min(16);
-                    let delay = Duration::from_millis(self.settings.job_backoff_base_ms)
-                        .saturating_mul(1 << exponent);
-                    if !jobs::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead)
+                    let delay = self.job_backoff().delay(u32::try_from(job.attempts).unwrap_or(0));
+                    if !queue::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead)
                         .await?
                     {
                         tracing::warn!(parent: &span, error, "job failed, and another runner claimed it meanwhile");

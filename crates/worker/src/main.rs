@@ -28,15 +28,15 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let settings = payments_settings::Settings::load()?;
-    payments_settings::telemetry::init(&settings.log);
-    let _ = payments_settings::telemetry::metrics();
+    payments_telemetry::init(&settings.log);
+    let _ = payments_telemetry::metrics();
     let worker = payments_worker::build(&settings)?;
     if settings.worker.metrics_port > 0 && !args.once {
         serve_metrics(settings.worker.metrics_port).await;
     }
     let (stop_tx, stop) = watch::channel(false);
     tokio::spawn(async move {
-        payments_settings::telemetry::shutdown_signal().await;
+        payments_telemetry::shutdown_signal().await;
         tracing::info!("stopping after the item in hand");
         let _ = stop_tx.send(true);
     });
@@ -52,10 +52,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
 /// Serves `GET /metrics` on 127.0.0.1; a taken port is reported, not fatal.
 async fn serve_metrics(port: u16) {
-    let router = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(|| async { payments_settings::telemetry::metrics().render() }),
-    );
+    let router = axum::Router::new()
+        .route("/metrics", axum::routing::get(|| async { payments_telemetry::metrics().render() }));
     match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
         Ok(listener) => {
             tracing::info!(port, "worker metrics at /metrics");

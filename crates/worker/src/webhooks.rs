@@ -18,13 +18,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use payments_backoff::{Backoff, Jitter};
+use payments_domain::jobs::{self, Job};
 use payments_domain::webhooks::{self, AddressRule, Attempt, Outcome, SIGNATURE_HEADER};
 use payments_settings::WebhookSettings;
-use rand::Rng;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::jobs::{self, Job, SEND_TIMEOUT};
+use crate::jobs::SEND_TIMEOUT;
 
 /// Resolves names for deliveries, keeping only the addresses the rule permits.
 #[derive(Debug, Clone, Copy)]
@@ -95,14 +96,12 @@ impl Deliverer {
     /// over its upper half (so retries of many deliveries spread out, and none comes sooner than
     /// half the schedule).
     pub fn backoff(&self, attempt: i32) -> Duration {
-        let exponent = u32::try_from(attempt.saturating_sub(1)).unwrap_or(0).min(30);
-        let full = self
-            .settings
-            .backoff_base_ms
-            .saturating_mul(1u64 << exponent)
-            .min(self.settings.backoff_cap_ms)
-            .max(1);
-        Duration::from_millis(rand::thread_rng().gen_range(full.div_ceil(2)..=full))
+        let backoff = Backoff::new(
+            Duration::from_millis(self.settings.backoff_base_ms.max(1)),
+            Duration::from_millis(self.settings.backoff_cap_ms.max(1)),
+            Jitter::UpperHalf,
+        );
+        backoff.delay(u32::try_from(attempt).unwrap_or(0))
     }
 
     /// Runs one claimed `webhook` job.

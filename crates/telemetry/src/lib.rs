@@ -1,12 +1,14 @@
-//! Logging: pretty text for people, JSON lines for machines, always to standard error (standard
-//! output belongs to commands such as `accounts create`).
+//! Telemetry of both binaries: logs (pretty text for people, JSON lines for machines, always to
+//! standard error, since standard output belongs to commands such as `accounts create`), the
+//! Prometheus recorder behind `/metrics`, and the shutdown signal. Kept out of
+//! `payments-settings`, which only reads and checks configuration.
 
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-use crate::{LogFormat, LogSettings};
+use payments_settings::{LogFormat, LogSettings};
 
 /// Installs the global subscriber. `RUST_LOG`, when set, replaces the configured filter. Calling
 /// it twice is harmless (the first subscriber stays), which keeps tests simple.

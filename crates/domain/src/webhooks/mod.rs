@@ -1,6 +1,6 @@
 //! Webhook endpoints: where an account's events are delivered, the rule on which URLs may be
 //! registered (no server-side request forgery), the signature each delivery carries, and the
-//! delivery log.
+//! delivery log (`log`).
 //!
 //! The signature is Stripe's scheme: `Payments-Signature: t=<unix>,v1=<hex HMAC-SHA256(secret,
 //! "<t>.<body>")>`. The receiver recomputes it with the secret it was shown once, compares in
@@ -16,6 +16,10 @@ use sqlx::{PgConnection, PgExecutor};
 use crate::DomainError;
 use crate::events::{Event, EventType};
 use crate::ids;
+
+mod log;
+
+pub use log::{Attempt, DeliveryLine, Outcome, attempts, log_attempt, recent_deliveries};
 
 /// The header a delivery's signature travels in.
 pub const SIGNATURE_HEADER: &str = "Payments-Signature";
@@ -409,103 +413,6 @@ pub async fn delivery(
     };
     let event = Event::try_from_parts(r.id, r.account_id, &r.kind, r.object, r.created)?;
     Ok(Some((event, endpoint, r.age_ms)))
-}
-
-/// What became of a delivery after one attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// A 2xx answer: done.
-    Delivered,
-    /// Failed; another attempt is scheduled.
-    Retrying,
-    /// Failed past the horizon (or refused by the address rule): dead-lettered.
-    Dead,
-}
-
-impl Outcome {
-    /// As stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Delivered => "delivered",
-            Self::Retrying => "retrying",
-            Self::Dead => "dead",
-        }
-    }
-}
-
-/// One attempt, for the delivery log.
-#[derive(Debug, Clone)]
-pub struct Attempt<'a> {
-    /// The endpoint.
-    pub endpoint_id: &'a str,
-    /// The event.
-    pub event_id: &'a str,
-    /// 1 for the first attempt.
-    pub attempt: i32,
-    /// The receiver's status, when it answered.
-    pub status_code: Option<u16>,
-    /// Why it failed, when it did.
-    pub error: Option<&'a str>,
-    /// How long it took.
-    pub duration_ms: u64,
-    /// What became of the delivery.
-    pub outcome: Outcome,
-}
-
-/// Appends an attempt to the delivery log.
-pub async fn log_attempt(
-    executor: impl PgExecutor<'_>,
-    attempt: &Attempt<'_>,
-) -> Result<(), DomainError> {
-    sqlx::query!(
-        "INSERT INTO webhook_attempts
-             (endpoint_id, event_id, attempt, status_code, error, duration_ms, outcome)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        attempt.endpoint_id,
-        attempt.event_id,
-        attempt.attempt,
-        attempt.status_code.map(i32::from),
-        attempt.error,
-        i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX),
-        attempt.outcome.as_str(),
-    )
-    .execute(executor)
-    .await?;
-    Ok(())
-}
-
-/// The most recent attempts to deliver to an endpoint (its delivery log), newest first, as the
-/// API shows them.
-pub async fn attempts(
-    executor: impl PgExecutor<'_>,
-    endpoint_id: &str,
-    limit: i64,
-) -> Result<Vec<Value>, DomainError> {
-    let rows = sqlx::query!(
-        r#"SELECT event_id, attempt, status_code, error, duration_ms, outcome,
-                  extract(epoch FROM created_at)::bigint AS "created!"
-             FROM webhook_attempts WHERE endpoint_id = $1
-            ORDER BY seq DESC LIMIT $2"#,
-        endpoint_id,
-        limit,
-    )
-    .fetch_all(executor)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| {
-            json!({
-                "object": "webhook_attempt",
-                "event": r.event_id,
-                "attempt": r.attempt,
-                "status_code": r.status_code,
-                "error": r.error,
-                "duration_ms": r.duration_ms,
-                "outcome": r.outcome,
-                "created": r.created,
-            })
-        })
-        .collect())
 }
 
 #[cfg(test)]

@@ -1,0 +1,150 @@
+//! The delivery log (`webhook_attempts`): one row per attempt to deliver an event to an
+//! endpoint, appended by the worker and read by the API and the inspector.
+
+use serde_json::{Value, json};
+use sqlx::PgExecutor;
+
+use crate::DomainError;
+
+/// What became of a delivery after one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A 2xx answer: done.
+    Delivered,
+    /// Failed; another attempt is scheduled.
+    Retrying,
+    /// Failed past the horizon (or refused by the address rule): dead-lettered.
+    Dead,
+}
+
+impl Outcome {
+    /// As stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Delivered => "delivered",
+            Self::Retrying => "retrying",
+            Self::Dead => "dead",
+        }
+    }
+}
+
+/// One attempt, for the delivery log.
+#[derive(Debug, Clone)]
+pub struct Attempt<'a> {
+    /// The endpoint.
+    pub endpoint_id: &'a str,
+    /// The event.
+    pub event_id: &'a str,
+    /// 1 for the first attempt.
+    pub attempt: i32,
+    /// The receiver's status, when it answered.
+    pub status_code: Option<u16>,
+    /// Why it failed, when it did.
+    pub error: Option<&'a str>,
+    /// How long it took.
+    pub duration_ms: u64,
+    /// What became of the delivery.
+    pub outcome: Outcome,
+}
+
+/// Appends an attempt to the delivery log.
+pub async fn log_attempt(
+    executor: impl PgExecutor<'_>,
+    attempt: &Attempt<'_>,
+) -> Result<(), DomainError> {
+    sqlx::query!(
+        "INSERT INTO webhook_attempts
+             (endpoint_id, event_id, attempt, status_code, error, duration_ms, outcome)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        attempt.endpoint_id,
+        attempt.event_id,
+        attempt.attempt,
+        attempt.status_code.map(i32::from),
+        attempt.error,
+        i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX),
+        attempt.outcome.as_str(),
+    )
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
+/// The most recent attempts to deliver to an endpoint (its delivery log), newest first, as the
+/// API shows them.
+pub async fn attempts(
+    executor: impl PgExecutor<'_>,
+    endpoint_id: &str,
+    limit: i64,
+) -> Result<Vec<Value>, DomainError> {
+    let rows = sqlx::query!(
+        r#"SELECT event_id, attempt, status_code, error, duration_ms, outcome,
+                  extract(epoch FROM created_at)::bigint AS "created!"
+             FROM webhook_attempts WHERE endpoint_id = $1
+            ORDER BY seq DESC LIMIT $2"#,
+        endpoint_id,
+        limit,
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            json!({
+                "object": "webhook_attempt",
+                "event": r.event_id,
+                "attempt": r.attempt,
+                "status_code": r.status_code,
+                "error": r.error,
+                "duration_ms": r.duration_ms,
+                "outcome": r.outcome,
+                "created": r.created,
+            })
+        })
+        .collect())
+}
+
+/// A delivery attempt as an operator sees it, with its endpoint.
+#[derive(Debug, Clone)]
+pub struct DeliveryLine {
+    /// The endpoint.
+    pub endpoint_id: String,
+    /// The endpoint's account.
+    pub account_id: String,
+    /// The endpoint's URL.
+    pub url: String,
+    /// The event.
+    pub event_id: String,
+    /// 1 for the first attempt.
+    pub attempt: i32,
+    /// The receiver's status, when it answered.
+    pub status_code: Option<i32>,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
+    /// What became of the delivery (`Outcome::as_str`).
+    pub outcome: String,
+    /// How long it took.
+    pub duration_ms: i64,
+    /// When (UTC).
+    pub at: String,
+}
+
+/// The newest `limit` attempts to any endpoint, newest first.
+pub async fn recent_deliveries(
+    executor: impl PgExecutor<'_>,
+    limit: i64,
+) -> Result<Vec<DeliveryLine>, DomainError> {
+    let lines = sqlx::query_as!(
+        DeliveryLine,
+        r#"
+        SELECT a.endpoint_id, w.account_id, w.url, a.event_id, a.attempt, a.status_code, a.error,
+               a.outcome, a.duration_ms,
+               to_char(a.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') AS "at!"
+          FROM webhook_attempts a JOIN webhook_endpoints w ON w.id = a.endpoint_id
+         ORDER BY a.seq DESC LIMIT $1
+        "#,
+        limit
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(lines)
+}

@@ -1,0 +1,158 @@
+//! The settings as an operator meets them: defaults, overrides, and errors that name the
+//! setting.
+
+use super::*;
+
+fn load(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+    Settings::load_from(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+}
+
+#[test]
+fn the_inspector_needs_a_long_plain_token_when_enabled() {
+    let on = ("PAYMENTS__INSPECTOR__ENABLED", "true");
+    let refused = |vars: &[(&str, &str)]| match load(vars) {
+        Err(err) => err.to_string(),
+        Ok(_) => String::new(),
+    };
+    assert!(refused(&[on]).contains("PAYMENTS__INSPECTOR__TOKEN"));
+    assert!(refused(&[on, ("PAYMENTS__INSPECTOR__TOKEN", "short")]).contains("16"));
+    let spaced = refused(&[on, ("PAYMENTS__INSPECTOR__TOKEN", "a token; with spaces")]);
+    assert!(spaced.contains("letters, digits"), "{spaced}");
+    assert!(load(&[on, ("PAYMENTS__INSPECTOR__TOKEN", "0123456789abcdef-_.~")]).is_ok());
+    assert!(load(&[]).is_ok_and(|s| !s.inspector.enabled));
+}
+
+#[test]
+fn charge_metadata_is_read_from_the_environment_and_held_to_the_processors_limits() {
+    let settings = load(&[("PAYMENTS__PROCESSOR__CHARGE_METADATA__RELEASE", "0042")]).unwrap();
+    assert_eq!(settings.processor.charge_metadata.get("release").map(String::as_str), Some("0042"));
+    for (name, value) in [
+        ("PAYMENTS__PROCESSOR__CHARGE_METADATA__PAYMENT_ID", "x"),
+        ("PAYMENTS__PROCESSOR__CHARGE_METADATA__A", &"v".repeat(501)),
+    ] {
+        let err = load(&[(name, value)]).unwrap_err().to_string();
+        assert!(err.contains("processor.charge_metadata"), "{err}");
+    }
+}
+
+#[test]
+fn the_defaults_load_and_validate() {
+    let settings = load(&[]).unwrap();
+    assert_eq!(settings.http.port, 8080);
+    assert_eq!(settings.log.format, LogFormat::Pretty);
+    assert_eq!(settings.public_base_url(8080), "http://127.0.0.1:8080");
+}
+
+#[test]
+fn environment_variables_override_the_defaults() {
+    let settings = load(&[
+        ("PAYMENTS__HTTP__PORT", "9191"),
+        ("PAYMENTS__HTTP__PUBLIC_BASE_URL", "https://pay.example.com/"),
+        ("PAYMENTS__LOG__FORMAT", "json"),
+        ("DATABASE_URL", "postgres://u@db:5432/x"),
+    ])
+    .unwrap();
+    assert_eq!(settings.http.port, 9191);
+    assert_eq!(settings.public_base_url(9191), "https://pay.example.com");
+    assert_eq!(settings.log.format, LogFormat::Json);
+    assert_eq!(settings.database.url.expose_secret(), "postgres://u@db:5432/x");
+}
+
+#[test]
+fn a_port_that_is_not_a_number_names_the_setting() {
+    let err = load(&[("PAYMENTS__HTTP__PORT", "eighty")]).unwrap_err().to_string();
+    assert!(err.contains("http.port"), "{err}");
+}
+
+#[test]
+fn a_port_out_of_range_names_the_setting() {
+    let err = load(&[("PAYMENTS__HTTP__PORT", "70000")]).unwrap_err().to_string();
+    assert!(err.contains("http.port"), "{err}");
+}
+
+#[test]
+fn a_bad_public_base_url_names_the_setting_and_its_variable() {
+    let err = load(&[("PAYMENTS__HTTP__PUBLIC_BASE_URL", "ftp://x")]).unwrap_err().to_string();
+    assert!(err.contains("http.public_base_url"), "{err}");
+    assert!(err.contains("PAYMENTS__HTTP__PUBLIC_BASE_URL"), "{err}");
+}
+
+#[test]
+fn a_bad_database_url_names_the_setting_without_printing_it() {
+    let err = load(&[("DATABASE_URL", "mysql://root:hunter2@db")]).unwrap_err().to_string();
+    assert!(err.contains("database.url"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[test]
+fn an_unknown_log_format_names_the_setting() {
+    let err = load(&[("PAYMENTS__LOG__FORMAT", "xml")]).unwrap_err().to_string();
+    assert!(err.contains("log.format"), "{err}");
+}
+
+#[test]
+fn an_unknown_setting_is_refused_by_name() {
+    let err = load(&[("PAYMENTS__HTTP__PROT", "1")]).unwrap_err().to_string();
+    assert!(err.contains("prot"), "{err}");
+}
+
+#[test]
+fn a_lease_shorter_than_the_longest_processor_call_is_refused() {
+    let err =
+        load(&[("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "30000")]).unwrap_err().to_string();
+    assert!(err.contains("idempotency.lease_ms"), "{err}");
+    assert!(
+        load(&[
+            ("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "30000"),
+            ("PAYMENTS__IDEMPOTENCY__LEASE_MS", "200000"),
+        ])
+        .is_ok()
+    );
+}
+
+#[test]
+fn a_bad_processor_url_names_the_setting() {
+    let err =
+        load(&[("PAYMENTS__PROCESSOR__BASE_URL", "localhost:12111")]).unwrap_err().to_string();
+    assert!(err.contains("processor.base_url"), "{err}");
+}
+
+#[test]
+fn secrets_never_print() {
+    let settings = load(&[
+        ("DATABASE_URL", "postgres://u:hunter2@db:5432/x"),
+        ("PAYMENTS__PROCESSOR__API_KEY", "sk_test_swordfish"),
+        ("PAYMENTS__WORKER__SMTP_URL", "smtps://mail:opensesame@smtp.example.com"),
+        ("PAYMENTS__INSPECTOR__ENABLED", "true"),
+        ("PAYMENTS__INSPECTOR__TOKEN", "correcthorsebatterystaple"),
+    ])
+    .unwrap();
+    let printed = format!("{settings:?}");
+    for secret in ["hunter2", "swordfish", "opensesame", "correcthorse"] {
+        assert!(!printed.contains(secret), "{secret} in {printed}");
+    }
+}
+
+#[test]
+fn keys_and_tokens_of_digits_survive_exactly_as_written() {
+    let settings = load(&[
+        ("PAYMENTS__PROCESSOR__API_KEY", "000123"),
+        ("PAYMENTS__INSPECTOR__TOKEN", "0000000000000000001"),
+        ("PAYMENTS__WORKER__RECEIPT_FROM", "1e3"),
+        ("PAYMENTS__HTTP__PORT", "9191"),
+        ("PAYMENTS__INSPECTOR__ENABLED", "true"),
+    ])
+    .unwrap();
+    assert_eq!(settings.processor.api_key.expose_secret(), "000123");
+    assert_eq!(settings.inspector.token.expose_secret(), "0000000000000000001");
+    assert_eq!(settings.worker.receipt_from, "1e3");
+    // Numbers and switches still read from text.
+    assert_eq!(settings.http.port, 9191);
+    assert!(settings.inspector.enabled);
+}
+
+#[test]
+fn a_zero_body_limit_is_refused() {
+    let err = load(&[("PAYMENTS__HTTP__BODY_LIMIT_BYTES", "0")]).unwrap_err().to_string();
+    assert!(err.contains("http.body_limit_bytes"), "{err}");
+}

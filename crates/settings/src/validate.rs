@@ -1,0 +1,169 @@
+//! The checks every setting passes at start-up, each error naming the setting and the
+//! environment variable that sets it.
+
+use std::str::FromStr;
+
+use crate::{ENV_PREFIX, ExposeSecret as _, INSPECTOR_TOKEN_MIN_CHARS, Settings, SettingsError};
+
+impl Settings {
+    /// Every check, the first failure returned.
+    pub(crate) fn validate(&self) -> Result<(), SettingsError> {
+        if !self.http.public_base_url.is_empty() {
+            check_base_url(&self.http.public_base_url)
+                .map_err(|reason| invalid("http.public_base_url", reason))?;
+        }
+        if self.http.body_limit_bytes == 0 {
+            return Err(invalid("http.body_limit_bytes", "must be at least 1".into()));
+        }
+        let is_postgres_url = ["postgres://", "postgresql://"]
+            .iter()
+            .any(|scheme| self.database.url.expose_secret().starts_with(scheme));
+        if !is_postgres_url || self.database.connect_options().is_err() {
+            // The URL itself is not repeated: it may hold a password.
+            return Err(invalid("database.url", "not a valid postgres:// URL".into()));
+        }
+        for (setting, value) in [
+            ("http.header_read_timeout_ms", self.http.header_read_timeout_ms),
+            ("http.body_timeout_ms", self.http.body_timeout_ms),
+            ("http.request_timeout_ms", self.http.request_timeout_ms),
+            ("http.max_connections", u64::from(self.http.max_connections)),
+            ("http.max_in_flight_requests", u64::from(self.http.max_in_flight_requests)),
+        ] {
+            if value == 0 {
+                return Err(invalid(setting, "must be at least 1".into()));
+            }
+        }
+        if self.rate_limit.per_address_per_second > 0 && self.rate_limit.per_address_burst == 0 {
+            return Err(invalid(
+                "rate_limit.per_address_burst",
+                "must be at least 1 when a rate is set".into(),
+            ));
+        }
+        if self.database.max_connections == 0 {
+            return Err(invalid("database.max_connections", "must be at least 1".into()));
+        }
+        if self.database.acquire_timeout_ms == 0 {
+            return Err(invalid("database.acquire_timeout_ms", "must be at least 1".into()));
+        }
+        if self.rate_limit.per_second > 0 && self.rate_limit.burst == 0 {
+            return Err(invalid(
+                "rate_limit.burst",
+                "must be at least 1 when a rate is set".into(),
+            ));
+        }
+        if self.idempotency.lease_ms < 1000 {
+            return Err(invalid("idempotency.lease_ms", "must be at least 1000".into()));
+        }
+        check_base_url(&self.processor.base_url)
+            .map_err(|reason| invalid("processor.base_url", reason))?;
+        if self.processor.api_key.expose_secret().is_empty() {
+            return Err(invalid("processor.api_key", "must not be empty".into()));
+        }
+        if self.processor.request_timeout_ms == 0 || self.processor.connect_timeout_ms == 0 {
+            return Err(invalid(
+                "processor.request_timeout_ms",
+                "timeouts must be at least 1 ms".into(),
+            ));
+        }
+        // The lease must outlive the longest processor call, or a slow call would let another
+        // process take the key over while this one still waits.
+        let longest = self.processor.client_config().longest_call();
+        self.engine_config()
+            .check_lease_covers(longest)
+            .map_err(|reason| invalid("idempotency.lease_ms", reason))?;
+        // Stripe's own limits on metadata: a charge form the processor refuses would fail every
+        // payment with a 400 that blames the client.
+        let metadata = &self.processor.charge_metadata;
+        if metadata.len() > 49
+            || metadata.iter().any(|(name, value)| {
+                name.is_empty()
+                    || name.chars().count() > 40
+                    || name.contains(['[', ']'])
+                    || name == "payment_id"
+                    || value.chars().count() > 500
+            })
+        {
+            return Err(invalid(
+                "processor.charge_metadata",
+                "at most 49 members beside payment_id, names of 1 to 40 characters without `[` \
+                 or `]`, values of at most 500 characters"
+                    .into(),
+            ));
+        }
+        if self.worker.batch_size == 0 || self.worker.batch_size > 10_000 {
+            return Err(invalid("worker.batch_size", "must be from 1 to 10000".into()));
+        }
+        if self.worker.interval_ms == 0 {
+            return Err(invalid("worker.interval_ms", "must be at least 1".into()));
+        }
+        if self.worker.processor_window_hours == 0 || self.worker.processor_window_hours >= 24 {
+            return Err(invalid(
+                "worker.processor_window_hours",
+                "must be from 1 to 23: the processor keeps its idempotency keys for 24 hours"
+                    .into(),
+            ));
+        }
+        if self.worker.max_attempts == 0 || self.worker.job_max_attempts == 0 {
+            return Err(invalid("worker.max_attempts", "attempt bounds must be at least 1".into()));
+        }
+        let smtp_url = self.worker.smtp_url.expose_secret();
+        if !smtp_url.is_empty() && !["smtp://", "smtps://"].iter().any(|s| smtp_url.starts_with(s))
+        {
+            return Err(invalid("worker.smtp_url", "must start with smtp:// or smtps://".into()));
+        }
+        let token = self.inspector.token.expose_secret();
+        if !token.chars().all(|c| c.is_ascii_alphanumeric() || "-_.~".contains(c)) {
+            return Err(invalid(
+                "inspector.token",
+                "may hold only letters, digits, `-`, `_`, `.` and `~` (it travels in a URL and a \
+                 cookie)"
+                    .into(),
+            ));
+        }
+        if self.inspector.enabled && token.chars().count() < INSPECTOR_TOKEN_MIN_CHARS {
+            return Err(invalid(
+                "inspector.token",
+                format!(
+                    "must be at least {INSPECTOR_TOKEN_MIN_CHARS} characters when the inspector is \
+                     enabled (make run generates one)"
+                ),
+            ));
+        }
+        if self.idempotency.claim_timeout_ms == 0 {
+            return Err(invalid("idempotency.claim_timeout_ms", "must be at least 1".into()));
+        }
+        if self.idempotency.claim_connections > 256 {
+            return Err(invalid("idempotency.claim_connections", "must be at most 256".into()));
+        }
+        if self.idempotency.retention_hours == 0 {
+            return Err(invalid("idempotency.retention_hours", "must be at least 1".into()));
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log.filter)
+            .map_err(|e| invalid("log.filter", e.to_string()))?;
+        Ok(())
+    }
+}
+
+fn invalid(setting: &'static str, reason: String) -> SettingsError {
+    let env = if setting == "database.url" {
+        "DATABASE_URL or PAYMENTS__DATABASE__URL".to_owned()
+    } else {
+        format!("{ENV_PREFIX}__{}", setting.replace('.', "__").to_uppercase())
+    };
+    SettingsError::Invalid { setting, env, reason }
+}
+
+fn check_base_url(url: &str) -> Result<(), String> {
+    let uri = http::Uri::from_str(url).map_err(|e| format!("not a URL ({e})"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err("must start with http:// or https://".into()),
+    }
+    if uri.authority().is_none() {
+        return Err("must name a host".into());
+    }
+    if uri.query().is_some() {
+        return Err("must not have a query string".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,20 @@
+//! The end-to-end tests, one module per area, linked into one test binary (`--test e2e`)
+//! instead of one per file. Run one area with a filter: `cargo test -p payments-tests --test e2e
+//! -- proof::`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+mod auth;
+mod client;
+mod edge;
+mod edge_holds;
+mod examples;
+mod failover;
+mod inspector;
+mod leases;
+mod lists;
+mod operations;
+mod payments;
+mod processor_faults;
+mod proof;
+mod round_trips;
+mod webhooks;
