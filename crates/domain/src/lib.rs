@@ -10,6 +10,7 @@ pub mod ids;
 pub mod money;
 pub mod operations;
 pub mod payments;
+pub mod processor_events;
 pub mod problems;
 pub mod refunds;
 pub mod updates;
