@@ -195,6 +195,12 @@ pub struct ProcessorSettings {
     /// Frozen with each charge request: changing them never changes a request in flight.
     #[serde(default)]
     pub charge_metadata: BTreeMap<String, String>,
+    /// The signing secret (`whsec_…`) of the processor's webhooks to `POST /webhooks/processor`;
+    /// empty turns that endpoint off (it answers 404). Never printed.
+    pub webhook_secret: SecretString,
+    /// How far a webhook's signed timestamp may be from now, in seconds; an older one is a
+    /// replay and is refused.
+    pub webhook_tolerance_s: u64,
 }
 
 impl std::fmt::Debug for ProcessorSettings {
@@ -405,6 +411,20 @@ impl Settings {
                  or `]`, values of at most 500 characters"
                     .into(),
             ));
+        }
+        let webhook_secret = self.processor.webhook_secret.expose_secret();
+        if !webhook_secret.is_empty()
+            && !(webhook_secret.starts_with("whsec_") && webhook_secret.len() >= 12)
+        {
+            return Err(invalid(
+                "processor.webhook_secret",
+                "must be the processor's endpoint secret, `whsec_…`, or empty to turn inbound \
+                 webhooks off"
+                    .into(),
+            ));
+        }
+        if self.processor.webhook_tolerance_s == 0 || self.processor.webhook_tolerance_s > 3600 {
+            return Err(invalid("processor.webhook_tolerance_s", "must be from 1 to 3600".into()));
         }
         if self.worker.batch_size == 0 || self.worker.batch_size > 10_000 {
             return Err(invalid("worker.batch_size", "must be from 1 to 10000".into()));
