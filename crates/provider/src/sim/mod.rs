@@ -471,9 +471,14 @@ async fn get_webhooks(State(sim): State<Sim>) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "url": url }))
 }
 
-/// `PUT /_sim/webhooks` with `{"url": …, "secret": "whsec_…"}`, or `null` to send none.
+/// `PUT /_sim/webhooks` with `{"url": …, "secret": "whsec_…"}`, or `null` (or nothing) to send
+/// none.
 async fn put_webhooks(State(sim): State<Sim>, body: Bytes) -> Response {
-    let target: Option<WebhookTarget> = match serde_json::from_slice(&body) {
+    let parsed = match body.trim_ascii() {
+        [] => Ok(None),
+        json => serde_json::from_slice(json),
+    };
+    let target: Option<WebhookTarget> = match parsed {
         Ok(target) => target,
         Err(err) => {
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", None, &err.to_string());
