@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use payments_tests::{TestApp, assert_problem, json, start_sim, test_settings};
-use payments_worker::{PassReport, Worker};
 use payments_worker::jobs::LogMailer;
+use payments_worker::{PassReport, Worker};
 use provider::sim::FaultConfig;
 use provider::{CardProcessor, Charge, FrozenRequest, ProcessorClient, ProcessorError, Refund};
 use serde_json::{Value, json};
@@ -118,11 +118,8 @@ async fn a_payment_whose_charge_answer_was_lost_is_finished_from_the_webhook_wit
 ) {
     // Every answer is lost after the charge is made; the event arrives a second later, after the
     // request has given up.
-    let faults = FaultConfig {
-        lost_response_rate: 1.0,
-        webhook_delay_ms: 1000,
-        ..FaultConfig::default()
-    };
+    let faults =
+        FaultConfig { lost_response_rate: 1.0, webhook_delay_ms: 1000, ..FaultConfig::default() };
     let s = setup(&pool, faults, &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
     let lost = s.pay("order-1", "automatic").await;
     assert_problem(lost, 503, "processor_unavailable").await;
@@ -176,7 +173,9 @@ impl CardProcessor for AnswerLostAfterTheWebhook {
     async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
         let made = self.client.create_charge(request).await?;
         until_received(&self.pool, 1).await;
-        Err(ProcessorError::UnknownOutcome { message: format!("the answer ({}) was lost", made.id) })
+        Err(ProcessorError::UnknownOutcome {
+            message: format!("the answer ({}) was lost", made.id),
+        })
     }
     async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
         self.client.capture_charge(request).await
@@ -212,7 +211,10 @@ async fn a_webhook_that_lands_while_the_key_holder_is_mid_call_finishes_the_paym
     assert_eq!(s.stats().await["charges_created"], 0);
     s.set_faults(&FaultConfig::default()).await;
     // Its back-off run out, by the database's clock.
-    sqlx::query("UPDATE idempotency_keys SET next_attempt_at = now()").execute(&pool).await.unwrap();
+    sqlx::query("UPDATE idempotency_keys SET next_attempt_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
 
     // The completer holds the key; its call makes the charge, the event lands while it waits for
     // the answer, and the answer is lost.
@@ -335,7 +337,8 @@ async fn a_bad_signature_an_old_timestamp_an_unknown_type_or_malformed_json_is_a
     assert_eq!(problem["param"], "Stripe-Signature");
 
     let forged = provider::signature::sign("whsec_someone_else", unix_now(), &good);
-    let forged = s.app.send(s.app.http.post(&url).header("stripe-signature", forged).body(good.clone()));
+    let forged =
+        s.app.send(s.app.http.post(&url).header("stripe-signature", forged).body(good.clone()));
     let problem = assert_problem(forged.await, 400, "invalid_request").await;
     assert!(problem["detail"].as_str().unwrap().contains("no signature"), "{problem}");
 
@@ -389,7 +392,8 @@ async fn without_a_secret_the_processor_webhook_route_is_off(pool: PgPool) {
     .await;
     let body = b"{}".to_vec();
     let signature = provider::signature::sign("", unix_now(), &body);
-    let request = app.http.post(app.url("/webhooks/processor")).header("stripe-signature", signature);
+    let request =
+        app.http.post(app.url("/webhooks/processor")).header("stripe-signature", signature);
     assert_problem(app.send(request.body(body)).await, 404, "resource_missing").await;
     assert_eq!(received(&pool).await, 0);
 }

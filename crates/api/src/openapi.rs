@@ -819,7 +819,10 @@ fn processor_event() -> Schema {
                 "object",
                 ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["event"])),
             )
-            .property("type", ObjectBuilder::new().schema_type(Type::String).enum_values(Some(kinds)))
+            .property(
+                "type",
+                ObjectBuilder::new().schema_type(Type::String).enum_values(Some(kinds)),
+            )
             .property("created", ObjectBuilder::new().schema_type(Type::Integer))
             .property(
                 "data",

@@ -47,8 +47,8 @@ use crate::audit::{self, AuditEvent};
 use crate::events::{self, EventType};
 use crate::ids::new_id;
 use crate::payments::{self, CaptureMethod, Changes, CreatePaymentRequest, Payment, PaymentStatus};
-use crate::processor_events;
 use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
+use crate::processor_events;
 use crate::refunds::{self, CreateRefundRequest, NewRefund, Refund};
 
 /// The stored names of the operations.

@@ -97,7 +97,9 @@ pub enum Refused {
     #[error("the payload is not an event about a charge: {0}")]
     Malformed(String),
     /// An event of a type this endpoint does not take.
-    #[error("events of type `{0}` are not taken here (only charge.succeeded, charge.failed, charge.captured, charge.refunded)")]
+    #[error(
+        "events of type `{0}` are not taken here (only charge.succeeded, charge.failed, charge.captured, charge.refunded)"
+    )]
     UnknownType(String),
 }
 

@@ -63,7 +63,8 @@ pub fn verify(
     for part in header.split(',') {
         match part.trim().split_once('=') {
             Some(("t", value)) => {
-                timestamp = Some(value.parse::<i64>().map_err(|_| SignatureError::MalformedHeader)?);
+                timestamp =
+                    Some(value.parse::<i64>().map_err(|_| SignatureError::MalformedHeader)?);
             }
             Some(("v1", value)) => signatures.push(value),
             _ => {} // other schemes (v0, a future v2) are not ours to judge

@@ -3,7 +3,7 @@
 pub mod events;
 pub mod health;
 pub mod payments;
-pub mod processor_webhooks;
 pub mod problems;
+pub mod processor_webhooks;
 pub mod refunds;
 pub mod webhook_endpoints;

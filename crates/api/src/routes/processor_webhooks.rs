@@ -65,12 +65,13 @@ pub async fn receive(
     }
     let signature = headers.get(SIGNATURE_HEADER).and_then(|value| value.to_str().ok());
     let tolerance = Duration::from_secs(processor.webhook_tolerance_s);
-    let event = processor_events::verify(&body, signature, secret, tolerance, unix_now())
-        .map_err(|refused| {
+    let event = processor_events::verify(&body, signature, secret, tolerance, unix_now()).map_err(
+        |refused| {
             metrics::counter!("processor_webhooks_total", "outcome" => "refused").increment(1);
             tracing::warn!(reason = %refused, "a processor webhook was refused");
             refusal(&refused)
-        })?;
+        },
+    )?;
     let received = processor_events::receive(&state.pool, &event).await?;
     let (outcome, payment) = match received {
         Received::Recorded { payment_id, woke } => {

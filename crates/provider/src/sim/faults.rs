@@ -195,7 +195,8 @@ impl Injector {
 
     /// Draws one webhook event's faults. Every event draws the same number of values.
     pub(super) fn webhook_plan(&mut self) -> DeliveryPlan {
-        let (duplicate, hold_back): (f64, f64) = (self.webhook_rng.r#gen(), self.webhook_rng.r#gen());
+        let (duplicate, hold_back): (f64, f64) =
+            (self.webhook_rng.r#gen(), self.webhook_rng.r#gen());
         DeliveryPlan {
             delay: Duration::from_millis(self.config.webhook_delay_ms),
             duplicate: duplicate < self.config.webhook_duplicate_rate,

@@ -67,7 +67,8 @@ impl Inner {
             return;
         }
         for event in events {
-            let queued = self.webhook_queue.as_ref().is_some_and(|queue| queue.try_send(event).is_ok());
+            let queued =
+                self.webhook_queue.as_ref().is_some_and(|queue| queue.try_send(event).is_ok());
             if queued {
                 self.ledger.stats.events_created += 1;
             } else {
