@@ -413,9 +413,9 @@ impl Settings {
             ));
         }
         let webhook_secret = self.processor.webhook_secret.expose_secret();
-        if !webhook_secret.is_empty()
-            && !(webhook_secret.starts_with("whsec_") && webhook_secret.len() >= 12)
-        {
+        let looks_like_a_secret =
+            webhook_secret.starts_with("whsec_") && webhook_secret.len() >= 12;
+        if !(webhook_secret.is_empty() || looks_like_a_secret) {
             return Err(invalid(
                 "processor.webhook_secret",
                 "must be the processor's endpoint secret, `whsec_…`, or empty to turn inbound \
