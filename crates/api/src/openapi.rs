@@ -42,6 +42,9 @@ enum Key {
     Required,
     /// Validated if present, nothing stored (PATCH is idempotent by nature).
     Validated,
+    /// If present, the request is claimed and its answer stored and replayed; without one, each
+    /// request acts (a webhook endpoint's creation).
+    Optional,
     /// Not read.
     Ignored,
 }
@@ -292,11 +295,23 @@ pub const ENDPOINTS: &[Endpoint] = &[
         summary: "Register a webhook endpoint; the answer carries its signing secret, once",
         tag: "webhooks",
         authenticated: true,
-        key: Key::Ignored,
+        key: Key::Optional,
         body: Some(("CreateWebhookEndpointRequest", "application/json", true)),
         params: &[],
-        success: (201, "application/json", Some("WebhookEndpoint"), &["Location"]),
-        problems: &[P::InvalidRequest, P::PayloadTooLarge, P::UnsupportedMediaType],
+        success: (
+            201,
+            "application/json",
+            Some("WebhookEndpoint"),
+            &["Location", "Idempotent-Replayed"],
+        ),
+        problems: &[
+            P::IdempotencyKeyInvalid,
+            P::IdempotencyKeyInUse,
+            P::IdempotencyKeyReused,
+            P::InvalidRequest,
+            P::PayloadTooLarge,
+            P::UnsupportedMediaType,
+        ],
     },
     Endpoint {
         method: "get",
@@ -682,7 +697,13 @@ fn idempotency_key(key: Key, retention_hours: u32) -> utoipa::openapi::path::Par
              replays the stored answer; with another request it is `422`. Kept at least \
              {retention_hours} hours after the answer."
         ),
-        _ => format!(
+        Key::Optional => format!(
+            "Optional. When sent, the creation is claimed, and its answer stored and replayed \
+             byte for byte, the signing secret included: a retry after a lost answer gets the \
+             endpoint it made, not a second one. The same key with another body is `422`; kept \
+             at least {retention_hours} hours. Without it each request registers an endpoint."
+        ),
+        Key::Validated | Key::Ignored => format!(
             "Optional. When sent, the request is claimed, stored and replayed exactly like a POST \
              (the same key with another body or media type is `422`), so that a retry after \
              someone else's change does not undo it; kept at least {retention_hours} hours. \

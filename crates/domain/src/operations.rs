@@ -1516,6 +1516,14 @@ pub async fn resume<P: CardProcessor>(
             }
             Err(reason) => reason,
         },
+        crate::webhooks::CREATE_ENDPOINT => match params(&lease) {
+            Ok(params) => {
+                let create =
+                    crate::webhooks::CreateEndpoint::new(ctx.public_base_url.clone(), params);
+                return idem::drive(&create, lease).await;
+            }
+            Err(reason) => reason,
+        },
         CREATE_REFUND => match params(&lease) {
             Ok(params) => {
                 return idem::drive(&CreateRefundOp::new(ctx.clone(), params), lease).await;
