@@ -19,7 +19,7 @@ use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiPath, JsonBody};
-use crate::idempotency::{Attempt, OptionalKey, RequestMeta, stored_response};
+use crate::idempotency::{Keyed, OptionalKey, RequestMeta, stored_response};
 
 /// The most attempts the delivery log shows.
 const LOG_LIMIT: i64 = 100;
@@ -97,21 +97,9 @@ pub async fn create(
         url: url.to_string(),
         enabled_events: body.value.enabled_events.clone(),
     };
-    let stored_params = serde_json::to_value(&params).map_err(|err| ApiError::internal(&err))?;
-    let sent: serde_json::Value = serde_json::from_slice(&body.raw)
-        .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
-    let attempt = Attempt {
-        account_id: account.as_str(),
-        credential: None,
-        key: &key,
-        meta: &meta,
-        media_type: body.media_type,
-        body: &sent,
-        operation: webhooks::CREATE_ENDPOINT,
-        params: &stored_params,
-    };
-    let operation = CreateEndpoint::new(state.operations.public_base_url.clone(), params);
-    state.runner.run(attempt, operation).await
+    let operation = CreateEndpoint::new(state.operations.public_base_url.clone(), params.clone());
+    let keyed = Keyed { account: &account, credential: None, key: &key, meta: &meta, body: &body };
+    keyed.run(&state, webhooks::CREATE_ENDPOINT, &params, operation).await
 }
 
 /// `GET /v1/webhook_endpoints`
