@@ -162,6 +162,43 @@ async fn a_payment_whose_charge_answer_was_lost_is_finished_from_the_webhook_wit
     assert_eq!(count(&pool, succeeded).await, 1, "one event for the one change");
 }
 
+#[sqlx::test(migrations = "../migrations")]
+async fn an_event_brings_a_key_waiting_out_its_back_off_forward_for_the_completer(pool: PgPool) {
+    // The stand-in sends nothing here: the event is delivered by hand, when the test says.
+    let faults = FaultConfig { lost_response_rate: 1.0, ..FaultConfig::default() };
+    let s = setup(&pool, faults, &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
+    assert_eq!(none.unwrap().status(), 200);
+    assert_problem(s.pay("order-1", "automatic").await, 503, "processor_unavailable").await;
+    let (payment_id, _, _) = payment_row(&pool).await;
+    // The key waits an hour, as after many failed attempts.
+    let later = "UPDATE idempotency_keys SET next_attempt_at = now() + interval '1 hour'";
+    sqlx::query(later).execute(&pool).await.unwrap();
+    let worker = s.worker(s.client());
+    assert_eq!(complete(&worker).await.completed, 0, "not due");
+
+    // Read the charge the lost answer was about (a call would now be answered: the count below
+    // proves none is made).
+    s.set_faults(&FaultConfig::default()).await;
+    let charges = s.http.get(format!("{}/v1/charges", s.sim)).bearer_auth("sk_test_processor");
+    let charges = json(charges.send().await.unwrap()).await;
+    let charge = charges["data"][0].clone();
+    assert_eq!(charge["metadata"]["payment_id"], payment_id.as_str());
+    let event = json!({"id": "evt_by_hand", "object": "event", "type": "charge.succeeded",
+        "created": unix_now(), "data": {"object": charge},
+        "request": {"id": null, "idempotency_key": format!("{payment_id}/charge")}});
+    let answer = deliver(&s, &serde_json::to_vec(&event).unwrap(), unix_now()).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(json(answer).await["outcome"], "recorded");
+    let due = "SELECT count(*) FROM idempotency_keys WHERE next_attempt_at <= now()";
+    assert_eq!(count(&pool, due).await, 1, "the event made the key due");
+
+    let requests = s.stats().await["requests"].clone();
+    assert_eq!(complete(&worker).await.completed, 1);
+    assert_eq!(payment_row(&pool).await.1, "succeeded");
+    assert_eq!(s.stats().await["requests"], requests, "finished without a processor call");
+}
+
 /// The real client, whose charge call waits, mid-call, until the processor's webhook has been
 /// received, and then reports its answer lost.
 struct AnswerLostAfterTheWebhook {
