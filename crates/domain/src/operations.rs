@@ -454,7 +454,9 @@ fn charge_request(payment: &Payment, metadata: &BTreeMap<String, String>) -> Fro
 
 impl<P: CardProcessor> CreatePayment<P> {
     /// The charge the processor's webhook says the call under `key` made, if one did
-    /// (`processor_events`). A charge that is not this payment's is for a person.
+    /// (`processor_events`). A charge that is not this payment's is for a person, and so is a
+    /// decline of a later generation, as when the call itself answers one
+    /// ([`refused_at_a_later_generation`]).
     async fn pushed_charge(
         &self,
         payment: &Payment,
@@ -473,6 +475,15 @@ impl<P: CardProcessor> CreatePayment<P> {
                     reason: format!(
                         "the processor reported {} ({} {}) under {key}, which does not match {}",
                         charge.id, charge.amount, charge.currency, payment.id
+                    ),
+                })
+            }
+            Some(charge) if !charge.paid && key.generation_number() > 1 => {
+                Err(Interrupted::NeedsHuman {
+                    reason: format!(
+                        "{key} was declined ({}, reported by the processor's webhook); what an \
+                         earlier generation of the key did is not known for sure",
+                        charge.id
                     ),
                 })
             }

@@ -59,8 +59,8 @@ pub async fn receive(
     let secret = processor.webhook_secret.expose_secret();
     if secret.is_empty() {
         return Err(ApiError::resource_missing(
-            "Unrecognized request URL (POST: /webhooks/processor): inbound processor webhooks are \
-             off (processor.webhook_secret).",
+            "Inbound processor webhooks are off on this server (processor.webhook_secret is \
+             empty).",
         ));
     }
     let signature = headers.get(SIGNATURE_HEADER).and_then(|value| value.to_str().ok());
