@@ -65,7 +65,8 @@ impl Setup {
     /// A worker over the test database, driving keys with `processor`.
     fn worker<P: CardProcessor>(&self, processor: P) -> Worker<P> {
         let settings = test_settings(&[("PAYMENTS__PROCESSOR__BASE_URL", self.sim.as_str())]);
-        let (pool, base) = (self.app.pool.clone(), "http://test".into());
+        // The API's own base, so that a problem the completer stores reads as the API's.
+        let (pool, base) = (self.app.pool.clone(), self.app.address.as_str().into());
         Worker::new(pool, Arc::new(processor), base, &settings, Arc::new(LogMailer)).unwrap()
     }
 
@@ -197,6 +198,61 @@ async fn an_event_brings_a_key_waiting_out_its_back_off_forward_for_the_complete
     assert_eq!(complete(&worker).await.completed, 1);
     assert_eq!(payment_row(&pool).await.1, "succeeded");
     assert_eq!(s.stats().await["requests"], requests, "finished without a processor call");
+}
+
+/// A key whose call was dropped before the processor acted, due now; its payment's id.
+async fn waiting_key(s: &Setup, pool: &PgPool) -> String {
+    s.set_faults(&FaultConfig { drop_rate: 1.0, ..FaultConfig::default() }).await;
+    assert_problem(s.pay("order-1", "automatic").await, 503, "processor_unavailable").await;
+    sqlx::query("UPDATE idempotency_keys SET next_attempt_at = now()").execute(pool).await.unwrap();
+    payment_row(pool).await.0
+}
+
+/// `charge.failed` for `payment_id`, as if the call under `downstream_key` was declined.
+fn declined(payment_id: &str, downstream_key: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"id": "evt_declined", "object": "event", "type": "charge.failed",
+        "created": unix_now(), "request": {"id": null, "idempotency_key": downstream_key},
+        "data": {"object": {"id": "ch_declined", "object": "charge", "amount": 500,
+            "currency": "usd", "captured": false, "paid": false, "status": "failed",
+            "amount_captured": 0, "amount_refunded": 0, "refunded": false,
+            "failure_code": "card_declined", "metadata": {"payment_id": payment_id}}}}))
+    .unwrap()
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_pushed_decline_is_adopted_as_the_answer_without_a_call(pool: PgPool) {
+    let s =
+        setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let payment_id = waiting_key(&s, &pool).await;
+    let event = declined(&payment_id, &format!("{payment_id}/charge"));
+    let answer = deliver(&s, &event, unix_now()).await;
+    assert_eq!(json(answer).await["outcome"], "recorded");
+    let requests = s.stats().await["requests"].clone();
+    assert_eq!(complete(&s.worker(s.client())).await.completed, 1);
+    let (_, status, charge) = payment_row(&pool).await;
+    assert_eq!((status.as_str(), charge.as_deref()), ("failed", Some("ch_declined")));
+    assert_eq!(s.stats().await["requests"], requests, "the decline came without a call");
+    let replay = s.pay("order-1", "automatic").await;
+    assert_problem(replay, 402, "card_declined").await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_pushed_decline_for_a_later_generation_of_the_key_is_referred_to_a_person(pool: PgPool) {
+    let s =
+        setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let payment_id = waiting_key(&s, &pool).await;
+    // As if a lookup that found nothing had moved the call to the key's second generation.
+    let second = "UPDATE idempotency_keys \
+                  SET planned_call = jsonb_set(planned_call, '{key}', to_jsonb((planned_call->>'key') || '/2'))";
+    sqlx::query(second).execute(&pool).await.unwrap();
+    let event = declined(&payment_id, &format!("{payment_id}/charge/2"));
+    let answer = deliver(&s, &event, unix_now()).await;
+    assert_eq!(json(answer).await["outcome"], "recorded");
+    let report = complete(&s.worker(s.client())).await;
+    assert_eq!((report.completed, report.flagged), (0, 1), "{report:?}");
+    assert_eq!(payment_row(&pool).await.1, "processing", "no decline was stored");
+    let flagged = "SELECT count(*) FROM idempotency_keys WHERE needs_human_at IS NOT NULL";
+    assert_eq!(count(&pool, flagged).await, 1);
 }
 
 /// The real client, whose charge call waits, mid-call, until the processor's webhook has been
