@@ -1,8 +1,9 @@
 //! Webhooks from the processor, end to end: the stand-in sends Stripe-style `charge.*` events,
 //! signed with `Stripe-Signature`, to the API's `POST /webhooks/processor`. A payment whose charge
 //! got no answer is finished from the event with no further processor call, whether the event
-//! lands before the completer comes or while a holder of the key is mid-call; duplicate and
-//! out-of-order deliveries change nothing; a bad signature, a replayed timestamp, an unknown
+//! lands before the completer comes or while a holder of the key is mid-call, and the event
+//! makes a key waiting out its back-off due at once; a pushed decline is the answer, unless it is
+//! for a later generation of the key; duplicate and out-of-order deliveries change nothing; a bad signature, a replayed timestamp, an unknown
 //! type or a body that is no event is a 400 and records nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
