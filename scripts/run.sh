@@ -46,7 +46,11 @@ export PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK=${PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK:-
 export PAYMENTS__INSPECTOR__ENABLED=${PAYMENTS__INSPECTOR__ENABLED:-true}
 export PAYMENTS__INSPECTOR__TOKEN=${PAYMENTS__INSPECTOR__TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 
-"$BIN/processor-sim" --port "$SIM_PORT" &
+# The stand-in's webhooks (charge.*) go to the API, signed with a fresh secret both sides share.
+export PAYMENTS__PROCESSOR__WEBHOOK_SECRET=${PAYMENTS__PROCESSOR__WEBHOOK_SECRET:-whsec_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
+
+SIM_WEBHOOK_SECRET=$PAYMENTS__PROCESSOR__WEBHOOK_SECRET \
+  "$BIN/processor-sim" --port "$SIM_PORT" --webhook-url "$BASE/webhooks/processor" &
 children+=($!)
 wait_for_port "$SIM_PORT"
 if [ -x "$BIN/payments-worker" ]; then

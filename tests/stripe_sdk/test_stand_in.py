@@ -12,10 +12,13 @@ one fresh stand-in and ends with `N passed, M failed`, exiting non-zero if any f
 """
 
 import argparse
+import http.server
 import json
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import urllib.request
@@ -198,6 +201,44 @@ def check_a_500_after_processing_is_replayed_and_not_retried_by_the_sdk():
     assert stats()["charges_created"] == created, "no second charge"
     found = stripe.Charge.search(query=f"metadata['payment_id']:'pay_{RUN}_6'")
     assert len(found.data) == 1, "the charge behind the 500 exists"
+
+
+def check_webhooks_verify_with_construct_event_and_carry_the_charge_and_its_key():
+    """The stand-in's webhooks, as `stripe.Webhook.construct_event` verifies them."""
+    secret = f"whsec_{RUN}"
+    received = queue.Queue()
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            payload = self.rfile.read(int(self.headers["Content-Length"]))
+            received.put((payload, self.headers["Stripe-Signature"]))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    sim_request("PUT", "/_sim/webhooks", {"url": url, "secret": secret})
+    try:
+        key = f"{RUN}-webhook"
+        charge = stripe.Charge.create(idempotency_key=key, **visa(f"pay_{RUN}_7"))
+        payload, header = received.get(timeout=10)
+        event = stripe.Webhook.construct_event(payload, header, secret)
+        assert event.type == "charge.succeeded", event.type
+        assert event.data.object.id == charge.id
+        assert event.request.idempotency_key == key
+        try:
+            stripe.Webhook.construct_event(payload, header, "whsec_not_the_secret")
+        except stripe.SignatureVerificationError:
+            pass
+        else:
+            raise AssertionError("a wrong secret verified")
+    finally:
+        sim_request("PUT", "/_sim/webhooks", None)
+        server.shutdown()
 
 
 def free_port():

@@ -191,7 +191,7 @@ async fn the_openapi_document_and_the_router_agree(pool: PgPool) {
     assert!(document["openapi"].as_str().unwrap().starts_with("3.1"));
     let paths = document["paths"].as_object().unwrap();
     let operations: usize = paths.values().map(|item| item.as_object().unwrap().len()).sum();
-    assert_eq!((paths.len(), operations), (16, 22), "{:?}", paths.keys());
+    assert_eq!((paths.len(), operations), (17, 23), "{:?}", paths.keys());
     for (template, item) in paths {
         let path = template
             .replace("{id}", if template.starts_with("/v1/refunds") { "re_x" } else { "pay_x" })

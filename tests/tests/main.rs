@@ -15,6 +15,7 @@ mod lists;
 mod operations;
 mod payments;
 mod processor_faults;
+mod processor_webhooks;
 mod proof;
 mod round_trips;
 mod webhooks;

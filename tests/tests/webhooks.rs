@@ -255,6 +255,53 @@ async fn endpoint_urls_are_held_to_the_address_rule(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = "../migrations")]
+async fn a_keyed_endpoint_creation_is_replayed_byte_for_byte_secret_included(pool: PgPool) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let (_, key) = app.create_account("acme").await;
+    let body = json!({"url": "https://hooks.example.com/a", "enabled_events": ["*"]});
+    let create = |idem: Option<&'static str>, body: Value| {
+        let (app, key) = (&app, key.clone());
+        async move { app.post("/v1/webhook_endpoints", &key, idem, &body).await }
+    };
+    let endpoints = || async {
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_endpoints")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+        count
+    };
+
+    // A refusal before the claim stores nothing for the key.
+    let refused = create(Some("we-1"), json!({"url": "http://10.0.0.8/", "enabled_events": ["*"]}));
+    assert_problem(refused.await, 400, "invalid_request").await;
+
+    let first = create(Some("we-1"), body.clone()).await;
+    assert_eq!(first.status(), 201);
+    let location = first.headers()["location"].clone();
+    let first = first.bytes().await.expect("a body");
+    let created: Value = serde_json::from_slice(&first).expect("JSON");
+    assert!(created["secret"].as_str().is_some_and(|s| s.starts_with("whsec_")), "{created}");
+
+    let again = create(Some("we-1"), body.clone()).await;
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["location"], location);
+    assert_eq!(again.bytes().await.expect("a body"), first, "the same answer, secret included");
+    assert_eq!(endpoints().await, 1, "one endpoint for the key");
+
+    let other = create(
+        Some("we-1"),
+        json!({"url": "https://hooks.example.com/b", "enabled_events": ["*"]}),
+    );
+    assert_problem(other.await, 422, "idempotency_key_reused").await;
+
+    // Without a key, each request registers one, as before.
+    assert_eq!(create(None, body.clone()).await.status(), 201);
+    assert_eq!(create(None, body).await.status(), 201);
+    assert_eq!(endpoints().await, 3);
+}
+
+#[sqlx::test(migrations = "../migrations")]
 async fn every_event_reaches_the_receiver_through_failures_and_is_applied_exactly_once(
     pool: PgPool,
 ) {

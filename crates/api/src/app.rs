@@ -289,7 +289,8 @@ fn router(state: AppState) -> Router {
                 .post(routes::webhook_endpoints::update)
                 .delete(routes::webhook_endpoints::delete),
         )
-        .route("/v1/webhook_endpoints/{id}/attempts", get(routes::webhook_endpoints::attempts));
+        .route("/v1/webhook_endpoints/{id}/attempts", get(routes::webhook_endpoints::attempts))
+        .route("/webhooks/processor", post(routes::processor_webhooks::receive));
     // The operator's page is not part of the API (nor of its OpenAPI document), and off by default.
     let routes =
         if state.settings.inspector.enabled { api.merge(crate::inspector::router()) } else { api };

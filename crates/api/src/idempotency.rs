@@ -175,25 +175,61 @@ impl<T> IdempotentPost<T> {
         params: &impl Serialize,
         operation: O,
     ) -> Result<Response, ApiError> {
+        let keyed = Keyed {
+            account: self.account(),
+            credential: self.caller.credential(),
+            key: &self.key,
+            meta: &self.meta,
+            body: &self.body,
+        };
+        let answer = keyed.run(state, name, params, operation).await;
+        if matches!(&answer, Err(err) if err.code() == ProblemCode::InvalidApiKey) {
+            self.caller.refused(state);
+        }
+        answer
+    }
+}
+
+/// A request with an `Idempotency-Key`, as the claim sees it: who sends it, the key, the request
+/// line and the body as sent. `IdempotentPost` is one; a handler whose key is optional makes one.
+#[derive(Debug)]
+pub struct Keyed<'a, T> {
+    /// The account the key is scoped to.
+    pub account: &'a AccountId,
+    /// The API key's digest, when the claim must check it (`Caller::credential`).
+    pub credential: Option<&'a [u8]>,
+    /// The key.
+    pub key: &'a IdempotencyKey,
+    /// The request line and headers.
+    pub meta: &'a RequestMeta,
+    /// The body.
+    pub body: &'a JsonBody<T>,
+}
+
+impl<T> Keyed<'_, T> {
+    /// Claims the key and runs `operation` (stored as `name` with `params` for the completer).
+    pub async fn run<O: Operation + 'static>(
+        &self,
+        state: &AppState,
+        name: &str,
+        params: &impl Serialize,
+        operation: O,
+    ) -> Result<Response, ApiError> {
         // The fingerprint is over the body as sent, not over the typed value with its defaults.
         let body: Value = serde_json::from_slice(&self.body.raw)
             .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
         let params = serde_json::to_value(params).map_err(|err| ApiError::internal(&err))?;
         let attempt = Attempt {
-            account_id: self.account().as_str(),
-            credential: self.caller.credential(),
-            key: &self.key,
-            meta: &self.meta,
+            account_id: self.account.as_str(),
+            credential: self.credential,
+            key: self.key,
+            meta: self.meta,
             media_type: self.body.media_type,
             body: &body,
             operation: name,
             params: &params,
         };
-        let answer = state.runner.run(attempt, operation).await;
-        if matches!(&answer, Err(err) if err.code() == ProblemCode::InvalidApiKey) {
-            self.caller.refused(state);
-        }
-        answer
+        state.runner.run(attempt, operation).await
     }
 }
 

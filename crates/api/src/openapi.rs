@@ -42,6 +42,9 @@ enum Key {
     Required,
     /// Validated if present, nothing stored (PATCH is idempotent by nature).
     Validated,
+    /// If present, the request is claimed and its answer stored and replayed; without one, each
+    /// request acts (a webhook endpoint's creation).
+    Optional,
     /// Not read.
     Ignored,
 }
@@ -85,6 +88,8 @@ enum Param {
     EndpointId,
     /// `type` of `GET /v1/events`.
     EventType,
+    /// `Stripe-Signature` of the processor's webhooks.
+    StripeSignature,
 }
 
 use ProblemCode as P;
@@ -290,11 +295,23 @@ pub const ENDPOINTS: &[Endpoint] = &[
         summary: "Register a webhook endpoint; the answer carries its signing secret, once",
         tag: "webhooks",
         authenticated: true,
-        key: Key::Ignored,
+        key: Key::Optional,
         body: Some(("CreateWebhookEndpointRequest", "application/json", true)),
         params: &[],
-        success: (201, "application/json", Some("WebhookEndpoint"), &["Location"]),
-        problems: &[P::InvalidRequest, P::PayloadTooLarge, P::UnsupportedMediaType],
+        success: (
+            201,
+            "application/json",
+            Some("WebhookEndpoint"),
+            &["Location", "Idempotent-Replayed"],
+        ),
+        problems: &[
+            P::IdempotencyKeyInvalid,
+            P::IdempotencyKeyInUse,
+            P::IdempotencyKeyReused,
+            P::InvalidRequest,
+            P::PayloadTooLarge,
+            P::UnsupportedMediaType,
+        ],
     },
     Endpoint {
         method: "get",
@@ -365,6 +382,26 @@ pub const ENDPOINTS: &[Endpoint] = &[
         params: &[Param::EndpointId],
         success: (200, "application/json", None, &[]),
         problems: &[P::ResourceMissing],
+    },
+    Endpoint {
+        method: "post",
+        path: "/webhooks/processor",
+        id: "receiveProcessorWebhook",
+        summary: "The card processor's webhooks (charge.succeeded, charge.failed, charge.captured, \
+                  charge.refunded), signed with Stripe-Signature; recorded once per event id",
+        tag: "webhooks",
+        authenticated: false,
+        key: Key::Ignored,
+        body: Some(("ProcessorEvent", "application/json", true)),
+        params: &[Param::StripeSignature],
+        success: (200, "application/json", Some("ProcessorWebhookReceipt"), &[]),
+        problems: &[
+            P::InvalidRequest,
+            P::ResourceMissing,
+            P::PayloadTooLarge,
+            P::InternalError,
+            P::ServiceUnavailable,
+        ],
     },
     Endpoint {
         method: "get",
@@ -476,6 +513,8 @@ pub fn document(settings: &Settings, public_base_url: &str) -> OpenApi {
         .schema_from::<crate::routes::webhook_endpoints::UpdateWebhookEndpointRequest>()
         .schema("EventList", list("Event", "/v1/events"))
         .schema("WebhookEndpointList", list("WebhookEndpoint", "/v1/webhook_endpoints"))
+        .schema_from::<crate::routes::processor_webhooks::ProcessorWebhookReceipt>()
+        .schema("ProcessorEvent", processor_event())
         .schema("Problem", problem())
         .security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)))
         .security_scheme("basic", SecurityScheme::Http(Http::new(HttpAuthScheme::Basic)))
@@ -658,7 +697,13 @@ fn idempotency_key(key: Key, retention_hours: u32) -> utoipa::openapi::path::Par
              replays the stored answer; with another request it is `422`. Kept at least \
              {retention_hours} hours after the answer."
         ),
-        _ => format!(
+        Key::Optional => format!(
+            "Optional. When sent, the creation is claimed, and its answer stored and replayed \
+             byte for byte, the signing secret included: a retry after a lost answer gets the \
+             endpoint it made, not a second one. The same key with another body is `422`; kept \
+             at least {retention_hours} hours. Without it each request registers an endpoint."
+        ),
+        Key::Validated | Key::Ignored => format!(
             "Optional. When sent, the request is claimed, stored and replayed exactly like a POST \
              (the same key with another body or media type is `422`), so that a retry after \
              someone else's change does not undo it; kept at least {retention_hours} hours. \
@@ -756,6 +801,19 @@ fn parameters(param: Param) -> Vec<utoipa::openapi::path::Parameter> {
                 "The page before this object id (newer objects); not with `starting_after`.",
             ),
         ],
+        Param::StripeSignature => vec![
+            ParameterBuilder::new()
+                .name("Stripe-Signature")
+                .parameter_in(ParameterIn::Header)
+                .required(Required::True)
+                .description(Some(
+                    "`t=<unix seconds>,v1=<hex HMAC-SHA256(secret, \"<t>.<body>\")>` with the \
+                     endpoint's secret (`processor.webhook_secret`); a timestamp further than \
+                     `processor.webhook_tolerance_s` from now is refused as a replay.",
+                ))
+                .schema(Some(string()))
+                .build(),
+        ],
         Param::IfMatch => vec![
             ParameterBuilder::new()
                 .name("If-Match")
@@ -768,6 +826,50 @@ fn parameters(param: Param) -> Vec<utoipa::openapi::path::Parameter> {
                 .build(),
         ],
     }
+}
+
+/// A Stripe event about a charge, as the processor sends it (members beyond these are ignored).
+fn processor_event() -> Schema {
+    let kinds = payments_domain::processor_events::ChargeEventType::ALL
+        .map(payments_domain::processor_events::ChargeEventType::as_str);
+    Schema::Object(
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property("id", ObjectBuilder::new().schema_type(Type::String).pattern(Some("^evt_")))
+            .property(
+                "object",
+                ObjectBuilder::new().schema_type(Type::String).enum_values(Some(["event"])),
+            )
+            .property(
+                "type",
+                ObjectBuilder::new().schema_type(Type::String).enum_values(Some(kinds)),
+            )
+            .property("created", ObjectBuilder::new().schema_type(Type::Integer))
+            .property(
+                "data",
+                ObjectBuilder::new()
+                    .schema_type(Type::Object)
+                    .property("object", ObjectBuilder::new().schema_type(Type::Object))
+                    .required("object"),
+            )
+            .property(
+                "request",
+                ObjectBuilder::new()
+                    .schema_type(Type::Object)
+                    .property("idempotency_key", ObjectBuilder::new().schema_type(Type::String)),
+            )
+            .required("id")
+            .required("object")
+            .required("type")
+            .required("created")
+            .required("data")
+            .description(Some(
+                "`data.object` is the charge right after the change (`id`, `amount`, `currency`, \
+                 `captured`, `paid`, `status`, `amount_captured`, `amount_refunded`, `refunded`, \
+                 `metadata`); `request.idempotency_key` the key of the request that made it.",
+            ))
+            .build(),
+    )
 }
 
 fn string() -> Schema {

@@ -12,6 +12,7 @@ pub mod money;
 pub mod operations;
 pub mod payments;
 pub mod problems;
+pub mod processor_events;
 pub mod receipts;
 pub mod refunds;
 pub mod updates;

@@ -21,6 +21,10 @@
 //! our id, adopts what it finds, moves to the key's next generation when a trustworthy lookup
 //! finds nothing, and flags the key for a person otherwise. Never a guess, never a stored answer
 //! built from such a reply.
+//!
+//! The processor also pushes what it did (its webhooks, [`crate::processor_events`]): a resumed
+//! charge, or one whose call got no answer, first asks whether an event reported the charge its
+//! downstream key made, and adopts it in its own fenced phase without calling or searching.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -44,6 +48,7 @@ use crate::events::{self, EventType};
 use crate::ids::new_id;
 use crate::payments::{self, CaptureMethod, Changes, CreatePaymentRequest, Payment, PaymentStatus};
 use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
+use crate::processor_events;
 use crate::refunds::{self, CreateRefundRequest, NewRefund, Refund};
 
 /// The stored names of the operations.
@@ -373,6 +378,21 @@ fn refused_at_a_later_generation<T>(
     }
 }
 
+/// A charge call's outcome: what the processor answered, or what its webhook told us before we
+/// called.
+enum ChargeOutcome {
+    /// Told by the webhook: no call was made.
+    Pushed(Charge),
+    /// The call's answer.
+    Called(Result<Charge, ProcessorError>),
+}
+use ChargeOutcome::{Called, Pushed};
+
+/// The audit detail of a charge adopted from the processor's webhook.
+fn adopted_pushed(charge_id: &str, key: &DownstreamKey) -> Value {
+    json!({"outcome": "adopted", "cause": "webhook", "found": charge_id, "downstream_key": key.as_str()})
+}
+
 /// The audit detail of an adopted object.
 fn adopted(cause: &ProcessorError, object: &str, key: &DownstreamKey) -> Value {
     json!({"outcome": "adopted", "cause": cause_name(cause), "found": object, "downstream_key": key.as_str()})
@@ -433,13 +453,56 @@ fn charge_request(payment: &Payment, metadata: &BTreeMap<String, String>) -> Fro
 }
 
 impl<P: CardProcessor> CreatePayment<P> {
-    /// The processor cannot tell us what the charge request did: look for the payment's charge.
+    /// The charge the processor's webhook says the call under `key` made, if one did
+    /// (`processor_events`). A charge that is not this payment's is for a person, and so is a
+    /// decline of a later generation, as when the call itself answers one
+    /// ([`refused_at_a_later_generation`]).
+    async fn pushed_charge(
+        &self,
+        payment: &Payment,
+        key: &DownstreamKey,
+    ) -> Result<Option<Charge>, Interrupted> {
+        let found = processor_events::charge_for_key(&self.ctx.pool, key.as_str())
+            .await
+            .map_err(internal)?;
+        match found {
+            Some(charge)
+                if charge.metadata.get("payment_id") != Some(&payment.id)
+                    || charge.amount != payment.amount
+                    || charge.currency != payment.currency =>
+            {
+                Err(Interrupted::NeedsHuman {
+                    reason: format!(
+                        "the processor reported {} ({} {}) under {key}, which does not match {}",
+                        charge.id, charge.amount, charge.currency, payment.id
+                    ),
+                })
+            }
+            Some(charge) if !charge.paid && key.generation_number() > 1 => {
+                Err(Interrupted::NeedsHuman {
+                    reason: format!(
+                        "{key} was declined ({}, reported by the processor's webhook); what an \
+                         earlier generation of the key did is not known for sure",
+                        charge.id
+                    ),
+                })
+            }
+            found => Ok(found),
+        }
+    }
+
+    /// The processor cannot tell us what the charge request did: what its webhook told us, or
+    /// else look for the payment's charge.
     async fn reconcile(
         &self,
         lease: &mut Lease,
         payment: &Payment,
+        key: &DownstreamKey,
         why: &ProcessorError,
     ) -> Result<Reconciled<Charge>, Interrupted> {
+        if let Some(charge) = self.pushed_charge(payment, key).await? {
+            return Ok(Reconciled::Adopt(charge));
+        }
         lease.renew().await?;
         let found = self
             .ctx
@@ -527,12 +590,43 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                 let metadata = &self.ctx.charge_metadata;
                 let request =
                     planned_call(lease, at, || charge_request(&payment, metadata)).await?;
-                idem::failpoint(|| format!("{CREATE_PAYMENT}.before_call")).await;
-                let outcome = self.ctx.processor.create_charge(&request).await;
-                idem::failpoint(|| format!("{CREATE_PAYMENT}.after_call")).await;
+                // A key's first run made no call under it before: nothing can have been pushed.
+                let pushed = match lease.attempts() {
+                    1 => None,
+                    _ => self.pushed_charge(&payment, &request.key).await?,
+                };
+                let outcome = match pushed {
+                    Some(charge) => Pushed(charge),
+                    None => {
+                        idem::failpoint(|| format!("{CREATE_PAYMENT}.before_call")).await;
+                        let outcome = self.ctx.processor.create_charge(&request).await;
+                        idem::failpoint(|| format!("{CREATE_PAYMENT}.after_call")).await;
+                        Called(outcome)
+                    }
+                };
                 let (outcome, reconciled) = match outcome {
-                    Err(err) if err.class() == ErrorClass::Reconcile => {
-                        match self.reconcile(lease, &payment, &err).await? {
+                    Pushed(charge) => {
+                        let detail = adopted_pushed(&charge.id, &request.key);
+                        (Ok(charge), Some(detail))
+                    }
+                    // No answer: the processor's webhook may have told us meanwhile (it landed
+                    // while this lease was mid-call).
+                    Called(Err(err))
+                        if matches!(
+                            err.class(),
+                            ErrorClass::Transient | ErrorClass::UnknownOutcome
+                        ) =>
+                    {
+                        match self.pushed_charge(&payment, &request.key).await? {
+                            Some(charge) => {
+                                let detail = adopted_pushed(&charge.id, &request.key);
+                                (Ok(charge), Some(detail))
+                            }
+                            None => (Err(err), None),
+                        }
+                    }
+                    Called(Err(err)) if err.class() == ErrorClass::Reconcile => {
+                        match self.reconcile(lease, &payment, &request.key, &err).await? {
                             Reconciled::Adopt(charge) => {
                                 let detail = adopted(&err, &charge.id, &request.key);
                                 (Ok(charge), Some(detail))
@@ -550,7 +644,7 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                             }
                         }
                     }
-                    other => (refused_at_a_later_generation(&request, other)?, None),
+                    Called(other) => (refused_at_a_later_generation(&request, other)?, None),
                 };
                 if reconciled.is_some() {
                     count_reconciliation("charge", "adopted");
@@ -1445,6 +1539,14 @@ pub async fn resume<P: CardProcessor>(
                 let update =
                     crate::updates::UpdatePayment::new(ctx.public_base_url.clone(), params);
                 return idem::drive(&update, lease).await;
+            }
+            Err(reason) => reason,
+        },
+        crate::webhooks::CREATE_ENDPOINT => match params(&lease) {
+            Ok(params) => {
+                let create =
+                    crate::webhooks::CreateEndpoint::new(ctx.public_base_url.clone(), params);
+                return idem::drive(&create, lease).await;
             }
             Err(reason) => reason,
         },

@@ -489,6 +489,18 @@ pub async fn find_by_key(
     row.map(Payment::try_from).transpose()
 }
 
+/// Whether payment `id` exists (of any account), and the idempotency key that creates it (`None`
+/// for one created without). For news from the processor, which knows our ids, not our accounts.
+pub async fn creation_key(
+    executor: impl PgExecutor<'_>,
+    id: &str,
+) -> Result<Option<Option<i64>>, DomainError> {
+    let row = sqlx::query!("SELECT idempotency_key_id FROM payments WHERE id = $1", id)
+        .fetch_optional(executor)
+        .await?;
+    Ok(row.map(|r| r.idempotency_key_id))
+}
+
 /// A payment of the account, locked until the transaction ends.
 pub async fn lock(
     conn: &mut PgConnection,

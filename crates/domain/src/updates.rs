@@ -173,7 +173,12 @@ impl UpdatePayment {
     }
 }
 
-fn problem_answer(problem: &Problem, request_id: &str, public_base_url: &str) -> StoredResponse {
+/// A problem as a stored answer.
+pub(crate) fn problem_answer(
+    problem: &Problem,
+    request_id: &str,
+    public_base_url: &str,
+) -> StoredResponse {
     StoredResponse {
         status: problem.code.status(),
         headers: vec![("content-type".into(), PROBLEM_JSON.into())],

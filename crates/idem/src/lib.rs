@@ -132,4 +132,4 @@ pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError};
 pub use observe::{Event, NoObserver, Observer};
 pub use response::StoredResponse;
-pub use store::{StuckKey, stuck_keys};
+pub use store::{StuckKey, stuck_keys, wake};

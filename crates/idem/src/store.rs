@@ -371,6 +371,26 @@ pub(crate) async fn release(
     Ok(released == 1)
 }
 
+/// Makes an unfinished key due for the completer now, because news arrived that lets it finish
+/// (a webhook from the processor): `next_attempt_at` moves to now. Nothing else changes: a lease
+/// held now is left alone (its holder finishes or releases, and the release sets the next attempt
+/// itself); a finished key or one waiting for a person is not touched. True if the key was
+/// unfinished and moved.
+pub async fn wake(executor: impl PgExecutor<'_>, key_id: i64) -> Result<bool, sqlx::Error> {
+    let woken = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys SET next_attempt_at = now()
+         WHERE id = $1 AND completed_at IS NULL AND needs_human_at IS NULL
+           AND next_attempt_at > now()
+        "#,
+        key_id,
+    )
+    .execute(executor)
+    .await?
+    .rows_affected();
+    Ok(woken == 1)
+}
+
 fn present<T>(column: Option<T>) -> Result<T, IdemError> {
     column.ok_or(IdemError::Corrupt("a claimed key row with a NULL column"))
 }

@@ -7,12 +7,14 @@
 //!   ([`FrozenRequest`]).
 //! - [`keys`]: the downstream idempotency keys, derived from our own record ids.
 //! - [`sim`]: the stand-in processor (`processor-sim`), with real in-memory state, Stripe's
-//!   idempotency semantics and seeded fault injection.
+//!   idempotency semantics and seeded fault injection, which sends Stripe-style webhooks.
+//! - [`signature`]: Stripe's webhook signature scheme, to sign and to verify.
 //!
 //! This crate knows nothing of SQL or of payments' state machine.
 
 pub mod client;
 pub mod keys;
+pub mod signature;
 pub mod sim;
 pub mod types;
 

@@ -195,6 +195,12 @@ pub struct ProcessorSettings {
     /// Frozen with each charge request: changing them never changes a request in flight.
     #[serde(default)]
     pub charge_metadata: BTreeMap<String, String>,
+    /// The signing secret (`whsec_…`) of the processor's webhooks to `POST /webhooks/processor`;
+    /// empty turns that endpoint off (it answers 404). Never printed.
+    pub webhook_secret: SecretString,
+    /// How far a webhook's signed timestamp may be from now, in seconds; an older one is a
+    /// replay and is refused.
+    pub webhook_tolerance_s: u64,
 }
 
 impl std::fmt::Debug for ProcessorSettings {

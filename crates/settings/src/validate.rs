@@ -90,6 +90,20 @@ impl Settings {
                     .into(),
             ));
         }
+        let webhook_secret = self.processor.webhook_secret.expose_secret();
+        let looks_like_a_secret =
+            webhook_secret.starts_with("whsec_") && webhook_secret.len() >= 12;
+        if !(webhook_secret.is_empty() || looks_like_a_secret) {
+            return Err(invalid(
+                "processor.webhook_secret",
+                "must be the processor's endpoint secret, `whsec_…`, or empty to turn inbound \
+                 webhooks off"
+                    .into(),
+            ));
+        }
+        if self.processor.webhook_tolerance_s == 0 || self.processor.webhook_tolerance_s > 3600 {
+            return Err(invalid("processor.webhook_tolerance_s", "must be from 1 to 3600".into()));
+        }
         if self.worker.batch_size == 0 || self.worker.batch_size > 10_000 {
             return Err(invalid("worker.batch_size", "must be from 1 to 10000".into()));
         }

@@ -342,7 +342,8 @@ fn describe(detail: &Value) -> Markup {
     }
 }
 
-/// The stored body, pretty-printed, with payment methods masked.
+/// The stored body, pretty-printed, with payment methods masked and a webhook endpoint's signing
+/// secret (stored with a keyed creation's answer) hidden.
 fn masked_body(body: &[u8]) -> String {
     let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
         return String::from_utf8_lossy(body).into_owned();
@@ -351,6 +352,11 @@ fn masked_body(body: &[u8]) -> String {
         && let Some(token) = method.as_str()
     {
         *method = Value::String(mask(token));
+    }
+    if let Some(secret) = value.get_mut("secret")
+        && secret.is_string()
+    {
+        *secret = Value::String("whsec_… (hidden)".to_owned());
     }
     serde_json::to_string_pretty(&value).unwrap_or_default()
 }
@@ -384,6 +390,8 @@ mod tests {
         assert_eq!(mask("short"), "short");
         let body = masked_body(br#"{"id":"pay_1","payment_method":"pm_card_visa"}"#);
         assert!(body.contains("pm_card_…") && !body.contains("visa"), "{body}");
+        let body = masked_body(br#"{"id":"we_1","secret":"whsec_abcdef123456"}"#);
+        assert!(body.contains("we_1") && !body.contains("abcdef123456"), "{body}");
     }
 
     #[test]

@@ -4,5 +4,6 @@ pub mod events;
 pub mod health;
 pub mod payments;
 pub mod problems;
+pub mod processor_webhooks;
 pub mod refunds;
 pub mod webhook_endpoints;

@@ -22,7 +22,7 @@ use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiPath, ApiQuery, JsonBody};
-use crate::idempotency::{Attempt, IdempotentPost, OptionalKey, RequestMeta, stored_response};
+use crate::idempotency::{IdempotentPost, Keyed, OptionalKey, RequestMeta, stored_response};
 
 /// The largest page a list returns.
 pub const LIST_LIMIT_MAX: u32 = 100;
@@ -247,25 +247,10 @@ pub async fn update(
         .ok_or_else(|| no_such_payment(&id))?;
     let patch: serde_json::Value = serde_json::from_slice(&body.raw)
         .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
-    let params = UpdateParams {
-        account_id: account.to_string(),
-        payment_id: id,
-        patch: patch.clone(),
-        if_match,
-    };
-    let stored_params = serde_json::to_value(&params).map_err(|err| ApiError::internal(&err))?;
-    let attempt = Attempt {
-        account_id: account.as_str(),
-        credential: None,
-        key: &key,
-        meta: &meta,
-        media_type: body.media_type,
-        body: &patch,
-        operation: updates::UPDATE_PAYMENT,
-        params: &stored_params,
-    };
-    let operation = UpdatePayment::new(state.operations.public_base_url.clone(), params);
-    state.runner.run(attempt, operation).await
+    let params = UpdateParams { account_id: account.to_string(), payment_id: id, patch, if_match };
+    let operation = UpdatePayment::new(state.operations.public_base_url.clone(), params.clone());
+    let keyed = Keyed { account: &account, credential: None, key: &key, meta: &meta, body: &body };
+    keyed.run(&state, updates::UPDATE_PAYMENT, &params, operation).await
 }
 
 /// `POST /v1/payments/{id}/capture`

@@ -7,10 +7,11 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use payments_domain::ids;
-use payments_domain::webhooks::{self, AddressRule, EndpointStatus};
+use payments_domain::webhooks::{
+    self, AddressRule, CreateEndpoint, CreateEndpointParams, EndpointStatus,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -18,6 +19,7 @@ use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiPath, JsonBody};
+use crate::idempotency::{Keyed, OptionalKey, RequestMeta, stored_response};
 
 /// The most attempts the delivery log shows.
 const LOG_LIMIT: i64 = 100;
@@ -70,23 +72,34 @@ fn rule(state: &AppState) -> AddressRule {
     AddressRule { allow_loopback: state.settings.webhooks.allow_loopback }
 }
 
-/// `POST /v1/webhook_endpoints`
+/// `POST /v1/webhook_endpoints`. With an `Idempotency-Key`, the creation runs as a one-phase
+/// operation and its answer (the secret included) is stored and replayed byte for byte, so a
+/// retry after a lost answer finds the endpoint it made; without one, each request registers an
+/// endpoint.
 pub async fn create(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
+    meta: RequestMeta,
+    OptionalKey(key): OptionalKey,
     body: JsonBody<CreateWebhookEndpointRequest>,
 ) -> Result<Response, ApiError> {
+    // Refusals before the claim store nothing for the key.
     let url = rule(&state).check_url(&body.value.url)?;
     let enabled = webhooks::parse_enabled_events(&body.value.enabled_events)?;
-    let mut conn = state.pool.acquire().await?;
-    let endpoint = webhooks::create(&mut conn, account.as_str(), &url, enabled.as_deref()).await?;
-    let location = format!("/v1/webhook_endpoints/{}", endpoint.id);
-    Ok((
-        StatusCode::CREATED,
-        [(axum::http::header::LOCATION, location)],
-        Json(endpoint.to_value(true)),
-    )
-        .into_response())
+    let Some(key) = key else {
+        let mut conn = state.pool.acquire().await?;
+        let endpoint =
+            webhooks::create(&mut conn, account.as_str(), &url, enabled.as_deref()).await?;
+        return Ok(stored_response(webhooks::created_answer(&endpoint), false));
+    };
+    let params = CreateEndpointParams {
+        account_id: account.to_string(),
+        url: url.to_string(),
+        enabled_events: body.value.enabled_events.clone(),
+    };
+    let operation = CreateEndpoint::new(state.operations.public_base_url.clone(), params.clone());
+    let keyed = Keyed { account: &account, credential: None, key: &key, meta: &meta, body: &body };
+    keyed.run(&state, webhooks::CREATE_ENDPOINT, &params, operation).await
 }
 
 /// `GET /v1/webhook_endpoints`

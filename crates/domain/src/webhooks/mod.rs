@@ -8,14 +8,16 @@
 
 use std::net::IpAddr;
 
-use hmac::{Hmac, Mac};
+use idem::{Interrupted, Lease, Operation, PhaseError, Step, StoredResponse, boxed};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use sha2::Sha256;
 use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
 use crate::events::{Event, EventType};
 use crate::ids;
+use crate::problems::{Problem, ProblemCode};
+use crate::updates::{UpdatePoint, problem_answer};
 
 mod log;
 
@@ -31,17 +33,10 @@ pub const MAX_ENDPOINTS_PER_ACCOUNT: i64 = 16;
 /// The longest URL accepted.
 pub const URL_MAX_CHARS: usize = 2048;
 
-/// `t=<unix>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`.
+/// `t=<unix>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`: Stripe's scheme, which the processor's
+/// own webhooks use too ([`provider::signature`]).
 pub fn signature_header(secret: &str, unix_seconds: i64, body: &[u8]) -> String {
-    // HMAC takes a key of any length; this cannot fail.
-    let mut mac = match Hmac::<Sha256>::new_from_slice(secret.as_bytes()) {
-        Ok(mac) => mac,
-        Err(_) => unreachable!("HMAC accepts keys of any length"),
-    };
-    mac.update(unix_seconds.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    format!("t={unix_seconds},v1={}", hex::encode(mac.finalize().into_bytes()))
+    provider::signature::sign(secret, unix_seconds, body)
 }
 
 /// Which destination addresses a delivery may reach.
@@ -290,6 +285,81 @@ pub async fn create(
         ),
     })?;
     row.try_into()
+}
+
+/// The stored name of a keyed endpoint creation, for the completer.
+pub const CREATE_ENDPOINT: &str = "webhook_endpoints.create";
+
+/// The stored input of a keyed `POST /v1/webhook_endpoints`, checked before the claim.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateEndpointParams {
+    /// The account.
+    pub account_id: String,
+    /// The URL, as [`AddressRule::check_url`] accepted it.
+    pub url: String,
+    /// `enabled_events` as sent.
+    pub enabled_events: Vec<String>,
+}
+
+/// `POST /v1/webhook_endpoints` with an `Idempotency-Key`: one phase registers the endpoint and
+/// stores the answer, so that a retry after a lost answer gets the same endpoint and its secret,
+/// byte for byte, instead of registering a second one. The stored answer holds the secret, as the
+/// endpoint's row does (the worker signs with it, so neither can be a digest); it lives as long
+/// as the key (`idempotency.retention_hours`), and the inspector never shows it.
+#[derive(Debug)]
+pub struct CreateEndpoint {
+    public_base_url: std::sync::Arc<str>,
+    params: CreateEndpointParams,
+}
+
+impl CreateEndpoint {
+    /// The operation for input checked before the claim.
+    pub fn new(public_base_url: std::sync::Arc<str>, params: CreateEndpointParams) -> Self {
+        Self { public_base_url, params }
+    }
+}
+
+/// The answer to a creation: `201`, the endpoint with its secret, and its `Location`.
+pub fn created_answer(endpoint: &Endpoint) -> StoredResponse {
+    let body = serde_json::to_vec(&endpoint.to_value(true)).unwrap_or_default();
+    StoredResponse::json(201, body)
+        .with_header("location", format!("/v1/webhook_endpoints/{}", endpoint.id))
+}
+
+impl Operation for CreateEndpoint {
+    type Point = UpdatePoint;
+
+    async fn step(&self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
+        let UpdatePoint::Started = at;
+        let unreadable = |what: &str| Interrupted::NeedsHuman {
+            reason: format!("the stored {what} of an endpoint creation does not parse"),
+        };
+        let url = url::Url::parse(&self.params.url).map_err(|_| unreadable("url"))?;
+        let enabled = parse_enabled_events(&self.params.enabled_events)
+            .map_err(|_| unreadable("enabled_events"))?;
+        let request_id = lease.request_id().to_owned();
+        lease
+            .phase(|tx| {
+                let (account_id, url, enabled) =
+                    (self.params.account_id.clone(), url.clone(), enabled.clone());
+                let (request_id, base) = (request_id.clone(), self.public_base_url.clone());
+                boxed(async move {
+                    let answer = match create(tx, &account_id, &url, enabled.as_deref()).await {
+                        Ok(endpoint) => created_answer(&endpoint),
+                        // The account's bound: this key's answer.
+                        Err(DomainError::Invalid { param, message }) => problem_answer(
+                            &Problem::new(ProblemCode::InvalidRequest, message).with_param(param),
+                            &request_id,
+                            &base,
+                        ),
+                        Err(err) => return Err(PhaseError::from(err)),
+                    };
+                    Ok::<_, PhaseError<DomainError>>(Step::<UpdatePoint>::Finish(answer))
+                })
+            })
+            .await?;
+        Ok(())
+    }
 }
 
 /// The account's endpoint of this id, unless deleted.

@@ -3,7 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use provider::sim::{DEFAULT_KEY_TTL_S, DEFAULT_PORT, FaultConfig, Idempotency, Simulator};
+use provider::sim::{
+    DEFAULT_KEY_TTL_S, DEFAULT_PORT, FaultConfig, Idempotency, Simulator, WebhookTarget,
+};
 
 /// A stand-in card processor speaking a subset of Stripe's Charges and Refunds API (create,
 /// capture, refund, retrieve, list, search by metadata), with Stripe's idempotency semantics,
@@ -15,6 +17,10 @@ use provider::sim::{DEFAULT_KEY_TTL_S, DEFAULT_PORT, FaultConfig, Idempotency, S
 /// executing (no API key, a malformed body or parameter, an injected 429 or plain 500, a drop)
 /// keeps nothing; the same key with other parameters is `400 idempotency_error`; a key is
 /// forgotten after `--key-ttl-s`. `--idempotency lenient` keeps only 2xx and 402.
+///
+/// With --webhook-url and --webhook-secret (or `PUT /_sim/webhooks` at run time) it sends a
+/// Stripe-style event, signed with `Stripe-Signature`, for every change of a charge, at least
+/// once (retried with back-off), with seeded faults of its own (delay, duplicates, out of order).
 ///
 /// Faults and these settings can be changed at run time with `PUT /_sim/faults` (a JSON document
 /// of the same names); counters are at `GET /_sim/stats`. All state lives in memory: a restart
@@ -64,6 +70,25 @@ struct Args {
     /// trail writes by up to about a minute).
     #[arg(long, env = "SIM_SEARCH_LAG_MS", default_value_t = 0)]
     search_lag_ms: u64,
+    /// Where to send Stripe-style webhooks (charge.succeeded, charge.failed, charge.captured,
+    /// charge.refunded), e.g. http://127.0.0.1:8080/webhooks/processor; none are sent without it.
+    #[arg(long, env = "SIM_WEBHOOK_URL", requires = "webhook_secret")]
+    webhook_url: Option<String>,
+    /// The endpoint's signing secret (whsec_…) for the Stripe-Signature header.
+    #[arg(long, env = "SIM_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
+    /// Milliseconds before the first attempt to deliver each webhook.
+    #[arg(long, env = "SIM_WEBHOOK_DELAY_MS", default_value_t = 0)]
+    webhook_delay_ms: u64,
+    /// Share of webhooks delivered twice.
+    #[arg(long, env = "SIM_WEBHOOK_DUPLICATE_RATE", default_value_t = 0.0)]
+    webhook_duplicate_rate: f64,
+    /// Share of webhooks held back until the next one has been sent (out of order).
+    #[arg(long, env = "SIM_WEBHOOK_REORDER_RATE", default_value_t = 0.0)]
+    webhook_reorder_rate: f64,
+    /// Milliseconds before a failed webhook attempt is tried again; doubles per attempt.
+    #[arg(long, env = "SIM_WEBHOOK_RETRY_BASE_MS", default_value_t = 500)]
+    webhook_retry_base_ms: u64,
 }
 
 #[tokio::main]
@@ -88,6 +113,10 @@ async fn main() -> ExitCode {
         idempotency: args.idempotency,
         key_ttl_s: args.key_ttl_s,
         search_lag_ms: args.search_lag_ms,
+        webhook_delay_ms: args.webhook_delay_ms,
+        webhook_duplicate_rate: args.webhook_duplicate_rate,
+        webhook_reorder_rate: args.webhook_reorder_rate,
+        webhook_retry_base_ms: args.webhook_retry_base_ms,
     };
     let address = format!("{}:{}", args.host, args.port);
     let simulator = match Simulator::build(&address, faults).await {
@@ -97,6 +126,14 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let target = match (args.webhook_url, args.webhook_secret) {
+        (Some(url), Some(secret)) => Some(WebhookTarget { url, secret }),
+        _ => None,
+    };
+    if let Err(message) = simulator.set_webhook_target(target) {
+        eprintln!("processor-sim: --webhook-url/--webhook-secret: {message}");
+        return ExitCode::FAILURE;
+    }
     tracing::info!(port = simulator.port(), "processor-sim listening (state is in memory only)");
     let stop = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -1,6 +1,7 @@
 //! The stand-in's settings document (`PUT/GET /_sim/faults`): seeded fault injection, where the
 //! same seed and the same sequence of requests give the same faults, and the fidelity settings
-//! (idempotency rule, key lifetime, search lag).
+//! (idempotency rule, key lifetime, search lag), and the faults of the webhooks it sends (delay,
+//! duplicates, out of order).
 
 use std::fmt;
 use std::time::Duration;
@@ -8,6 +9,8 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
+
+use super::webhooks::DeliveryPlan;
 
 /// How faithfully the stand-in keeps results against idempotency keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
@@ -66,6 +69,14 @@ pub struct FaultConfig {
     /// Milliseconds a new charge stays invisible to `GET /v1/charges/search` (Stripe's search
     /// can trail writes by up to about a minute).
     pub search_lag_ms: u64,
+    /// Milliseconds before the first attempt to deliver each webhook event.
+    pub webhook_delay_ms: u64,
+    /// Share of webhook events delivered twice.
+    pub webhook_duplicate_rate: f64,
+    /// Share of webhook events held back until the next event has been sent (out of order).
+    pub webhook_reorder_rate: f64,
+    /// Milliseconds before a failed webhook attempt is tried again; doubles per attempt.
+    pub webhook_retry_base_ms: u64,
 }
 
 /// Stripe's key lifetime: 24 hours.
@@ -88,6 +99,10 @@ impl Default for FaultConfig {
             idempotency: Idempotency::Stripe,
             key_ttl_s: DEFAULT_KEY_TTL_S,
             search_lag_ms: 0,
+            webhook_delay_ms: 0,
+            webhook_duplicate_rate: 0.0,
+            webhook_reorder_rate: 0.0,
+            webhook_retry_base_ms: 500,
         }
     }
 }
@@ -101,6 +116,8 @@ impl FaultConfig {
             ("lost_response_rate", self.lost_response_rate),
             ("drop_rate", self.drop_rate),
             ("error_after_processing_rate", self.error_after_processing_rate),
+            ("webhook_duplicate_rate", self.webhook_duplicate_rate),
+            ("webhook_reorder_rate", self.webhook_reorder_rate),
         ] {
             if !(0.0..=1.0).contains(&rate) {
                 return Err(format!("{name} must be between 0 and 1"));
@@ -110,6 +127,20 @@ impl FaultConfig {
         if longest > super::MAX_LATENCY {
             return Err(format!(
                 "latency_ms + jitter_ms must be at most {} ms",
+                super::MAX_LATENCY.as_millis()
+            ));
+        }
+        if Duration::from_millis(self.webhook_delay_ms) > super::MAX_LATENCY {
+            return Err(format!(
+                "webhook_delay_ms must be at most {} ms",
+                super::MAX_LATENCY.as_millis()
+            ));
+        }
+        if self.webhook_retry_base_ms == 0
+            || Duration::from_millis(self.webhook_retry_base_ms) > super::MAX_LATENCY
+        {
+            return Err(format!(
+                "webhook_retry_base_ms must be from 1 to {} ms",
                 super::MAX_LATENCY.as_millis()
             ));
         }
@@ -148,12 +179,30 @@ pub(super) struct ErrorAfterProcessing;
 pub(super) struct Injector {
     config: FaultConfig,
     rng: StdRng,
+    /// The webhooks' own draws, so that sending events never shifts the requests' faults.
+    webhook_rng: StdRng,
 }
+
+/// Mixed into the seed of the webhooks' generator.
+const WEBHOOK_SEED_SALT: u64 = 0x5745_4248_4f4f_4b53;
 
 impl Injector {
     pub(super) fn new(config: FaultConfig) -> Self {
         let rng = StdRng::seed_from_u64(config.seed);
-        Self { config, rng }
+        let webhook_rng = StdRng::seed_from_u64(config.seed ^ WEBHOOK_SEED_SALT);
+        Self { config, rng, webhook_rng }
+    }
+
+    /// Draws one webhook event's faults. Every event draws the same number of values.
+    pub(super) fn webhook_plan(&mut self) -> DeliveryPlan {
+        let (duplicate, hold_back): (f64, f64) =
+            (self.webhook_rng.r#gen(), self.webhook_rng.r#gen());
+        DeliveryPlan {
+            delay: Duration::from_millis(self.config.webhook_delay_ms),
+            duplicate: duplicate < self.config.webhook_duplicate_rate,
+            hold_back: hold_back < self.config.webhook_reorder_rate,
+            retry_base: Duration::from_millis(self.config.webhook_retry_base_ms),
+        }
     }
 
     pub(super) fn config(&self) -> &FaultConfig {

@@ -10,6 +10,10 @@
 //! `GET /v1/refunds?charge=…`. [`Idempotency::Lenient`] keeps only 2xx and 402, as the stand-in
 //! first did.
 //!
+//! Once told where (`PUT /_sim/webhooks`), it sends Stripe-style webhooks for every change of a
+//! charge, signed with `Stripe-Signature`, at least once, with their own seeded faults (see
+//! [`webhooks`]).
+//!
 //! State lives in memory: a restart forgets every charge.
 
 mod clock;
@@ -17,6 +21,7 @@ mod faults;
 mod idempotency;
 mod search;
 mod state;
+mod webhooks;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,6 +43,7 @@ pub use faults::{DEFAULT_KEY_TTL_S, FaultConfig, Idempotency};
 use faults::{ErrorAfterProcessing, Fault};
 pub use state::Stats;
 use state::{Answer, Ledger, Post};
+pub use webhooks::{MAX_ATTEMPTS as WEBHOOK_MAX_ATTEMPTS, WebhookTarget};
 
 /// The default port, the one Stripe's own mock server uses.
 pub const DEFAULT_PORT: u16 = 12111;
@@ -46,6 +52,30 @@ pub const DEFAULT_PORT: u16 = 12111;
 struct Inner {
     ledger: Ledger,
     faults: faults::Injector,
+    /// Where webhook events go; `None`: nowhere (they are not raised).
+    webhook_target: Option<WebhookTarget>,
+    /// The webhook dispatcher's queue.
+    webhook_queue: Option<tokio::sync::mpsc::Sender<serde_json::Value>>,
+}
+
+impl Inner {
+    /// Hands the events the last operation raised to the webhook dispatcher, if an endpoint is
+    /// set (with none, there is no one to tell, as at Stripe).
+    fn send_events(&mut self) {
+        let events = self.ledger.take_events();
+        if self.webhook_target.is_none() {
+            return;
+        }
+        for event in events {
+            let queued =
+                self.webhook_queue.as_ref().is_some_and(|queue| queue.try_send(event).is_ok());
+            if queued {
+                self.ledger.stats.events_created += 1;
+            } else {
+                self.ledger.stats.webhooks_dropped += 1;
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -63,6 +93,7 @@ impl Sim {
 pub struct Simulator {
     listener: TcpListener,
     router: Router,
+    sim: Sim,
 }
 
 impl Simulator {
@@ -88,7 +119,11 @@ impl Simulator {
         let sim = Sim(Arc::new(Mutex::new(Inner {
             ledger: Ledger::new(clock),
             faults: faults::Injector::new(faults),
+            webhook_target: None,
+            webhook_queue: None,
         })));
+        let queue = webhooks::start(sim.clone());
+        sim.lock().webhook_queue = Some(queue);
         let api = Router::new()
             .route("/v1/charges", post(create_charge).get(list_charges))
             .route("/v1/charges/search", get(search_charges))
@@ -100,8 +135,19 @@ impl Simulator {
             .merge(api)
             .route("/_sim/faults", get(get_faults).put(put_faults))
             .route("/_sim/stats", get(get_stats))
-            .with_state(sim);
-        Ok(Self { listener, router })
+            .route("/_sim/webhooks", get(get_webhooks).put(put_webhooks))
+            .with_state(sim.clone());
+        Ok(Self { listener, router, sim })
+    }
+
+    /// Sends webhook events to `target` from now on (`None`: to nobody), as
+    /// `PUT /_sim/webhooks` does.
+    pub fn set_webhook_target(&self, target: Option<WebhookTarget>) -> Result<(), String> {
+        if let Some(target) = &target {
+            target.validate()?;
+        }
+        self.sim.lock().webhook_target = target;
+        Ok(())
     }
 
     /// The port it listens on.
@@ -296,7 +342,9 @@ fn idempotent_post(
         params: &params,
         error_after_processing: fault.is_some(),
     };
-    into_response(inner.ledger.idempotent(post, inner.faults.config(), run))
+    let answer = inner.ledger.idempotent(post, inner.faults.config(), run);
+    inner.send_events();
+    into_response(answer)
 }
 
 async fn create_charge(
@@ -416,6 +464,33 @@ async fn put_faults(State(sim): State<Sim>, body: Bytes) -> Response {
     let mut inner = sim.lock();
     inner.faults = faults::Injector::new(config);
     Json(inner.faults.config().clone()).into_response()
+}
+
+/// `GET /_sim/webhooks`: the endpoint events go to (its secret is not shown).
+async fn get_webhooks(State(sim): State<Sim>) -> Json<serde_json::Value> {
+    let url = sim.lock().webhook_target.as_ref().map(|target| target.url.clone());
+    Json(serde_json::json!({ "url": url }))
+}
+
+/// `PUT /_sim/webhooks` with `{"url": …, "secret": "whsec_…"}`, or `null` (or nothing) to send
+/// none.
+async fn put_webhooks(State(sim): State<Sim>, body: Bytes) -> Response {
+    let parsed = match body.trim_ascii() {
+        [] => Ok(None),
+        json => serde_json::from_slice(json),
+    };
+    let target: Option<WebhookTarget> = match parsed {
+        Ok(target) => target,
+        Err(err) => {
+            return error(StatusCode::BAD_REQUEST, "invalid_request_error", None, &err.to_string());
+        }
+    };
+    if let Some(Err(message)) = target.as_ref().map(WebhookTarget::validate) {
+        return error(StatusCode::BAD_REQUEST, "invalid_request_error", None, &message);
+    }
+    let url = target.as_ref().map(|target| target.url.clone());
+    sim.lock().webhook_target = target;
+    Json(serde_json::json!({ "url": url })).into_response()
 }
 
 async fn get_stats(State(sim): State<Sim>) -> Json<Stats> {

@@ -12,6 +12,7 @@ use super::clock::Clock;
 use super::faults::{FaultConfig, Idempotency};
 use super::idempotency::{Found, IdempotencyRecord, KeyStore, request_line, slot};
 use super::search::{self, MetadataIndex};
+use super::webhooks::{self, ChargeEvent};
 
 /// Counters, as `GET /_sim/stats` shows them.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -35,6 +36,16 @@ pub struct Stats {
     pub keys_expired: u64,
     /// Requests to `GET /v1/charges/search`, refused ones included.
     pub searches: u64,
+    /// Webhook events raised while an endpoint was set (`charge.succeeded`, …).
+    pub events_created: u64,
+    /// Webhook attempts posted, failed ones and duplicates included.
+    pub webhooks_sent: u64,
+    /// Webhook attempts answered 2xx (a duplicate delivery counts again).
+    pub webhooks_delivered: u64,
+    /// Webhook deliveries given up after every attempt failed.
+    pub webhooks_abandoned: u64,
+    /// Webhook events lost because the dispatcher's queue was full.
+    pub webhooks_dropped: u64,
 }
 
 /// One answer, ready to send.
@@ -247,6 +258,10 @@ pub(super) struct Ledger {
     refunds_by_charge: HashMap<usize, Vec<usize>>,
     keys: KeyStore,
     sequence: u64,
+    /// What the operation running now changed, for its events (stamped with its key after it).
+    raised: Vec<(ChargeEvent, Value)>,
+    /// Events stamped and waiting for the webhook dispatcher.
+    events: Vec<Value>,
     pub stats: Stats,
 }
 
@@ -276,7 +291,7 @@ fn token_outcome(token: &str) -> Option<TokenOutcome> {
     }
 }
 
-fn new_id(prefix: &str) -> String {
+pub(super) fn new_id(prefix: &str) -> String {
     let random: String =
         rand::thread_rng().sample_iter(&Alphanumeric).take(24).map(char::from).collect();
     format!("{prefix}_{random}")
@@ -336,7 +351,21 @@ impl Ledger {
             refunds_by_charge: HashMap::new(),
             keys: KeyStore::default(),
             sequence: 0,
+            raised: Vec::new(),
+            events: Vec::new(),
             stats: Stats::default(),
+        }
+    }
+
+    /// The events raised since the last call, each as its webhook's body.
+    pub(super) fn take_events(&mut self) -> Vec<Value> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Turns what the operation just run changed into events carrying its idempotency key.
+    fn stamp_events(&mut self, idempotency_key: Option<&str>) {
+        for (kind, charge) in std::mem::take(&mut self.raised) {
+            self.events.push(webhooks::event(kind, charge, idempotency_key));
         }
     }
 
@@ -359,6 +388,7 @@ impl Ledger {
         let Post { api_key, key, path, params, error_after_processing } = post;
         let execute = |ledger: &mut Self| {
             let answer = run(ledger, params);
+            ledger.stamp_events(key);
             if error_after_processing && answer.executed {
                 Answer::error_after_processing()
             } else {
@@ -481,6 +511,8 @@ impl Ledger {
             }
         };
         self.stats.charges_created += 1;
+        let kind = if charge.paid { ChargeEvent::Succeeded } else { ChargeEvent::Failed };
+        self.raised.push((kind, charge.to_json()));
         let position = self.charges.len();
         for (key, value) in &charge.metadata {
             self.metadata_index.add(key, value, position);
@@ -524,6 +556,7 @@ impl Ledger {
         charge.amount_refunded = charge.amount - captured;
         let body = charge.to_json();
         self.stats.captures += 1;
+        self.raised.push((ChargeEvent::Captured, body.clone()));
         Answer::ok(body)
     }
 
@@ -583,6 +616,7 @@ impl Ledger {
             );
         }
         charge.amount_refunded += amount;
+        self.raised.push((ChargeEvent::Refunded, charge.to_json()));
         let refund = RefundRecord {
             id: new_id("re"),
             charge: charge_id,

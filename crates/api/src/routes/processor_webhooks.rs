@@ -1,0 +1,90 @@
+//! `POST /webhooks/processor`: the card processor's webhooks (`charge.succeeded`, `charge.failed`,
+//! `charge.captured`, `charge.refunded`), the push path of reconciliation.
+//!
+//! No API key: the processor signs each delivery with `Stripe-Signature` and the endpoint's
+//! secret (`processor.webhook_secret`; empty turns the route off). The body is read whole (the
+//! edge's body limit holds) and verified over its exact bytes before anything is parsed. A refusal
+//! is `400 invalid_request` and records nothing; a verified event is recorded once by its id
+//! (`payments_domain::processor_events::receive`) and answered `200`, a redelivery too, so the
+//! processor stops retrying. An event about a charge that is not one of our payments' is recorded
+//! and answered `200` as well: a processor retries anything else for days, and such charges
+//! exist (made in its dashboard, say).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use payments_domain::processor_events::{self, Received, Refused, SIGNATURE_HEADER};
+use payments_settings::ExposeSecret;
+use serde::Serialize;
+
+use crate::app::AppState;
+use crate::error::{ApiError, ProblemCode};
+
+/// The answer to a verified delivery.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ProcessorWebhookReceipt {
+    /// The processor's event id.
+    pub id: String,
+    /// `recorded` (about one of our payments), `unmatched` (about a charge we do not know) or
+    /// `duplicate` (received before; nothing changed).
+    pub outcome: String,
+    /// The payment the event is about, when it is one of ours.
+    pub payment: Option<String>,
+}
+
+fn unix_now() -> i64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    i64::try_from(now).unwrap_or(i64::MAX)
+}
+
+fn refusal(refused: &Refused) -> ApiError {
+    let error = ApiError::new(ProblemCode::InvalidRequest, format!("Webhook refused: {refused}."));
+    match refused {
+        Refused::NoSignature | Refused::Signature(_) => error.with_param(SIGNATURE_HEADER),
+        Refused::Malformed(_) | Refused::UnknownType(_) => error,
+    }
+}
+
+/// `POST /webhooks/processor`
+pub async fn receive(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let processor = &state.settings.processor;
+    let secret = processor.webhook_secret.expose_secret();
+    if secret.is_empty() {
+        return Err(ApiError::resource_missing(
+            "Inbound processor webhooks are off on this server (processor.webhook_secret is \
+             empty).",
+        ));
+    }
+    let signature = headers.get(SIGNATURE_HEADER).and_then(|value| value.to_str().ok());
+    let tolerance = Duration::from_secs(processor.webhook_tolerance_s);
+    let event = processor_events::verify(&body, signature, secret, tolerance, unix_now()).map_err(
+        |refused| {
+            metrics::counter!("processor_webhooks_total", "outcome" => "refused").increment(1);
+            tracing::warn!(reason = %refused, "a processor webhook was refused");
+            refusal(&refused)
+        },
+    )?;
+    let received = processor_events::receive(&state.pool, &event).await?;
+    let (outcome, payment) = match received {
+        Received::Recorded { payment_id, woke } => {
+            tracing::info!(event_id = %event.id, event_type = event.event_type.as_str(), payment_id, woke, "processor webhook recorded");
+            ("recorded", Some(payment_id))
+        }
+        Received::Unmatched => {
+            tracing::info!(event_id = %event.id, event_type = event.event_type.as_str(), charge = %event.charge.id, "processor webhook about a charge that is none of ours");
+            ("unmatched", None)
+        }
+        Received::Duplicate => ("duplicate", None),
+    };
+    metrics::counter!("processor_webhooks_total", "outcome" => outcome).increment(1);
+    let receipt = ProcessorWebhookReceipt { id: event.id, outcome: outcome.to_owned(), payment };
+    Ok(Json(receipt).into_response())
+}

@@ -1,0 +1,326 @@
+//! Webhooks from the card processor (`POST /webhooks/processor`): the push path of
+//! reconciliation, beside search.
+//!
+//! A delivery is verified before anything is read ([`verify`]: Stripe's `Stripe-Signature` over
+//! the exact bytes, constant-time, with a timestamp tolerance), then parsed as a Stripe event
+//! about a charge. [`receive`] is the idempotent consumer: in one transaction it records the event
+//! id (a redelivery finds it and changes nothing) with its only effect, which is to make the key
+//! that creates the charge's payment due for the completer at once.
+//!
+//! The event never changes a payment itself. The create-payment operation, holding the key's
+//! lease, asks [`charge_for_key`] whether the processor told us what its planned call (its
+//! downstream key) made, and adopts that charge in its own fenced phase instead of calling again
+//! or searching. So a payment has one writer whatever the timing: a request mid-call when the
+//! event lands, the completer, or nobody (the key then waits for its next attempt, brought
+//! forward).
+
+use std::time::Duration;
+
+use provider::Charge;
+use provider::signature::{self, SignatureError};
+use serde::Deserialize;
+use serde_json::Value;
+use sqlx::{PgExecutor, PgPool};
+
+use crate::DomainError;
+use crate::payments;
+
+/// The header the processor's signature travels in.
+pub use provider::signature::STRIPE_SIGNATURE_HEADER as SIGNATURE_HEADER;
+
+/// What the processor tells us about a charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChargeEventType {
+    /// A charge was made and authorized (captured at once or not).
+    Succeeded,
+    /// A charge was made and declined.
+    Failed,
+    /// An authorized charge was captured.
+    Captured,
+    /// A charge was refunded, or its authorization released.
+    Refunded,
+}
+
+impl ChargeEventType {
+    /// Every type accepted, as the processor names them.
+    pub const ALL: [Self; 4] = [Self::Succeeded, Self::Failed, Self::Captured, Self::Refunded];
+
+    /// The processor's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Succeeded => "charge.succeeded",
+            Self::Failed => "charge.failed",
+            Self::Captured => "charge.captured",
+            Self::Refunded => "charge.refunded",
+        }
+    }
+
+    /// The type of this name; `None` for one we do not take.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+
+    /// Whether the event reports the charge's creation, which the create-payment operation's
+    /// downstream key made.
+    fn creates(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+}
+
+/// A verified event about a charge.
+#[derive(Debug, Clone)]
+pub struct ProcessorEvent {
+    /// The processor's `evt_…`: the dedupe key.
+    pub id: String,
+    /// What happened.
+    pub event_type: ChargeEventType,
+    /// Unix seconds, by the processor's clock.
+    pub created: i64,
+    /// The charge right after the change.
+    pub charge: Charge,
+    /// `data.object` as received, stored as evidence.
+    pub object: Value,
+    /// `request.idempotency_key`: the downstream key of the call that made the change.
+    pub downstream_key: Option<String>,
+}
+
+/// Why a delivery is refused: a `400`, and nothing is recorded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// No `Stripe-Signature` header.
+    #[error("the `Stripe-Signature` header is missing")]
+    NoSignature,
+    /// The signature does not hold, or its timestamp is outside the tolerance.
+    #[error("{0}")]
+    Signature(#[from] SignatureError),
+    /// Signed, but not a Stripe event about a charge.
+    #[error("the payload is not an event about a charge: {0}")]
+    Malformed(String),
+    /// An event of a type this endpoint does not take.
+    #[error(
+        "events of type `{0}` are not taken here (only charge.succeeded, charge.failed, charge.captured, charge.refunded)"
+    )]
+    UnknownType(String),
+}
+
+/// The longest event id accepted.
+const ID_MAX_CHARS: usize = 255;
+
+#[derive(Deserialize)]
+struct WireEvent {
+    id: String,
+    object: String,
+    #[serde(rename = "type")]
+    event_type: String,
+    created: i64,
+    data: WireData,
+    #[serde(default)]
+    request: Option<WireRequest>,
+}
+
+#[derive(Deserialize)]
+struct WireData {
+    object: Value,
+}
+
+#[derive(Deserialize)]
+struct WireRequest {
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+/// Verifies a delivery as of `now` (unix seconds) and parses it: the signature over the exact
+/// bytes first (nothing is parsed before it holds), then the timestamp, then the event's shape.
+pub fn verify(
+    payload: &[u8],
+    header: Option<&str>,
+    secret: &str,
+    tolerance: Duration,
+    now: i64,
+) -> Result<ProcessorEvent, Refused> {
+    let header = header.ok_or(Refused::NoSignature)?;
+    signature::verify(payload, header, secret, tolerance, now)?;
+    let wire: WireEvent =
+        serde_json::from_slice(payload).map_err(|err| Refused::Malformed(err.to_string()))?;
+    if wire.object != "event" {
+        return Err(Refused::Malformed(format!("`object` is `{}`, not `event`", wire.object)));
+    }
+    if !wire.id.starts_with("evt_") || wire.id.chars().count() > ID_MAX_CHARS {
+        return Err(Refused::Malformed("`id` is not an event id (`evt_…`)".into()));
+    }
+    let event_type =
+        ChargeEventType::parse(&wire.event_type).ok_or(Refused::UnknownType(wire.event_type))?;
+    let charge: Charge = serde_json::from_value(wire.data.object.clone())
+        .map_err(|err| Refused::Malformed(format!("`data.object` is not a charge: {err}")))?;
+    Ok(ProcessorEvent {
+        id: wire.id,
+        event_type,
+        created: wire.created,
+        charge,
+        object: wire.data.object,
+        downstream_key: wire.request.and_then(|request| request.idempotency_key),
+    })
+}
+
+/// What receiving an event did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Received {
+    /// Recorded against one of our payments; `woke` if the key creating it was unfinished and is
+    /// now due for the completer.
+    Recorded {
+        /// The payment.
+        payment_id: String,
+        /// Whether the creating key was brought forward.
+        woke: bool,
+    },
+    /// Recorded, about a charge that is none of our payments': nothing else to do.
+    Unmatched,
+    /// This event id was received before: nothing changed.
+    Duplicate,
+}
+
+/// The idempotent consumer: records the event and its effect in one transaction, or finds it
+/// recorded and changes nothing.
+pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, DomainError> {
+    let mut tx = pool.begin().await?;
+    let payment_id = event.charge.metadata.get("payment_id");
+    let creation = match payment_id {
+        Some(id) => payments::creation_key(&mut *tx, id).await?,
+        None => None,
+    };
+    let known = creation.is_some().then_some(payment_id).flatten();
+    // Two deliveries of one event at once: the second waits on the first's row, then inserts
+    // nothing.
+    let inserted = sqlx::query!(
+        r#"INSERT INTO processor_events
+               (id, type, charge_id, payment_id, downstream_key, charge, created)
+           VALUES ($1, $2, $3, $4, $5, $6, $7)
+           ON CONFLICT (id) DO NOTHING"#,
+        event.id,
+        event.event_type.as_str(),
+        event.charge.id,
+        known,
+        event.downstream_key,
+        event.object,
+        event.created,
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if inserted == 0 {
+        return Ok(Received::Duplicate);
+    }
+    let received = match (known, creation.flatten()) {
+        (Some(payment_id), Some(key_id)) => {
+            let woke = event.event_type.creates() && idem::wake(&mut *tx, key_id).await?;
+            Received::Recorded { payment_id: payment_id.clone(), woke }
+        }
+        (Some(payment_id), None) => {
+            Received::Recorded { payment_id: payment_id.clone(), woke: false }
+        }
+        (None, _) => Received::Unmatched,
+    };
+    tx.commit().await?;
+    Ok(received)
+}
+
+/// The charge the processor says the call under `downstream_key` made, if an event told us.
+/// Only creation events carry a charge's creating key; the latest wins.
+pub async fn charge_for_key(
+    executor: impl PgExecutor<'_>,
+    downstream_key: &str,
+) -> Result<Option<Charge>, DomainError> {
+    let row = sqlx::query!(
+        r#"SELECT charge FROM processor_events
+            WHERE downstream_key = $1 AND type IN ('charge.succeeded', 'charge.failed')
+            ORDER BY created DESC, received_at DESC LIMIT 1"#,
+        downstream_key,
+    )
+    .fetch_optional(executor)
+    .await?;
+    row.map(|r| serde_json::from_value(r.charge))
+        .transpose()
+        .map_err(|_| DomainError::Corrupt("processor_events.charge"))
+}
+
+/// How many events were received (for tests and the inspector).
+pub async fn count(executor: impl PgExecutor<'_>) -> Result<i64, DomainError> {
+    let row = sqlx::query!(r#"SELECT count(*) AS "count!" FROM processor_events"#)
+        .fetch_one(executor)
+        .await?;
+    Ok(row.count)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use serde_json::json;
+
+    use super::*;
+
+    const SECRET: &str = "whsec_processor";
+    const NOW: i64 = 1_700_000_000;
+
+    fn event(kind: &str) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "id": "evt_1", "object": "event", "api_version": "2024-06-20", "created": NOW,
+            "livemode": false, "pending_webhooks": 1, "type": kind,
+            "request": {"id": null, "idempotency_key": "pay_1/charge"},
+            "data": {"object": {
+                "id": "ch_1", "object": "charge", "amount": 500, "currency": "usd",
+                "captured": true, "paid": true, "status": "succeeded", "amount_captured": 500,
+                "amount_refunded": 0, "refunded": false, "metadata": {"payment_id": "pay_1"},
+            }},
+        }))
+        .unwrap()
+    }
+
+    fn check(payload: &[u8], header: &str) -> Result<ProcessorEvent, Refused> {
+        verify(payload, Some(header), SECRET, signature::DEFAULT_TOLERANCE, NOW)
+    }
+
+    #[test]
+    fn a_signed_charge_event_is_read_with_its_downstream_key() {
+        let body = event("charge.succeeded");
+        let read = check(&body, &signature::sign(SECRET, NOW, &body)).unwrap();
+        assert_eq!(read.id, "evt_1");
+        assert_eq!(read.event_type, ChargeEventType::Succeeded);
+        assert_eq!(read.charge.id, "ch_1");
+        assert_eq!(read.downstream_key.as_deref(), Some("pay_1/charge"));
+    }
+
+    #[test]
+    fn a_bad_signature_an_old_timestamp_or_no_header_is_refused_before_parsing() {
+        let body = event("charge.succeeded");
+        let other = signature::sign("whsec_other", NOW, &body);
+        assert_eq!(check(&body, &other).err(), Some(Refused::Signature(SignatureError::NoMatch)));
+        let old = signature::sign(SECRET, NOW - 301, &body);
+        assert_eq!(
+            check(&body, &old).err(),
+            Some(Refused::Signature(SignatureError::OutsideTolerance))
+        );
+        let none = verify(&body, None, SECRET, signature::DEFAULT_TOLERANCE, NOW);
+        assert_eq!(none.err(), Some(Refused::NoSignature));
+        // Garbage with a bad signature is a signature problem, not a parse problem.
+        assert_eq!(
+            check(b"not json", &other).err(),
+            Some(Refused::Signature(SignatureError::NoMatch))
+        );
+    }
+
+    #[test]
+    fn an_unknown_type_or_a_payload_that_is_no_charge_event_is_refused() {
+        let body = event("customer.created");
+        let refused = check(&body, &signature::sign(SECRET, NOW, &body)).err();
+        assert_eq!(refused, Some(Refused::UnknownType("customer.created".into())));
+        for body in [
+            b"not json".to_vec(),
+            br#"{"id":"evt_1","object":"event","type":"charge.succeeded","created":1,"data":{"object":{}}}"#.to_vec(),
+            br#"{"id":"x_1","object":"event","type":"charge.succeeded","created":1,"data":{"object":{}}}"#.to_vec(),
+        ] {
+            let refused = check(&body, &signature::sign(SECRET, NOW, &body)).err();
+            assert!(matches!(refused, Some(Refused::Malformed(_))), "{refused:?}");
+        }
+    }
+}

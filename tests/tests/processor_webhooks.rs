@@ -1,0 +1,493 @@
+//! Webhooks from the processor, end to end: the stand-in sends Stripe-style `charge.*` events,
+//! signed with `Stripe-Signature`, to the API's `POST /webhooks/processor`. A payment whose charge
+//! got no answer is finished from the event with no further processor call, whether the event
+//! lands before the completer comes or while a holder of the key is mid-call, and the event
+//! makes a key waiting out its back-off due at once; a pushed decline is the answer, unless it is
+//! for a later generation of the key; duplicate and out-of-order deliveries change nothing; a bad signature, a replayed timestamp, an unknown
+//! type or a body that is no event is a 400 and records nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use payments_tests::{TestApp, assert_problem, json, start_sim, test_settings};
+use payments_worker::jobs::LogMailer;
+use payments_worker::{PassReport, Worker};
+use provider::sim::FaultConfig;
+use provider::{CardProcessor, Charge, FrozenRequest, ProcessorClient, ProcessorError, Refund};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::sync::watch;
+
+/// The endpoint secret the stand-in signs with and the API verifies with.
+const SECRET: &str = "whsec_inbound_test";
+
+struct Setup {
+    app: TestApp,
+    sim: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+/// The API and a stand-in that sends its webhooks to it; `overrides` are the API's settings.
+async fn setup(pool: &PgPool, faults: FaultConfig, overrides: &[(&str, &str)]) -> Setup {
+    let sim = start_sim(faults).await;
+    let mut all = vec![
+        ("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str()),
+        ("PAYMENTS__PROCESSOR__WEBHOOK_SECRET", SECRET),
+    ];
+    all.extend_from_slice(overrides);
+    let app = TestApp::spawn_with(pool.clone(), pool.clone(), &all).await;
+    let http = reqwest::Client::new();
+    let target = json!({"url": app.url("/webhooks/processor"), "secret": SECRET});
+    let set = http.put(format!("{sim}/_sim/webhooks")).json(&target).send().await.unwrap();
+    assert_eq!(set.status(), 200, "the stand-in takes the webhook target");
+    let (_, key) = app.create_account("shop").await;
+    Setup { app, sim, key, http }
+}
+
+impl Setup {
+    async fn stats(&self) -> Value {
+        json(self.http.get(format!("{}/_sim/stats", self.sim)).send().await.unwrap()).await
+    }
+
+    async fn set_faults(&self, faults: &FaultConfig) {
+        let url = format!("{}/_sim/faults", self.sim);
+        let set = self.http.put(url).json(faults).send().await.unwrap();
+        assert_eq!(set.status(), 200);
+    }
+
+    async fn pay(&self, key: &str, capture_method: &str) -> reqwest::Response {
+        let body = json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa",
+                          "capture_method": capture_method});
+        self.app.post("/v1/payments", &self.key, Some(key), &body).await
+    }
+
+    /// A worker over the test database, driving keys with `processor`.
+    fn worker<P: CardProcessor>(&self, processor: P) -> Worker<P> {
+        let settings = test_settings(&[("PAYMENTS__PROCESSOR__BASE_URL", self.sim.as_str())]);
+        // The API's own base, so that a problem the completer stores reads as the API's.
+        let (pool, base) = (self.app.pool.clone(), self.app.address.as_str().into());
+        Worker::new(pool, Arc::new(processor), base, &settings, Arc::new(LogMailer)).unwrap()
+    }
+
+    fn client(&self) -> ProcessorClient {
+        let settings = test_settings(&[("PAYMENTS__PROCESSOR__BASE_URL", self.sim.as_str())]);
+        ProcessorClient::new(settings.processor.client_config()).unwrap()
+    }
+}
+
+async fn complete<P: CardProcessor>(worker: &Worker<P>) -> PassReport {
+    let (_stop_tx, stop) = watch::channel(false);
+    let mut report = PassReport::default();
+    worker.complete(&stop, &mut report).await.expect("a completer pass");
+    report
+}
+
+async fn received(pool: &PgPool) -> i64 {
+    payments_domain::processor_events::count(pool).await.unwrap()
+}
+
+/// Waits (at most ten seconds: the stand-in sends at once) until `count` events were received.
+async fn until_received(pool: &PgPool, count: i64) {
+    for _ in 0..200 {
+        if received(pool).await >= count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{count} processor events were not received in time (got {})", received(pool).await);
+}
+
+async fn payment_row(pool: &PgPool) -> (String, String, Option<String>) {
+    sqlx::query_as("SELECT id, status, processor_charge_id FROM payments")
+        .fetch_one(pool)
+        .await
+        .expect("one payment")
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
+fn unix_now() -> i64 {
+    i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()).unwrap()
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_payment_whose_charge_answer_was_lost_is_finished_from_the_webhook_without_another_processor_call(
+    pool: PgPool,
+) {
+    // Every answer is lost after the charge is made; the event arrives a second later, after the
+    // request has given up.
+    let faults =
+        FaultConfig { lost_response_rate: 1.0, webhook_delay_ms: 1000, ..FaultConfig::default() };
+    let s = setup(&pool, faults, &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let lost = s.pay("order-1", "automatic").await;
+    assert_problem(lost, 503, "processor_unavailable").await;
+    let (payment_id, status, _) = payment_row(&pool).await;
+    assert_eq!(status, "processing");
+    let calls = s.stats().await;
+    assert_eq!(calls["charges_created"], 1);
+
+    until_received(&pool, 1).await;
+    // Any call now would lose its answer too: only the event can finish the payment.
+    let report = complete(&s.worker(s.client())).await;
+    assert_eq!(report.completed, 1, "{report:?}");
+    let (_, status, charge) = payment_row(&pool).await;
+    assert_eq!(status, "succeeded");
+    let after = s.stats().await;
+    assert_eq!(after["requests"], calls["requests"], "no processor call after the event");
+    assert_eq!(after["searches"], 0);
+    let pushed: String = sqlx::query_scalar("SELECT charge_id FROM processor_events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(charge.as_deref(), Some(pushed.as_str()), "the payment adopted the event's charge");
+    let adopted = count(
+        &pool,
+        "SELECT count(*) FROM audit_events WHERE action = 'payment.reconciled' \
+         AND detail->>'cause' = 'webhook'",
+    )
+    .await;
+    assert_eq!(adopted, 1);
+
+    // The retry gets the stored answer, and still no call is made.
+    let replay = s.pay("order-1", "automatic").await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let body = json(replay).await;
+    assert_eq!(body["id"], payment_id.as_str());
+    assert_eq!(body["status"], "succeeded");
+    assert_eq!(s.stats().await["requests"], calls["requests"]);
+    let succeeded = "SELECT count(*) FROM events WHERE type = 'payment.succeeded'";
+    assert_eq!(count(&pool, succeeded).await, 1, "one event for the one change");
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn an_event_brings_a_key_waiting_out_its_back_off_forward_for_the_completer(pool: PgPool) {
+    // The stand-in sends nothing here: the event is delivered by hand, when the test says.
+    let faults = FaultConfig { lost_response_rate: 1.0, ..FaultConfig::default() };
+    let s = setup(&pool, faults, &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
+    assert_eq!(none.unwrap().status(), 200);
+    assert_problem(s.pay("order-1", "automatic").await, 503, "processor_unavailable").await;
+    let (payment_id, _, _) = payment_row(&pool).await;
+    // The key waits an hour, as after many failed attempts.
+    let later = "UPDATE idempotency_keys SET next_attempt_at = now() + interval '1 hour'";
+    sqlx::query(later).execute(&pool).await.unwrap();
+    let worker = s.worker(s.client());
+    assert_eq!(complete(&worker).await.completed, 0, "not due");
+
+    // Read the charge the lost answer was about (a call would now be answered: the count below
+    // proves none is made).
+    s.set_faults(&FaultConfig::default()).await;
+    let charges = s.http.get(format!("{}/v1/charges", s.sim)).bearer_auth("sk_test_processor");
+    let charges = json(charges.send().await.unwrap()).await;
+    let charge = charges["data"][0].clone();
+    assert_eq!(charge["metadata"]["payment_id"], payment_id.as_str());
+    let event = json!({"id": "evt_by_hand", "object": "event", "type": "charge.succeeded",
+        "created": unix_now(), "data": {"object": charge},
+        "request": {"id": null, "idempotency_key": format!("{payment_id}/charge")}});
+    let answer = deliver(&s, &serde_json::to_vec(&event).unwrap(), unix_now()).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(json(answer).await["outcome"], "recorded");
+    let due = "SELECT count(*) FROM idempotency_keys WHERE next_attempt_at <= now()";
+    assert_eq!(count(&pool, due).await, 1, "the event made the key due");
+
+    let requests = s.stats().await["requests"].clone();
+    assert_eq!(complete(&worker).await.completed, 1);
+    assert_eq!(payment_row(&pool).await.1, "succeeded");
+    assert_eq!(s.stats().await["requests"], requests, "finished without a processor call");
+}
+
+/// A key whose call was dropped before the processor acted, due now; its payment's id.
+async fn waiting_key(s: &Setup, pool: &PgPool) -> String {
+    s.set_faults(&FaultConfig { drop_rate: 1.0, ..FaultConfig::default() }).await;
+    assert_problem(s.pay("order-1", "automatic").await, 503, "processor_unavailable").await;
+    sqlx::query("UPDATE idempotency_keys SET next_attempt_at = now()").execute(pool).await.unwrap();
+    payment_row(pool).await.0
+}
+
+/// `charge.failed` for `payment_id`, as if the call under `downstream_key` was declined.
+fn declined(payment_id: &str, downstream_key: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"id": "evt_declined", "object": "event", "type": "charge.failed",
+        "created": unix_now(), "request": {"id": null, "idempotency_key": downstream_key},
+        "data": {"object": {"id": "ch_declined", "object": "charge", "amount": 500,
+            "currency": "usd", "captured": false, "paid": false, "status": "failed",
+            "amount_captured": 0, "amount_refunded": 0, "refunded": false,
+            "failure_code": "card_declined", "metadata": {"payment_id": payment_id}}}}))
+    .unwrap()
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_pushed_decline_is_adopted_as_the_answer_without_a_call(pool: PgPool) {
+    let s =
+        setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let payment_id = waiting_key(&s, &pool).await;
+    let event = declined(&payment_id, &format!("{payment_id}/charge"));
+    let answer = deliver(&s, &event, unix_now()).await;
+    assert_eq!(json(answer).await["outcome"], "recorded");
+    let requests = s.stats().await["requests"].clone();
+    assert_eq!(complete(&s.worker(s.client())).await.completed, 1);
+    let (_, status, charge) = payment_row(&pool).await;
+    assert_eq!((status.as_str(), charge.as_deref()), ("failed", Some("ch_declined")));
+    assert_eq!(s.stats().await["requests"], requests, "the decline came without a call");
+    let replay = s.pay("order-1", "automatic").await;
+    assert_problem(replay, 402, "card_declined").await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_pushed_decline_for_a_later_generation_of_the_key_is_referred_to_a_person(pool: PgPool) {
+    let s =
+        setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let payment_id = waiting_key(&s, &pool).await;
+    // As if a lookup that found nothing had moved the call to the key's second generation.
+    let second = "UPDATE idempotency_keys \
+                  SET planned_call = jsonb_set(planned_call, '{key}', to_jsonb((planned_call->>'key') || '/2'))";
+    sqlx::query(second).execute(&pool).await.unwrap();
+    let event = declined(&payment_id, &format!("{payment_id}/charge/2"));
+    let answer = deliver(&s, &event, unix_now()).await;
+    assert_eq!(json(answer).await["outcome"], "recorded");
+    let report = complete(&s.worker(s.client())).await;
+    assert_eq!((report.completed, report.flagged), (0, 1), "{report:?}");
+    assert_eq!(payment_row(&pool).await.1, "processing", "no decline was stored");
+    let flagged = "SELECT count(*) FROM idempotency_keys WHERE needs_human_at IS NOT NULL";
+    assert_eq!(count(&pool, flagged).await, 1);
+}
+
+/// The real client, whose charge call waits, mid-call, until the processor's webhook has been
+/// received, and then reports its answer lost.
+struct AnswerLostAfterTheWebhook {
+    client: ProcessorClient,
+    pool: PgPool,
+}
+
+impl CardProcessor for AnswerLostAfterTheWebhook {
+    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+        let made = self.client.create_charge(request).await?;
+        until_received(&self.pool, 1).await;
+        Err(ProcessorError::UnknownOutcome {
+            message: format!("the answer ({}) was lost", made.id),
+        })
+    }
+    async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+        self.client.capture_charge(request).await
+    }
+    async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
+        self.client.create_refund(request).await
+    }
+    async fn retrieve_charge(&self, charge_id: &str) -> Result<Charge, ProcessorError> {
+        self.client.retrieve_charge(charge_id).await
+    }
+    async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
+        self.client.search_charges(payment_id).await
+    }
+    async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
+        self.client.list_refunds(charge_id).await
+    }
+    fn longest_call(&self) -> Duration {
+        self.client.longest_call()
+    }
+    fn search_lag(&self) -> Duration {
+        self.client.search_lag()
+    }
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_webhook_that_lands_while_the_key_holder_is_mid_call_finishes_the_payment_in_that_holder(
+    pool: PgPool,
+) {
+    // The first attempt is dropped before the processor acts: the key waits at its call.
+    let dropped = FaultConfig { drop_rate: 1.0, ..FaultConfig::default() };
+    let s = setup(&pool, dropped, &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    assert_problem(s.pay("order-1", "manual").await, 503, "processor_unavailable").await;
+    assert_eq!(s.stats().await["charges_created"], 0);
+    s.set_faults(&FaultConfig::default()).await;
+    // Its back-off run out, by the database's clock.
+    sqlx::query("UPDATE idempotency_keys SET next_attempt_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    // The completer holds the key; its call makes the charge, the event lands while it waits for
+    // the answer, and the answer is lost.
+    let mid_call = AnswerLostAfterTheWebhook { client: s.client(), pool: pool.clone() };
+    let report = complete(&s.worker(mid_call)).await;
+    assert_eq!(report.completed, 1, "the holder finished from the event: {report:?}");
+    let (_, status, charge) = payment_row(&pool).await;
+    assert_eq!(status, "requires_capture");
+    let stats = s.stats().await;
+    assert_eq!(stats["charges_created"], 1);
+    assert_eq!(stats["searches"], 0, "the event made a search needless");
+    let pushed: String = sqlx::query_scalar("SELECT charge_id FROM processor_events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(charge, Some(pushed));
+    let finished = "SELECT count(*) FROM idempotency_keys WHERE completed_at IS NOT NULL";
+    assert_eq!(count(&pool, finished).await, 1);
+    let authorized = "SELECT count(*) FROM events WHERE type = 'payment.requires_capture'";
+    assert_eq!(count(&pool, authorized).await, 1);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn duplicate_and_out_of_order_deliveries_change_nothing(pool: PgPool) {
+    let faults = FaultConfig {
+        seed: 7,
+        webhook_duplicate_rate: 1.0,
+        webhook_reorder_rate: 0.5,
+        ..FaultConfig::default()
+    };
+    let s = setup(&pool, faults, &[]).await;
+    let auto = json(s.pay("order-1", "automatic").await).await;
+    let manual = json(s.pay("order-2", "manual").await).await;
+    let path = format!("/v1/payments/{}/capture", manual["id"].as_str().unwrap());
+    let captured = s.app.post(&path, &s.key, Some("capture-2"), &json!({})).await;
+    assert_eq!(captured.status(), 200);
+    let path = format!("/v1/payments/{}/refunds", auto["id"].as_str().unwrap());
+    let refunded = s.app.post(&path, &s.key, Some("refund-1"), &json!({"amount": 200})).await;
+    assert_eq!(refunded.status(), 201);
+    let snapshot = "SELECT string_agg(id || status || amount_captured || amount_refunded || \
+                    coalesce(processor_charge_id, ''), ',' ORDER BY id) FROM payments";
+    let before: String = sqlx::query_scalar(snapshot).fetch_one(&pool).await.unwrap();
+    let events_before = count(&pool, "SELECT count(*) FROM events").await;
+
+    // succeeded ×2, captured, refunded: four events, each delivered twice.
+    until_received(&pool, 4).await;
+    for _ in 0..200 {
+        if s.stats().await["webhooks_delivered"].as_u64() >= Some(8) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = s.stats().await;
+    assert_eq!(stats["events_created"], 4);
+    assert_eq!(stats["webhooks_delivered"], 8, "every event was delivered twice: {stats}");
+    assert_eq!(received(&pool).await, 4, "one record per event id");
+    let kinds = "SELECT string_agg(type, ',' ORDER BY type) FROM processor_events";
+    let kinds: String = sqlx::query_scalar(kinds).fetch_one(&pool).await.unwrap();
+    assert_eq!(kinds, "charge.captured,charge.refunded,charge.succeeded,charge.succeeded");
+    let matched = "SELECT count(*) FROM processor_events WHERE payment_id IS NOT NULL";
+    assert_eq!(count(&pool, matched).await, 4);
+
+    assert_eq!(complete(&s.worker(s.client())).await.completed, 0, "nothing was left to do");
+    let after: String = sqlx::query_scalar(snapshot).fetch_one(&pool).await.unwrap();
+    assert_eq!(after, before, "the payments did not change");
+    assert_eq!(count(&pool, "SELECT count(*) FROM events").await, events_before);
+
+    // By hand: a capture reported before the charge's creation, each twice.
+    let charge = json!({"id": "ch_hand", "object": "charge", "amount": 500, "currency": "usd",
+        "captured": true, "paid": true, "status": "succeeded", "amount_captured": 500,
+        "amount_refunded": 0, "refunded": false, "metadata": {"payment_id": manual["id"]}});
+    for (id, kind, outcome) in [
+        ("evt_hand_2", "charge.captured", "recorded"),
+        ("evt_hand_2", "charge.captured", "duplicate"),
+        ("evt_hand_1", "charge.succeeded", "recorded"),
+        ("evt_hand_1", "charge.succeeded", "duplicate"),
+    ] {
+        let event = json!({"id": id, "object": "event", "type": kind, "created": unix_now(),
+                           "data": {"object": charge}, "request": {"idempotency_key": null}});
+        let answer = deliver(&s, &serde_json::to_vec(&event).unwrap(), unix_now()).await;
+        assert_eq!(answer.status(), 200);
+        assert_eq!(json(answer).await["outcome"], outcome, "{id} {kind}");
+    }
+    assert_eq!(received(&pool).await, 6);
+    let after: String = sqlx::query_scalar(snapshot).fetch_one(&pool).await.unwrap();
+    assert_eq!(after, before, "the payments did not change");
+}
+
+async fn deliver(s: &Setup, body: &[u8], signed_at: i64) -> reqwest::Response {
+    let signature = provider::signature::sign(SECRET, signed_at, body);
+    let request = s.app.http.post(s.app.url("/webhooks/processor"));
+    s.app.send(request.header("stripe-signature", signature).body(body.to_vec())).await
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_bad_signature_an_old_timestamp_an_unknown_type_or_malformed_json_is_a_400_and_records_nothing(
+    pool: PgPool,
+) {
+    let s = setup(&pool, FaultConfig::default(), &[]).await;
+    // Nothing is sent by the stand-in in this test: the deliveries are made by hand.
+    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
+    assert_eq!(none.unwrap().status(), 200);
+    let paid = json(s.pay("order-1", "automatic").await).await;
+    let key_state = "SELECT recovery_point || next_attempt_at::text FROM idempotency_keys";
+    let key_before: String = sqlx::query_scalar(key_state).fetch_one(&pool).await.unwrap();
+    let event = |kind: &str| {
+        serde_json::to_vec(&json!({"id": "evt_1", "object": "event", "type": kind,
+            "created": unix_now(), "request": {"idempotency_key": "x"},
+            "data": {"object": {"id": "ch_1", "object": "charge", "amount": 500,
+                "currency": "usd", "captured": true, "paid": true, "status": "succeeded",
+                "amount_captured": 500, "amount_refunded": 0, "refunded": false,
+                "metadata": {"payment_id": paid["id"]}}}}))
+        .unwrap()
+    };
+    let good = event("charge.succeeded");
+    let url = s.app.url("/webhooks/processor");
+
+    let unsigned = s.app.send(s.app.http.post(&url).body(good.clone())).await;
+    let problem = assert_problem(unsigned, 400, "invalid_request").await;
+    assert_eq!(problem["param"], "Stripe-Signature");
+
+    let forged = provider::signature::sign("whsec_someone_else", unix_now(), &good);
+    let forged =
+        s.app.send(s.app.http.post(&url).header("stripe-signature", forged).body(good.clone()));
+    let problem = assert_problem(forged.await, 400, "invalid_request").await;
+    assert!(problem["detail"].as_str().unwrap().contains("no signature"), "{problem}");
+
+    let replayed = deliver(&s, &good, unix_now() - 301).await;
+    let problem = assert_problem(replayed, 400, "invalid_request").await;
+    assert!(problem["detail"].as_str().unwrap().contains("tolerance"), "{problem}");
+
+    let unknown = deliver(&s, &event("customer.created"), unix_now()).await;
+    let problem = assert_problem(unknown, 400, "invalid_request").await;
+    assert!(problem["detail"].as_str().unwrap().contains("customer.created"), "{problem}");
+
+    let malformed = deliver(&s, b"{\"id\": \"evt_1\", ", unix_now()).await;
+    assert_problem(malformed, 400, "invalid_request").await;
+
+    let too_large = vec![b' '; 70_000];
+    let too_large = deliver(&s, &too_large, unix_now()).await;
+    assert_problem(too_large, 413, "payload_too_large").await;
+
+    assert_eq!(received(&pool).await, 0, "nothing was recorded");
+    let key_after: String = sqlx::query_scalar(key_state).fetch_one(&pool).await.unwrap();
+    assert_eq!(key_after, key_before, "no key was touched");
+
+    // The same event, signed, is taken: the refusals above were about what was wrong with each.
+    let answer = deliver(&s, &good, unix_now()).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(json(answer).await["payment"], paid["id"]);
+    assert_eq!(received(&pool).await, 1);
+
+    // A charge that is none of our payments': recorded, answered 200, nothing else.
+    let unknown_charge = serde_json::to_vec(&json!({"id": "evt_2", "object": "event",
+        "type": "charge.succeeded", "created": unix_now(), "data": {"object": {"id": "ch_2",
+        "object": "charge", "amount": 100, "currency": "usd", "captured": true, "paid": true,
+        "status": "succeeded", "amount_captured": 100, "amount_refunded": 0, "refunded": false,
+        "metadata": {"payment_id": "pay_not_ours"}}}}))
+    .unwrap();
+    let answer = deliver(&s, &unknown_charge, unix_now()).await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(json(answer).await["outcome"], "unmatched");
+    let unmatched = "SELECT count(*) FROM processor_events WHERE payment_id IS NULL";
+    assert_eq!(count(&pool, unmatched).await, 1);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn without_a_secret_the_processor_webhook_route_is_off(pool: PgPool) {
+    let sim = start_sim(FaultConfig::default()).await;
+    let app = TestApp::spawn_with(
+        pool.clone(),
+        pool.clone(),
+        &[("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str())],
+    )
+    .await;
+    let body = b"{}".to_vec();
+    let signature = provider::signature::sign("", unix_now(), &body);
+    let request =
+        app.http.post(app.url("/webhooks/processor")).header("stripe-signature", signature);
+    assert_problem(app.send(request.body(body)).await, 404, "resource_missing").await;
+    assert_eq!(received(&pool).await, 0);
+}
