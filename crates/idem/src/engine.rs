@@ -707,9 +707,16 @@ impl Lease {
             return Err(PhaseError::LeaseLost);
         }
         let mut tx = self.engine.pool.begin().await?;
+        // A new key is stored first, holding the lease at its recovery point: a request with the
+        // same key waits on the unique index before it writes anything, and `work` may write rows
+        // that refer to the key. Dropping the transaction on an error rolls back everything.
+        if self.new.is_some() {
+            let store_new = self.fence_to(&self.point, None, None, true);
+            store::commit(&mut *tx, &store_new).await.map_err(|err| self.fence_error(err))?;
+        }
         let step = work(&mut tx).await?;
-        // Dropping the transaction on an error rolls back everything `work` wrote.
-        store::commit(&mut *tx, &self.fence(&step)).await.map_err(|err| self.fence_error(err))?;
+        let fence = self.fence_of(&step, false);
+        store::commit(&mut *tx, &fence).await.map_err(|err| self.fence_error(err))?;
         tx.commit().await?;
         Ok((step, ()))
     }
@@ -729,7 +736,7 @@ impl Lease {
         F: for<'t> FnMut(&'t PgPool, &'t Value) -> BoxFuture<'t, Result<(i64, T), PhaseError<E>>>,
     {
         let span = self.phase_span();
-        let fence = self.fence(&step);
+        let fence = self.fence_of(&step, self.new.is_some());
         let mut tries = 0;
         loop {
             let attempt = async {
@@ -828,12 +835,13 @@ impl Lease {
         Ok(())
     }
 
-    /// The value `idem_commit` takes to end a phase with `step` (see its migration).
-    fn fence<P: RecoveryPoint>(&self, step: &Step<P>) -> Value {
+    /// The value `idem_commit` takes to end a phase with `step` (see its migration); with
+    /// `store_new`, it inserts the new key rather than moving a stored one.
+    fn fence_of<P: RecoveryPoint>(&self, step: &Step<P>, store_new: bool) -> Value {
         match step {
-            Step::Next(next) => self.fence_to(next.name(), None, None),
-            Step::Call(next, plan) => self.fence_to(next.name(), Some(plan), None),
-            Step::Finish(response) => self.fence_to(FINISHED, None, Some(response)),
+            Step::Next(next) => self.fence_to(next.name(), None, None, store_new),
+            Step::Call(next, plan) => self.fence_to(next.name(), Some(plan), None, store_new),
+            Step::Finish(response) => self.fence_to(FINISHED, None, Some(response), store_new),
         }
     }
 
@@ -842,6 +850,7 @@ impl Lease {
         next: &str,
         plan: Option<&Value>,
         response: Option<&StoredResponse>,
+        store_new: bool,
     ) -> Value {
         let response = response.map(|response| {
             json!({
@@ -850,7 +859,7 @@ impl Lease {
                 "body": hex(&response.body),
             })
         });
-        let new = self.new.as_ref().map(|new| {
+        let new = self.new.as_ref().filter(|_| store_new).map(|new| {
             json!({
                 "account_id": new.account_id,
                 "key": new.key,
@@ -897,7 +906,7 @@ impl Lease {
         if self.new.is_none() {
             return Ok(());
         }
-        let fence = self.fence_to(&self.point, None, None);
+        let fence = self.fence_to(&self.point, None, None, true);
         let stored = self
             .engine
             .retrying(|| async {
