@@ -790,7 +790,7 @@ impl Lease {
                 Some(Err(PhaseError::LeaseLost))
             }
             Err(PhaseError::Superseded) => {
-                self.engine.observer.event(Event::InUse);
+                // Not counted here: the claim that follows counts what the key turned out to be.
                 tracing::debug!(parent: span, "another request stored the new key first: the phase was rolled back");
                 Some(Err(PhaseError::Superseded))
             }
@@ -959,7 +959,9 @@ impl Lease {
 
     /// Before a foreign call that is not the planned one (a lookup at the processor): makes sure,
     /// fenced, that this lease still holds the key at its recovery point, and extends it, so that
-    /// each foreign call starts with a whole lease ahead of it.
+    /// each foreign call starts with a whole lease ahead of it. A new key not stored yet is
+    /// stored first, at its recovery point ([`Interrupted::Superseded`] if another request stored
+    /// it first), as before any foreign call.
     pub async fn renew(&mut self) -> Result<(), Interrupted> {
         self.just_planned = None;
         self.before_call().await.map(|_| ())

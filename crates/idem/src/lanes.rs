@@ -85,7 +85,7 @@ impl Lanes {
             Err(_) => return Err(IdemError::Database(sqlx::Error::PoolTimedOut)),
         }
         // Not bounded here: a lane that took the claim runs it to its end (bounded by the
-        // session's timeouts), and its answer, a lease perhaps, must not be thrown away.
+        // session's timeouts), and its answer is waited for.
         answered.await.map_err(|_| closed())?
     }
 }
