@@ -361,6 +361,8 @@ impl Payment {
 struct PaymentRow {
     id: String,
     account_id: String,
+    /// The key that created it: what a fenced insert checks its fence by.
+    idempotency_key_id: Option<i64>,
     amount: i64,
     currency: String,
     status: String,
@@ -424,7 +426,8 @@ pub async fn insert_fenced(
 ) -> Result<(i64, Payment), DomainError> {
     let metadata = serde_json::to_value(request.metadata.clone().unwrap_or_default())
         .map_err(|_| DomainError::Corrupt("metadata"))?;
-    let row = sqlx::query!(
+    let row = sqlx::query_as!(
+        PaymentRow,
         r#"
         WITH fence AS (
             SELECT idem_commit($11) AS key_id
@@ -441,9 +444,9 @@ pub async fn insert_fenced(
                    jsonb_build_object('amount', amount, 'currency', currency)
               FROM payment
         )
-        SELECT idempotency_key_id AS "key_id!", id, account_id, amount, currency, status,
-               capture_method, amount_captured, amount_refunded, payment_method, description,
-               metadata, receipt_email, processor_charge_id, failure_code, failure_message,
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
                cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
           FROM payment
         "#,
@@ -461,26 +464,9 @@ pub async fn insert_fenced(
     )
     .fetch_one(executor)
     .await?;
-    let payment = PaymentRow {
-        id: row.id,
-        account_id: row.account_id,
-        amount: row.amount,
-        currency: row.currency,
-        status: row.status,
-        capture_method: row.capture_method,
-        amount_captured: row.amount_captured,
-        amount_refunded: row.amount_refunded,
-        payment_method: row.payment_method,
-        description: row.description,
-        metadata: row.metadata,
-        receipt_email: row.receipt_email,
-        processor_charge_id: row.processor_charge_id,
-        failure_code: row.failure_code,
-        failure_message: row.failure_message,
-        cancellation_reason: row.cancellation_reason,
-        created: row.created,
-    };
-    Ok((row.key_id, payment.try_into()?))
+    let key_id =
+        row.idempotency_key_id.ok_or(DomainError::Corrupt("a fenced payment without its key"))?;
+    Ok((key_id, row.try_into()?))
 }
 
 /// A payment of the account.
@@ -492,10 +478,10 @@ pub async fn find(
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
-        SELECT id, account_id, amount, currency, status, capture_method, amount_captured,
-               amount_refunded, payment_method, description, metadata, receipt_email,
-               processor_charge_id, failure_code, failure_message, cancellation_reason,
-               extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
           FROM payments WHERE account_id = $1 AND id = $2
         "#,
         account_id,
@@ -514,10 +500,10 @@ pub async fn find_by_key(
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
-        SELECT id, account_id, amount, currency, status, capture_method, amount_captured,
-               amount_refunded, payment_method, description, metadata, receipt_email,
-               processor_charge_id, failure_code, failure_message, cancellation_reason,
-               extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
           FROM payments WHERE idempotency_key_id = $1
         "#,
         key_id
@@ -536,10 +522,10 @@ pub async fn lock(
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
-        SELECT id, account_id, amount, currency, status, capture_method, amount_captured,
-               amount_refunded, payment_method, description, metadata, receipt_email,
-               processor_charge_id, failure_code, failure_message, cancellation_reason,
-               extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
           FROM payments WHERE account_id = $1 AND id = $2
            FOR UPDATE
         "#,
@@ -609,10 +595,10 @@ pub async fn update(
                                       idempotency_key_id, detail)
             SELECT account_id, id, $12, $13, $14, $15 FROM updated WHERE $12::text IS NOT NULL
         )
-        SELECT id, account_id, amount, currency, status, capture_method, amount_captured,
-               amount_refunded, payment_method, description, metadata, receipt_email,
-               processor_charge_id, failure_code, failure_message, cancellation_reason,
-               extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
           FROM updated
         "#,
         id,
@@ -673,7 +659,8 @@ pub async fn list(
         )
         SELECT p.seq AS "seq?",
                (extract(epoch FROM p.created_at) * 1000000)::bigint AS "created_us?",
-               p.id AS "id?", p.account_id AS "account_id?", p.amount AS "amount?",
+               p.id AS "id?", p.account_id AS "account_id?", p.idempotency_key_id,
+               p.amount AS "amount?",
                p.currency AS "currency?", p.status AS "status?", p.capture_method AS "capture_method?",
                p.amount_captured AS "amount_captured?", p.amount_refunded AS "amount_refunded?",
                p.payment_method AS "payment_method?", p.description, p.metadata AS "metadata?",
@@ -731,6 +718,7 @@ pub async fn list(
         payments.push(Payment::try_from(PaymentRow {
             id,
             account_id,
+            idempotency_key_id: r.idempotency_key_id,
             amount,
             currency,
             status,
