@@ -238,8 +238,8 @@ impl Engine {
                 Seen::Key(row) => row,
                 Seen::Unauthenticated => return Ok(Claim::Unauthenticated),
                 // A new key: nothing is stored until the first phase commits, which inserts the
-                // key with its own writes (`Lease::phase`). The lease is this request's alone
-                // until then, because no one else can see it.
+                // key with its own writes (`Lease::phase`, `Lease::phase_in_one`). The lease is
+                // this request's alone until then, because no one else can see it.
                 Seen::Absent(reserved) => {
                     self.observer.event(Event::Claimed);
                     let new = NewKey {
@@ -680,9 +680,10 @@ impl Lease {
     /// deadlocks run the phase again (so `work` may run more than once; it only touches the
     /// database, never the outside world).
     ///
-    /// The first phase of a new key also stores the key, after `work`'s writes and in the same
-    /// transaction: if another request stored the same key first, the phase rolls back and fails
-    /// with [`PhaseError::Superseded`].
+    /// The first phase of a new key also stores the key, first in the same transaction (so that
+    /// `work` may write rows that refer to it): if another request stored the same key first, the
+    /// insert waits for it on the unique index, the phase rolls back and fails with
+    /// [`PhaseError::Superseded`].
     pub async fn phase<P, E, F>(&mut self, mut work: F) -> Result<Step<P>, PhaseError<E>>
     where
         P: RecoveryPoint,
