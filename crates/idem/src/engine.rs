@@ -144,7 +144,9 @@ pub struct ClaimRequest<'a> {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // matched at once by the caller; a box would allocate per claim
 pub enum Claim {
-    /// This request holds the key: a new key, or one resumed from its recovery point.
+    /// This request holds the key: a new key, or one resumed from its recovery point. A new key
+    /// is stored by its first phase; until then no one else sees it, and a request that stored it
+    /// first makes that phase fail with `Superseded` (claim again).
     Acquired(Lease),
     /// The key has a final answer; send it again.
     Replay(StoredResponse),
