@@ -301,11 +301,19 @@ impl Runner {
         let engine = self.engine.clone();
         let task = self.tasks.spawn(
             async move {
-                let claim = engine.claim(&owned.request()).await?;
-                Ok::<_, idem::IdemError>(match claim {
-                    Claim::Acquired(lease) => Ran::Driven(idem::drive(&operation, lease).await),
-                    other => Ran::Claimed(other),
-                })
+                // A new key's first phase can find that another request stored the key first;
+                // claiming again then reads it (stored now, so at most once more).
+                for _ in 0..2 {
+                    let lease = match engine.claim(&owned.request()).await? {
+                        Claim::Acquired(lease) => lease,
+                        other => return Ok(Ran::Claimed(other)),
+                    };
+                    match idem::drive(&operation, lease).await {
+                        Err(Interrupted::Superseded) => {}
+                        driven => return Ok(Ran::Driven(driven)),
+                    }
+                }
+                Err(idem::IdemError::Contended)
             }
             .in_current_span(),
         );
@@ -404,6 +412,8 @@ fn interrupted_error(interrupted: Interrupted) -> ApiError {
         Interrupted::NeedsHuman { .. } => needs_review(),
         // Another process took the key over and will answer; a retry gets its answer.
         Interrupted::LeaseLost => in_use(),
+        // Claimed again by the runner; should it come this far, the key is in flight elsewhere.
+        Interrupted::Superseded => in_use(),
         // At most five minutes: a promise a client can keep without giving up.
         Interrupted::Waiting { retry_in, .. } => ApiError::new(
             ProblemCode::ProcessorUnavailable,

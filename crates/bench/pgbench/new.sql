@@ -3,71 +3,59 @@
 -- HTTP, the JSON and the processor call. (The API looks an API key up on its own only the first
 -- time it sees it; from then on the claim checks it, as here.) The only differences are what
 -- pgbench needs: plain column aliases (its \gset takes no `"id!"`), ids made from a random number
--- (it has no string variables), and literal values of the same size where the API computes them.
+-- (it has no string variables), the fences' JSON built in SQL around the reserved key id, and
+-- literal values of the same size where the API computes them.
 --
 -- Variables: account, key_hash (set by payments-bench).
 \set n random(1000000000, 9223372036854775806)
 
--- The claim: one statement checks the API key, then inserts the key or reads the existing one.
+-- The claim's read (crates/idem/src/store.rs, `read`): checks the API key and finds no key, so
+-- it reserves the id the first phase stores the key under.
 WITH principal AS (
     SELECT 1 AS live
      WHERE :key_hash::bytea IS NULL
         OR EXISTS (SELECT 1 FROM api_keys
                     WHERE key_hash = :key_hash AND account_id = :account AND revoked_at IS NULL)
-), inserted AS (
-    INSERT INTO idempotency_keys
-        (account_id, idempotency_key, fingerprint, request_method, request_path,
-         request_id, operation, request_params, owner_token, locked_until)
-    SELECT :account, :n, '\x48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0'::bytea, 'POST', '/v1/payments', 'req_e8oJXKStH4I7DzCaPcWXJdX9', 'payments.create', '{"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}'::jsonb, 'c0a80101-0000-4000-8000-000000000001'::uuid,
-           now() + 60000 * interval '1 millisecond'
-      FROM principal
-    ON CONFLICT (account_id, idempotency_key) DO NOTHING
-    RETURNING id
 )
-SELECT k.id AS key_id, k.inserted, k.fingerprint, k.request_method, k.request_path,
-       k.request_id, k.operation, k.request_params, k.owner_token, k.lease_active,
-       k.needs_human, k.response_status, k.response_headers, k.response_body
+SELECT k.id AS found, k.fingerprint, k.request_method, k.request_path, k.request_id, k.operation,
+       k.request_params, k.owner_token, coalesce(k.locked_until > now(), false) AS lease_active,
+       k.needs_human_at IS NOT NULL AS needs_human, k.response_status, k.response_headers,
+       k.response_body,
+       CASE WHEN k.id IS NULL THEN nextval('idempotency_keys_id_seq') END AS key_id
   FROM principal
-  LEFT JOIN LATERAL (
-    SELECT id, true AS inserted, '\x00'::bytea AS fingerprint, 'POST'::text AS request_method,
-           '/v1/payments'::text AS request_path, 'req'::text AS request_id,
-           'payments.create'::text AS operation, '{}'::jsonb AS request_params,
-           'c0a80101-0000-4000-8000-000000000001'::uuid AS owner_token, true AS lease_active,
-           false AS needs_human, NULL::smallint AS response_status,
-           NULL::jsonb AS response_headers, NULL::bytea AS response_body
-      FROM inserted
-    UNION ALL
-    SELECT k.id, false, k.fingerprint, k.request_method, k.request_path, k.request_id,
-           k.operation, k.request_params, k.owner_token,
-           coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
-           k.response_status, k.response_headers, k.response_body
-      FROM idempotency_keys k
-     WHERE k.account_id = :account AND k.idempotency_key = :n::text
-       AND NOT EXISTS (SELECT 1 FROM inserted)
-  ) k ON true
+  LEFT JOIN idempotency_keys k ON k.account_id = :account AND k.idempotency_key = :n::text
 \gset
 
--- Phase 1 (started → payment_created): the payment row, its audit record, the fence.
-BEGIN;
-INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
-                      capture_method, payment_method, description, metadata, receipt_email)
-VALUES ('pay_' || :n, :account, :key_id, 1000, 'usd', 'processing', 'automatic', 'pm_card_visa', NULL, '{}', NULL)
-RETURNING id, account_id, amount, currency, status, capture_method, amount_captured,
-          amount_refunded, payment_method, description, metadata, receipt_email,
-          processor_charge_id, failure_code, failure_message, cancellation_reason,
-          extract(epoch FROM created_at)::bigint AS created;
-INSERT INTO audit_events (account_id, object_id, action, request_id, idempotency_key_id, detail)
- VALUES (:account, 'pay_' || :n, 'payment.created', 'req_e8oJXKStH4I7DzCaPcWXJdX9', :key_id, '{"amount": 1000, "currency": "usd"}');
-UPDATE idempotency_keys
-   SET recovery_point = 'payment_created', locked_until = now() + 60000 * interval '1 millisecond',
-       last_run_at = now()
- WHERE id = :key_id AND owner_token = 'c0a80101-0000-4000-8000-000000000001' AND recovery_point = 'started';
-COMMIT;
+-- Phase 1 (started → payment_created), one statement that commits on its own
+-- (crates/domain/src/payments.rs, `insert_fenced`): the fence stores the new key, then the
+-- payment and its audit record.
+WITH fence AS (
+    SELECT idem_commit(('{"key_id": ' || :key_id || ', "token": "c0a80101-0000-4000-8000-000000000001", "expected": "started", "lease_ms": 60000, "next": "payment_created", "plan": {"path": "/v1/charges", "key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge", "params": [["amount", "1000"], ["currency", "usd"], ["source", "pm_card_visa"], ["capture", "true"], ["metadata[payment_id]", "pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]}, "response": null, "new": {"account_id": "' || :account || '", "key": "' || :n || '", "fingerprint": "48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0", "method": "POST", "path": "/v1/payments", "request_id": "req_e8oJXKStH4I7DzCaPcWXJdX9", "operation": "payments.create", "params": {"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}}}')::jsonb) AS key_id
+), payment AS (
+    INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
+                          capture_method, payment_method, description, metadata,
+                          receipt_email)
+    SELECT 'pay_' || :n, :account, fence.key_id, 1000, 'usd', 'processing', 'automatic', 'pm_card_visa', NULL, '{}', NULL FROM fence
+    RETURNING *
+), audit AS (
+    INSERT INTO audit_events (account_id, object_id, action, request_id,
+                              idempotency_key_id, detail)
+    SELECT account_id, id, 'payment.created', 'req_e8oJXKStH4I7DzCaPcWXJdX9', idempotency_key_id,
+           jsonb_build_object('amount', amount, 'currency', currency)
+      FROM payment
+)
+SELECT idempotency_key_id AS key_id, id, account_id, amount, currency, status,
+       capture_method, amount_captured, amount_refunded, payment_method, description,
+       metadata, receipt_email, processor_charge_id, failure_code, failure_message,
+       cancellation_reason, extract(epoch FROM created_at)::bigint AS created
+  FROM payment;
 
 -- (payments-api calls the processor here.)
 
--- Phase 2 (payment_created → finished): the processor's answer and the stored response.
+-- Phase 2 (payment_created → finished): the payment's update with its audit record, the event,
+-- the fence that stores the answer.
 BEGIN;
+WITH updated AS (
 UPDATE payments
    SET status = coalesce('succeeded', status),
        amount_captured = coalesce(1000, amount_captured),
@@ -80,15 +68,27 @@ UPDATE payments
        metadata = coalesce(NULL, metadata),
        updated_at = now()
  WHERE id = 'pay_' || :n
-RETURNING id, account_id, amount, currency, status, capture_method, amount_captured,
-          amount_refunded, payment_method, description, metadata, receipt_email,
-          processor_charge_id, failure_code, failure_message, cancellation_reason,
-          extract(epoch FROM created_at)::bigint AS created;
-INSERT INTO audit_events (account_id, object_id, action, request_id, idempotency_key_id, detail)
- VALUES (:account, 'pay_' || :n, 'payment.charged', 'req_e8oJXKStH4I7DzCaPcWXJdX9', :key_id, '{"charge": "ch_jTSo8sJMqW8JXUKh6cdKllwH", "status": "succeeded", "downstream_key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge"}');
-UPDATE idempotency_keys
-   SET recovery_point = 'finished', owner_token = NULL, locked_until = NULL,
-       response_status = 201, response_headers = '[["content-type", "application/json"], ["etag", "\"963d41e78ce44c886e7cfd57\""], ["location", "/v1/payments/pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]', response_body = convert_to(repeat('x', 443), 'UTF8'),
-       completed_at = now(), last_run_at = now(), last_error = NULL
- WHERE id = :key_id AND owner_token = 'c0a80101-0000-4000-8000-000000000001' AND recovery_point = 'payment_created';
+RETURNING *
+), audit AS (
+    INSERT INTO audit_events (account_id, object_id, action, request_id,
+                              idempotency_key_id, detail)
+    SELECT account_id, id, 'payment.charged', 'req_e8oJXKStH4I7DzCaPcWXJdX9', :key_id, '{"charge": "ch_jTSo8sJMqW8JXUKh6cdKllwH", "status": "succeeded", "downstream_key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge"}'::jsonb FROM updated WHERE 'payment.charged'::text IS NOT NULL
+)
+SELECT id, account_id, amount, currency, status, capture_method, amount_captured,
+       amount_refunded, payment_method, description, metadata, receipt_email,
+       processor_charge_id, failure_code, failure_message, cancellation_reason,
+       extract(epoch FROM created_at)::bigint AS created
+  FROM updated;
+WITH event AS (
+    INSERT INTO events (id, account_id, type, object) VALUES ('evt_' || :n, :account, 'payment.succeeded', ('{"id": "pay_' || :n || '", "object": "payment", "amount": 1000, "currency": "usd", "status": "succeeded", "capture_method": "automatic", "amount_captured": 1000, "amount_refunded": 0, "refunded": false, "payment_method": "pm_card_visa", "description": null, "metadata": {}, "receipt_email": null, "processor_charge_id": "ch_jTSo8sJMqW8JXUKh6cdKllwH", "failure_code": null, "failure_message": null, "cancellation_reason": null, "created": 1764500000, "livemode": false}')::jsonb)
+    RETURNING id
+)
+INSERT INTO jobs (kind, dedupe_key, payload)
+SELECT 'webhook', event.id || ':' || w.id,
+       jsonb_build_object('event_id', event.id, 'endpoint_id', w.id)
+  FROM event, webhook_endpoints w
+ WHERE w.account_id = :account AND w.status = 'enabled' AND w.deleted_at IS NULL
+   AND ('payment.succeeded' = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+ON CONFLICT (kind, dedupe_key) DO NOTHING;
+SELECT idem_commit(('{"key_id": ' || :key_id || ', "token": "c0a80101-0000-4000-8000-000000000001", "expected": "payment_created", "lease_ms": 60000, "next": "finished", "plan": null, "response": {"status": 201, "headers": [["content-type", "application/json"], ["etag", "\"963d41e78ce44c886e7cfd57\""], ["location", "/v1/payments/pay_PTVNNLIEKaN2kLLdZ7l31Kon"]], "body": "' || encode(convert_to(repeat('x', 443), 'UTF8'), 'hex') || '"}, "new": null}')::jsonb) AS key_id;
 COMMIT;

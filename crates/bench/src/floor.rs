@@ -1,7 +1,12 @@
-//! The floor: each scenario's SQL alone, sent by `pgbench` at the same concurrency as the API's
-//! run, as the account the API's requests act for. Nothing can serve the scenario faster than
-//! the database can run its statements, so the API's throughput over this is the figure to
-//! improve.
+//! The floors: each scenario's SQL alone, sent by `pgbench` at the same concurrency as the API's
+//! run. Two of them:
+//!
+//! - the design's floor (`pgbench/design/`, copied from the steering repository's
+//!   `shared/bench-floor/`): the least SQL any implementation of the idempotency design must send,
+//!   on a minimal schema of its own. It does not move when the project's SQL changes, so API /
+//!   design floor is the headline ratio;
+//! - the project's floor (`pgbench/new.sql`, `replay.sql`): the API's own statements, as the
+//!   account the API's requests act for: what the API costs beyond the SQL it sends.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,6 +21,18 @@ use crate::load::{Budget, histogram};
 const NEW_SQL: &str = include_str!("../pgbench/new.sql");
 /// A replay's statements (`crates/bench/pgbench/replay.sql`).
 const REPLAY_SQL: &str = include_str!("../pgbench/replay.sql");
+
+/// The design floor's scripts (`pgbench/design/README.md`).
+pub mod design {
+    /// The minimal schema.
+    pub const SCHEMA: &str = include_str!("../pgbench/design/schema.sql");
+    /// The completed keys `replay_select.sql` reads; `:nkeys` is the count.
+    pub const SEED: &str = include_str!("../pgbench/design/seed_replay.sql");
+    /// A new payment: two transactions of 2 + 3 statements.
+    pub const PAYMENT: &str = include_str!("../pgbench/design/payment_2tx.sql");
+    /// A replay: one point `SELECT`.
+    pub const REPLAY: &str = include_str!("../pgbench/design/replay_select.sql");
+}
 
 /// pgbench, its scripts and the variables they need.
 #[derive(Debug)]
@@ -40,7 +57,8 @@ pub struct FloorRun {
 }
 
 impl Floor {
-    pub fn new(
+    /// The project's floor: the API's own statements, as `account` with its API key.
+    pub fn project(
         work_dir: &Path,
         url: String,
         account: &str,
@@ -49,22 +67,47 @@ impl Floor {
         fanout: u64,
         threads: usize,
     ) -> anyhow::Result<Self> {
-        let dir = work_dir.join("pgbench");
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("new.sql"), NEW_SQL)?;
-        std::fs::write(dir.join("replay.sql"), REPLAY_SQL)?;
-        Ok(Self {
-            pgbench: find_pgbench()?,
-            dir,
+        let vars = vec![
+            ("account", account.to_owned()),
+            ("key_hash", format!("\\x{key_hash_hex}")),
+            ("replay_keys", replay_keys.to_string()),
+        ];
+        Self::with_scripts(
+            &work_dir.join("pgbench"),
+            (NEW_SQL, REPLAY_SQL),
             url,
-            vars: vec![
-                ("account", account.to_owned()),
-                ("key_hash", format!("\\x{key_hash_hex}")),
-                ("replay_keys", replay_keys.to_string()),
-            ],
+            vars,
             fanout,
             threads,
-        })
+        )
+    }
+
+    /// The design's floor, on a database that holds `design::SCHEMA` and `replay_keys` keys of
+    /// `design::SEED`.
+    pub fn design(
+        work_dir: &Path,
+        url: String,
+        replay_keys: u64,
+        fanout: u64,
+        threads: usize,
+    ) -> anyhow::Result<Self> {
+        let vars = vec![("nkeys", replay_keys.to_string())];
+        let scripts = (design::PAYMENT, design::REPLAY);
+        Self::with_scripts(&work_dir.join("pgbench-design"), scripts, url, vars, fanout, threads)
+    }
+
+    fn with_scripts(
+        dir: &Path,
+        (new, replay): (&str, &str),
+        url: String,
+        vars: Vec<(&'static str, String)>,
+        fanout: u64,
+        threads: usize,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("new.sql"), new)?;
+        std::fs::write(dir.join("replay.sql"), replay)?;
+        Ok(Self { pgbench: find_pgbench()?, dir: dir.to_owned(), url, vars, fanout, threads })
     }
 
     /// Runs `scenario`'s SQL over `clients` connections for the budget.

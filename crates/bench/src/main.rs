@@ -2,7 +2,9 @@
 //!
 //! It starts the real `payments-api`, `payments-worker` and `processor-sim` (no added latency)
 //! against a fresh database, drives three scenarios over 1, 8 and 32 keep-alive connections, and
-//! right beside each run sends the same scenario's SQL through `pgbench` at the same concurrency:
+//! right beside each run sends through `pgbench`, at the same concurrency and for the same time,
+//! the design's floor (the least SQL the idempotency design needs, on a minimal schema: the
+//! headline ratio) and the project's floor (the API's own statements):
 //!
 //! - `new`: a fresh key per request, the whole flow (claim, two phases, a processor call);
 //! - `replay`: a completed key per request, answered from the stored response;
@@ -25,11 +27,15 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use sha2::{Digest, Sha256};
+use sqlx::postgres::PgPoolOptions;
 
 use crate::floor::Floor;
 use crate::load::{Budget, Keys, Target};
 use crate::report::{Counted, Report, Row};
 use crate::server::{API_ROLE, Database, FLOOR_ROLE, Process, WORKER_ROLE};
+
+/// The design floor's database, beside the API's.
+const DESIGN_DATABASE: &str = "payments_bench_design";
 
 /// A benchmark scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -154,7 +160,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     eprintln!("bench: creating {} completed payments for `replay`", args.replay_keys);
     load::preload(&target, args.replay_keys).await?;
 
-    let floor = Floor::new(
+    eprintln!("bench: preparing the design floor's database");
+    let design_url = design_database(&db, args.replay_keys).await?;
+    let design =
+        Floor::design(&args.work_dir, design_url, args.replay_keys, args.fanout, args.threads)?;
+    let floor = Floor::project(
         &args.work_dir,
         db.url_as(FLOOR_ROLE),
         &account,
@@ -175,6 +185,8 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         for &connections in &args.connections {
             eprintln!("bench: {} at {connections} connection(s)", scenario.name());
             let cpu = || server::Cpu::now(api.pid(), sim.pid());
+            let design_run =
+                design.run(scenario, connections, Budget::Time(secs(args.seconds))).await?;
             let before = cpu();
             let floor_run =
                 floor.run(scenario, connections, Budget::Time(secs(args.seconds))).await?;
@@ -202,6 +214,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 scenario,
                 connections,
                 api: api_run,
+                design: design_run,
                 floor: floor_run,
                 api_cpu,
                 floor_cpu,
@@ -262,6 +275,34 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     std::fs::write(&out, &text)?;
     eprintln!("bench: wrote {}", out.display());
     Ok(())
+}
+
+/// A database of its own for the design floor, beside the API's on the same server: the design's
+/// minimal schema and `replay_keys` completed keys (`pgbench/design/`). Its URL, as the floor's
+/// role.
+async fn design_database(db: &Database, replay_keys: u64) -> anyhow::Result<String> {
+    sqlx::query(&format!("DROP DATABASE IF EXISTS \"{DESIGN_DATABASE}\" WITH (FORCE)"))
+        .execute(&db.pool)
+        .await?;
+    sqlx::query(&format!("CREATE DATABASE \"{DESIGN_DATABASE}\"")).execute(&db.pool).await?;
+    let options = db.options.clone().database(DESIGN_DATABASE);
+    let pool = PgPoolOptions::new().max_connections(1).connect_with(options).await?;
+    sqlx::raw_sql(floor::design::SCHEMA).execute(&pool).await.context("the design's schema")?;
+    // One statement at a time: the seed ends with a VACUUM, which no transaction may hold.
+    let seed = floor::design::SEED.replace(":nkeys", &replay_keys.to_string());
+    for statement in seed.split(";\n") {
+        let sql =
+            statement.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--"));
+        if sql {
+            sqlx::raw_sql(statement).execute(&pool).await.context("the design's replay keys")?;
+        }
+    }
+    pool.close().await;
+    Ok(format!(
+        "postgres://{FLOOR_ROLE}@{}:{}/{DESIGN_DATABASE}",
+        db.options.get_host(),
+        db.options.get_port()
+    ))
 }
 
 fn secs(n: u64) -> Duration {

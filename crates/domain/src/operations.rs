@@ -214,18 +214,7 @@ async fn record(
     lease: &LeaseInfo,
     detail: Value,
 ) -> Result<(), DomainError> {
-    audit::record(
-        tx,
-        &AuditEvent {
-            account_id,
-            object_id,
-            action,
-            request_id: &lease.request_id,
-            idempotency_key_id: lease.key_id,
-            detail,
-        },
-    )
-    .await
+    audit::record(tx, &lease.audit(account_id, object_id, action, detail)).await
 }
 
 /// What a phase needs to know of its lease, owned so that it can move into the phase's future.
@@ -238,6 +227,24 @@ struct LeaseInfo {
 impl LeaseInfo {
     fn of(lease: &Lease) -> Self {
         Self { key_id: lease.key_id(), request_id: lease.request_id().to_owned() }
+    }
+
+    /// The audit record of `action` on `object_id`, made under this lease.
+    fn audit<'a>(
+        &'a self,
+        account_id: &'a str,
+        object_id: &'a str,
+        action: &'a str,
+        detail: Value,
+    ) -> AuditEvent<'a> {
+        AuditEvent {
+            account_id,
+            object_id,
+            action,
+            request_id: &self.request_id,
+            idempotency_key_id: self.key_id,
+            detail,
+        }
     }
 }
 
@@ -438,18 +445,22 @@ impl<P: CardProcessor> CreatePayment<P> {
     }
 }
 
-/// The charge request for `payment`, frozen under its first key.
-fn charge_request(payment: &Payment, metadata: &BTreeMap<String, String>) -> FrozenRequest {
+/// The charge request for the payment `payment_id` made of `request`, frozen under its first key.
+fn charge_request(
+    payment_id: &str,
+    request: &CreatePaymentRequest,
+    metadata: &BTreeMap<String, String>,
+) -> FrozenRequest {
     ChargeRequest {
-        payment_id: payment.id.clone(),
-        amount: payment.amount,
-        currency: payment.currency.clone(),
-        source: payment.payment_method.clone(),
-        capture: payment.capture_method == CaptureMethod::Automatic,
-        description: payment.description.clone(),
+        payment_id: payment_id.to_owned(),
+        amount: request.amount,
+        currency: request.currency.clone(),
+        source: request.payment_method.clone(),
+        capture: request.capture_method == CaptureMethod::Automatic,
+        description: request.description.clone(),
         metadata: metadata.clone(),
     }
-    .freeze(DownstreamKey::charge(&payment.id))
+    .freeze(DownstreamKey::charge(payment_id))
 }
 
 impl<P: CardProcessor> CreatePayment<P> {
@@ -546,50 +557,42 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
     async fn step(&self, lease: &mut Lease, at: CreatePoint) -> Result<(), Interrupted> {
         let info = LeaseInfo::of(lease);
         match at {
+            // One statement: the payment, its audit record and the key (new, it is stored here),
+            // with the charge frozen at `payment_created`. The payment's id is made before, so
+            // that the frozen charge can name it.
             CreatePoint::Started => {
-                let made = Arc::new(Mutex::new(None));
-                lease
-                    .phase(|tx| {
-                        let (params, info, made) =
-                            (self.params.clone(), info.clone(), made.clone());
-                        let metadata = self.ctx.charge_metadata.clone();
+                let id = new_id("pay");
+                let params = &self.params;
+                let request = charge_request(&id, &params.request, &self.ctx.charge_metadata);
+                let step = Step::Call(CreatePoint::PaymentCreated, plan_of(&request));
+                let payment = lease
+                    .phase_in_one(step, |pool, fence| {
+                        let (id, info, params) = (id.clone(), info.clone(), params.clone());
                         boxed(async move {
-                            let id = new_id("pay");
-                            let payment = payments::insert(
-                                tx,
+                            let (account, request) = (&params.account_id, &params.request);
+                            let made = payments::insert_fenced(
+                                pool,
                                 &id,
-                                &params.account_id,
-                                info.key_id,
-                                &params.request,
+                                account,
+                                &info.request_id,
+                                request,
+                                fence,
                             )
                             .await?;
-                            record(
-                                tx,
-                                &params.account_id,
-                                &id,
-                                "payment.created",
-                                &info,
-                                json!({"amount": payment.amount, "currency": payment.currency}),
-                            )
-                            .await?;
-                            let plan = plan_of(&charge_request(&payment, &metadata));
-                            *made.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                                Some(payment);
-                            Ok::<_, PhaseError<DomainError>>(Step::Call(
-                                CreatePoint::PaymentCreated,
-                                plan,
-                            ))
+                            Ok::<_, PhaseError<DomainError>>(made)
                         })
                     })
                     .await?;
                 *self.created.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    made.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+                    Some(payment);
             }
             CreatePoint::PaymentCreated => {
                 let payment = self.payment(info.key_id).await?;
                 let metadata = &self.ctx.charge_metadata;
-                let request =
-                    planned_call(lease, at, || charge_request(&payment, metadata)).await?;
+                let request = planned_call(lease, at, || {
+                    charge_request(&payment.id, &self.params.request, metadata)
+                })
+                .await?;
                 // A key's first run made no call under it before: nothing can have been pushed.
                 let pushed = match lease.attempts() {
                     1 => None,
@@ -665,14 +668,14 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                                         processor_charge_id: Some(&charge.id),
                                         ..Changes::default()
                                     };
-                                    let payment = payments::update(tx, &payment.id, &changes).await?;
-                                    if let (PaymentStatus::Succeeded, Some(email)) = (payment.status, &payment.receipt_email) {
-                                        audit::stage_job(tx, "receipt", &payment.id, json!({"payment_id": payment.id, "email": email})).await?;
-                                    }
                                     if let Some(detail) = reconciled {
                                         record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
                                     }
-                                    record(tx, &payment.account_id, &payment.id, "payment.charged", &info, json!({"charge": charge.id, "downstream_key": key.as_str(), "status": status})).await?;
+                                    let charged = info.audit(&payment.account_id, &payment.id, "payment.charged", json!({"charge": charge.id, "downstream_key": key.as_str(), "status": status}));
+                                    let payment = payments::update(tx, &payment.id, &changes, Some(&charged)).await?;
+                                    if let (PaymentStatus::Succeeded, Some(email)) = (payment.status, &payment.receipt_email) {
+                                        audit::stage_job(tx, "receipt", &payment.id, json!({"payment_id": payment.id, "email": email})).await?;
+                                    }
                                     events::record(tx, &payment.account_id, if charge.captured { EventType::PaymentSucceeded } else { EventType::PaymentRequiresCapture }, &payment.to_json()).await?;
                                     Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(payment_answer(201, &payment, true)))
                                 })
@@ -718,20 +721,11 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                                         failure_message: Some(&problem.detail),
                                         ..Changes::default()
                                     };
-                                    let payment =
-                                        payments::update(tx, &payment.id, &changes).await?;
                                     if let Some(detail) = reconciled {
                                         record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
                                     }
-                                    record(
-                                        tx,
-                                        &payment.account_id,
-                                        &payment.id,
-                                        "payment.failed",
-                                        &info,
-                                        json!({"error": message}),
-                                    )
-                                    .await?;
+                                    let failed = info.audit(&payment.account_id, &payment.id, "payment.failed", json!({"error": message}));
+                                    let payment = payments::update(tx, &payment.id, &changes, Some(&failed)).await?;
                                     events::record(tx, &payment.account_id, EventType::PaymentFailed, &payment.to_json()).await?;
                                     Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(
                                         problem_answer(&problem, &info.request_id, &base),
@@ -900,6 +894,7 @@ async fn open_gate(
         tx,
         payment_id,
         &Changes { status: Some(PaymentStatus::Processing), ..Changes::default() },
+        None,
     )
     .await?;
     record(tx, account_id, payment_id, &format!("payment.{action}_started"), info, json!({}))
@@ -918,7 +913,7 @@ async fn reopen(
     action: &str,
 ) -> Result<StoredResponse, DomainError> {
     let changes = Changes { status: Some(PaymentStatus::RequiresCapture), ..Changes::default() };
-    payments::update(tx, &payment.id, &changes).await?;
+    payments::update(tx, &payment.id, &changes, None).await?;
     record(tx, &payment.account_id, &payment.id, action, info, json!({"detail": problem.detail}))
         .await?;
     Ok(problem_answer(problem, &info.request_id, public_base_url))
@@ -1083,7 +1078,7 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                             let step = match (captured, problem) {
                                 (Some(amount_captured), _) => {
                                     let changes = Changes { status: Some(PaymentStatus::Succeeded), amount_captured: Some(amount_captured), ..Changes::default() };
-                                    let payment = payments::update(tx, &payment.id, &changes).await?;
+                                    let payment = payments::update(tx, &payment.id, &changes, None).await?;
                                     if let Some(email) = &payment.receipt_email {
                                         audit::stage_job(tx, "receipt", &payment.id, json!({"payment_id": payment.id, "email": email})).await?;
                                     }
@@ -1234,7 +1229,7 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                                         ..Changes::default()
                                     };
                                     let payment =
-                                        payments::update(tx, &payment.id, &changes).await?;
+                                        payments::update(tx, &payment.id, &changes, None).await?;
                                     record(
                                         tx,
                                         &payment.account_id,
@@ -1383,7 +1378,7 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                                     .with_param("amount"),
                                 );
                             }
-                            payments::update(tx, &payment.id, &Changes { refunded_delta: amount, ..Changes::default() }).await?;
+                            payments::update(tx, &payment.id, &Changes { refunded_delta: amount, ..Changes::default() }, None).await?;
                             let id = new_id("re");
                             let metadata: BTreeMap<String, String> = params.request.metadata.clone().unwrap_or_default();
                             let refund = refunds::insert(tx, &NewRefund {
@@ -1487,7 +1482,7 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                                 Some((problem, code)) => {
                                     // Give the reservation back: the money did not move.
                                     let failed = refunds::settle(tx, &refund.id, None, Some(&code)).await?;
-                                    payments::update(tx, &refund.payment_id, &Changes { refunded_delta: -refund.amount, ..Changes::default() }).await?;
+                                    payments::update(tx, &refund.payment_id, &Changes { refunded_delta: -refund.amount, ..Changes::default() }, None).await?;
                                     record(tx, &refund.account_id, &refund.id, "refund.failed", &info, json!({"detail": problem.detail})).await?;
                                     events::record(tx, &refund.account_id, EventType::RefundFailed, &failed.to_json()).await?;
                                     Step::Finish(problem_answer(&problem, &info.request_id, &base))

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
+use crate::audit::AuditEvent;
 use crate::money::{AMOUNT_MAX, Amount, Currency, SUPPORTED_CURRENCIES};
 
 /// The payment-method tokens of test mode, as Stripe's test cards name them.
@@ -360,6 +361,8 @@ impl Payment {
 struct PaymentRow {
     id: String,
     account_id: String,
+    /// The key that created it: what a fenced insert checks its fence by.
+    idempotency_key_id: Option<i64>,
     amount: i64,
     currency: String,
     status: String,
@@ -408,30 +411,47 @@ impl TryFrom<PaymentRow> for Payment {
     }
 }
 
-/// Inserts a new payment, `processing`, created by the idempotency key `key_id`.
-pub async fn insert(
-    conn: &mut PgConnection,
+/// The first phase of a new payment, as one statement that commits on its own: inserts the
+/// payment, `processing`, with its `payment.created` audit record, and ends the phase with
+/// `idem_commit(fence)` (the idempotency engine's fence, which stores a new key), so that the
+/// payment exists exactly when its key records it. Returns the key's id, as `idem_commit` did, and
+/// the payment.
+pub async fn insert_fenced(
+    executor: impl PgExecutor<'_>,
     id: &str,
     account_id: &str,
-    key_id: i64,
+    request_id: &str,
     request: &CreatePaymentRequest,
-) -> Result<Payment, DomainError> {
+    fence: &serde_json::Value,
+) -> Result<(i64, Payment), DomainError> {
     let metadata = serde_json::to_value(request.metadata.clone().unwrap_or_default())
         .map_err(|_| DomainError::Corrupt("metadata"))?;
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
-        INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
-                              capture_method, payment_method, description, metadata, receipt_email)
-        VALUES ($1, $2, $3, $4, $5, 'processing', $6, $7, $8, $9, $10)
-        RETURNING id, account_id, amount, currency, status, capture_method, amount_captured,
-                  amount_refunded, payment_method, description, metadata, receipt_email,
-                  processor_charge_id, failure_code, failure_message, cancellation_reason,
-                  extract(epoch FROM created_at)::bigint AS "created!"
+        WITH fence AS (
+            SELECT idem_commit($11) AS key_id
+        ), payment AS (
+            INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
+                                  capture_method, payment_method, description, metadata,
+                                  receipt_email)
+            SELECT $1, $2, fence.key_id, $3, $4, 'processing', $5, $6, $7, $8, $9 FROM fence
+            RETURNING *
+        ), audit AS (
+            INSERT INTO audit_events (account_id, object_id, action, request_id,
+                                      idempotency_key_id, detail)
+            SELECT account_id, id, 'payment.created', $10, idempotency_key_id,
+                   jsonb_build_object('amount', amount, 'currency', currency)
+              FROM payment
+        )
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+          FROM payment
         "#,
         id,
         account_id,
-        key_id,
         request.amount,
         request.currency,
         request.capture_method.as_str(),
@@ -439,10 +459,14 @@ pub async fn insert(
         request.description,
         metadata,
         request.receipt_email,
+        request_id,
+        fence,
     )
-    .fetch_one(conn)
+    .fetch_one(executor)
     .await?;
-    row.try_into()
+    let key_id =
+        row.idempotency_key_id.ok_or(DomainError::Corrupt("a fenced payment without its key"))?;
+    Ok((key_id, row.try_into()?))
 }
 
 /// A payment of the account.
@@ -454,10 +478,10 @@ pub async fn find(
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
-        SELECT id, account_id, amount, currency, status, capture_method, amount_captured,
-               amount_refunded, payment_method, description, metadata, receipt_email,
-               processor_charge_id, failure_code, failure_message, cancellation_reason,
-               extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
           FROM payments WHERE account_id = $1 AND id = $2
         "#,
         account_id,
@@ -476,10 +500,10 @@ pub async fn find_by_key(
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
-        SELECT id, account_id, amount, currency, status, capture_method, amount_captured,
-               amount_refunded, payment_method, description, metadata, receipt_email,
-               processor_charge_id, failure_code, failure_message, cancellation_reason,
-               extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
           FROM payments WHERE idempotency_key_id = $1
         "#,
         key_id
@@ -510,10 +534,10 @@ pub async fn lock(
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
-        SELECT id, account_id, amount, currency, status, capture_method, amount_captured,
-               amount_refunded, payment_method, description, metadata, receipt_email,
-               processor_charge_id, failure_code, failure_message, cancellation_reason,
-               extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
           FROM payments WHERE account_id = $1 AND id = $2
            FOR UPDATE
         "#,
@@ -548,11 +572,13 @@ pub struct Changes<'a> {
     pub metadata: Option<&'a BTreeMap<String, String>>,
 }
 
-/// Applies `changes` and returns the payment as it now is.
+/// Applies `changes` and returns the payment as it now is; with `audit`, writes that audit
+/// record in the same statement.
 pub async fn update(
     conn: &mut PgConnection,
     id: &str,
     changes: &Changes<'_>,
+    audit: Option<&AuditEvent<'_>>,
 ) -> Result<Payment, DomainError> {
     let metadata = changes
         .metadata
@@ -562,6 +588,7 @@ pub async fn update(
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
+        WITH updated AS (
         UPDATE payments
            SET status = coalesce($2, status),
                amount_captured = coalesce($3, amount_captured),
@@ -574,10 +601,17 @@ pub async fn update(
                metadata = coalesce($11, metadata),
                updated_at = now()
          WHERE id = $1
-        RETURNING id, account_id, amount, currency, status, capture_method, amount_captured,
-                  amount_refunded, payment_method, description, metadata, receipt_email,
-                  processor_charge_id, failure_code, failure_message, cancellation_reason,
-                  extract(epoch FROM created_at)::bigint AS "created!"
+        RETURNING *
+        ), audit AS (
+            INSERT INTO audit_events (account_id, object_id, action, request_id,
+                                      idempotency_key_id, detail)
+            SELECT account_id, id, $12, $13, $14, $15 FROM updated WHERE $12::text IS NOT NULL
+        )
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+          FROM updated
         "#,
         id,
         changes.status.map(PaymentStatus::as_str),
@@ -590,6 +624,10 @@ pub async fn update(
         changes.description.is_some(),
         changes.description.flatten(),
         metadata,
+        audit.map(|event| event.action),
+        audit.map(|event| event.request_id),
+        audit.map(|event| event.idempotency_key_id),
+        audit.map(|event| &event.detail),
     )
     .fetch_one(conn)
     .await?;
@@ -633,7 +671,8 @@ pub async fn list(
         )
         SELECT p.seq AS "seq?",
                (extract(epoch FROM p.created_at) * 1000000)::bigint AS "created_us?",
-               p.id AS "id?", p.account_id AS "account_id?", p.amount AS "amount?",
+               p.id AS "id?", p.account_id AS "account_id?", p.idempotency_key_id,
+               p.amount AS "amount?",
                p.currency AS "currency?", p.status AS "status?", p.capture_method AS "capture_method?",
                p.amount_captured AS "amount_captured?", p.amount_refunded AS "amount_refunded?",
                p.payment_method AS "payment_method?", p.description, p.metadata AS "metadata?",
@@ -691,6 +730,7 @@ pub async fn list(
         payments.push(Payment::try_from(PaymentRow {
             id,
             account_id,
+            idempotency_key_id: r.idempotency_key_id,
             amount,
             currency,
             status,

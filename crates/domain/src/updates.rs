@@ -111,7 +111,7 @@ pub async fn apply(
         metadata: metadata.as_ref(),
         ..Changes::default()
     };
-    let payment = payments::update(tx, id, &changes).await?;
+    let payment = payments::update(tx, id, &changes, None).await?;
     events::record(tx, account_id, EventType::PaymentUpdated, &payment.to_json()).await?;
     Ok(Patched::Updated(Box::new(payment)))
 }

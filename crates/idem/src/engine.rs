@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use serde_json::Value;
+use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
 use tracing::Instrument;
 use uuid::Uuid;
@@ -15,10 +15,13 @@ use uuid::Uuid;
 use crate::error::{IdemError, PhaseError, is_retryable};
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::lanes::{Lanes, OwnedNewKey};
+use crate::lanes::Lanes;
 use crate::observe::{Event, Observer};
 use crate::response::StoredResponse;
-use crate::store::{self, Seen};
+use crate::store::{self, Lookup, Seen};
+
+/// The SQLSTATE `idem_commit` raises when the fence refuses: the lease is lost.
+const LEASE_LOST: &str = "IL001";
 
 /// The recovery point every new key starts at.
 pub const STARTED: &str = "started";
@@ -141,7 +144,9 @@ pub struct ClaimRequest<'a> {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // matched at once by the caller; a box would allocate per claim
 pub enum Claim {
-    /// This request holds the key: a new key, or one resumed from its recovery point.
+    /// This request holds the key: a new key, or one resumed from its recovery point. A new key
+    /// is stored by its first phase; until then no one else sees it, and a request that stored it
+    /// first makes that phase fail with `Superseded` (claim again).
     Acquired(Lease),
     /// The key has a final answer; send it again.
     Replay(StoredResponse),
@@ -221,47 +226,51 @@ impl Engine {
     }
 
     async fn claim_inner(&self, request: &ClaimRequest<'_>) -> Result<Claim, IdemError> {
-        let lease_ms = self.config.lease_ms();
+        let lookup = Lookup {
+            account_id: request.account_id.to_owned(),
+            credential: request.credential.map(<[u8]>::to_vec),
+            key: request.key.as_str().to_owned(),
+        };
         for _ in 0..=self.config.db_retries {
-            let token = Uuid::new_v4();
-            let new = OwnedNewKey {
-                account_id: request.account_id.to_owned(),
-                credential: request.credential.map(<[u8]>::to_vec),
-                key: request.key.as_str().to_owned(),
-                fingerprint: request.fingerprint.as_bytes().to_vec(),
-                method: request.method.to_owned(),
-                path: request.path.to_owned(),
-                request_id: request.request_id.to_owned(),
-                operation: request.operation.to_owned(),
-                params: request.params.clone(),
-                token,
-                lease_ms,
-            };
             let seen = match self.lanes() {
-                Some(lanes) => self.retrying(|| lanes.claim(new.clone())).await?,
-                None => {
-                    let new = new.borrowed();
-                    self.retrying(|| store::insert_or_read(&self.pool, &new)).await?
-                }
+                Some(lanes) => self.retrying(|| lanes.read(lookup.clone())).await?,
+                None => self.retrying(|| store::read(&self.pool, &lookup)).await?,
             };
             let row = match seen {
                 Seen::Key(row) => row,
-                // Inserted by someone else after this statement's snapshot: look again.
-                Seen::NotYet => continue,
                 Seen::Unauthenticated => return Ok(Claim::Unauthenticated),
+                // A new key: nothing is stored until the first phase commits, which inserts the
+                // key with its own writes (`Lease::phase`, `Lease::phase_in_one`). The lease is
+                // this request's alone until then, because no one else can see it.
+                Seen::Absent(reserved) => {
+                    self.observer.event(Event::Claimed);
+                    let new = NewKey {
+                        account_id: request.account_id.to_owned(),
+                        key: request.key.as_str().to_owned(),
+                        fingerprint: request.fingerprint,
+                        method: request.method.to_owned(),
+                        path: request.path.to_owned(),
+                    };
+                    let lease = Lease {
+                        engine: self.clone(),
+                        key_id: reserved,
+                        token: Uuid::new_v4(),
+                        point: STARTED.to_owned(),
+                        attempts: 1,
+                        operation: request.operation.to_owned(),
+                        params: request.params.clone(),
+                        request_id: request.request_id.to_owned(),
+                        finished: None,
+                        just_planned: None,
+                        new: Some(Box::new(new)),
+                    };
+                    // A process that is stopping takes no new work (`release_held`).
+                    if !self.hold(lease.key_id, lease.token) {
+                        return Ok(Claim::InUse);
+                    }
+                    return Ok(Claim::Acquired(lease));
+                }
             };
-            // Our own token: this claim's statement was sent twice (its connection failed after
-            // the first run) and the first run inserted the key.
-            if row.inserted || (row.owner_token == Some(token) && row.lease_active) {
-                self.observer.event(Event::Claimed);
-                let Some(lease) = self.lease(row.id, token, STARTED.into(), 1, &row).await else {
-                    return Ok(Claim::InUse);
-                };
-                // The database granted the lease: a caller that goes away from here on must not
-                // take it with it (the hang-up tests stall here).
-                crate::failpoint(|| "idem.claim.inserted".to_owned()).await;
-                return Ok(Claim::Acquired(lease));
-            }
             if row.fingerprint != request.fingerprint.as_bytes() {
                 self.observer.event(Event::Mismatch);
                 return Ok(Claim::Mismatch { method: row.request_method, path: row.request_path });
@@ -279,7 +288,8 @@ impl Engine {
             }
             // The stall tests stop here, between reading the row and taking it over.
             crate::failpoint(|| "idem.claim.before_take_over".to_owned()).await;
-            let window_ms = self.config.window_ms();
+            let (window_ms, lease_ms) = (self.config.window_ms(), self.config.lease_ms());
+            let token = Uuid::new_v4();
             let taken = self
                 .retrying(|| async {
                     // Bounded like a claim lane's statement: the row may be held by a stuck
@@ -371,7 +381,7 @@ impl Engine {
                 continue;
             }
             self.observer.event(Event::TookOver);
-            if !self.hold(row.id, row.token).await {
+            if !self.hold_granted(row.id, row.token).await {
                 continue;
             }
             due.push(Due::Lease(Lease {
@@ -385,6 +395,7 @@ impl Engine {
                 request_id: row.request_id,
                 finished: None,
                 just_planned: None,
+                new: None,
             }));
         }
         Ok(due)
@@ -438,18 +449,30 @@ impl Engine {
         }
     }
 
-    /// Records a lease the database granted to this process. After `release_held` a lease is
-    /// given back at once instead, and false is returned: the caller must not use it.
-    async fn hold(&self, key_id: i64, token: Uuid) -> bool {
-        {
-            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-            if !held.closed {
-                held.leases.insert(key_id, token);
-                return true;
-            }
+    /// Records a lease this process holds. After `release_held` it is not recorded, and false is
+    /// returned: the caller must give it back (if the database granted it) and not use it.
+    fn hold(&self, key_id: i64, token: Uuid) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.closed {
+            return false;
+        }
+        held.leases.insert(key_id, token);
+        true
+    }
+
+    /// Records a lease the database just granted, or, when the process is stopping, gives it
+    /// back at once and answers false.
+    async fn hold_granted(&self, key_id: i64, token: Uuid) -> bool {
+        if self.hold(key_id, token) {
+            return true;
         }
         self.give_back(key_id, token, "the server was stopping when the lease was granted").await;
         false
+    }
+
+    /// Whether `release_held` ran: the process is stopping.
+    fn is_closed(&self) -> bool {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).closed
     }
 
     fn forget(&self, key_id: i64, token: Uuid) {
@@ -469,7 +492,7 @@ impl Engine {
         attempts: i32,
         row: &store::KeyRow,
     ) -> Option<Lease> {
-        if !self.hold(key_id, token).await {
+        if !self.hold_granted(key_id, token).await {
             return None;
         }
         Some(Lease {
@@ -483,6 +506,7 @@ impl Engine {
             request_id: row.request_id.clone(),
             finished: None,
             just_planned: None,
+            new: None,
         })
     }
 
@@ -540,6 +564,15 @@ pub struct Reaped {
     pub flagged: u64,
 }
 
+/// Lower-case hexadecimal, as `idem_commit` decodes it.
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
+        let _ = write!(out, "{byte:02x}");
+        out
+    })
+}
+
 fn retry_pause(tries: u32) -> Duration {
     Duration::from_millis(2u64.saturating_pow(tries.min(8)))
 }
@@ -562,6 +595,19 @@ pub struct Lease {
     /// The call this lease's own last phase planned, committed a moment ago: its first attempt
     /// needs no fenced check of its own (`before_call`).
     just_planned: Option<Value>,
+    /// Set while the key is new and not stored yet: what its first phase inserts with its
+    /// writes. No one else can see the key until then.
+    new: Option<Box<NewKey>>,
+}
+
+/// A key the claim found absent, as its first phase stores it.
+#[derive(Debug)]
+struct NewKey {
+    account_id: String,
+    key: String,
+    fingerprint: Fingerprint,
+    method: String,
+    path: String,
 }
 
 impl Drop for Lease {
@@ -635,55 +681,27 @@ impl Lease {
     /// refuses, or anything fails, the whole phase rolls back. Serialization failures and
     /// deadlocks run the phase again (so `work` may run more than once; it only touches the
     /// database, never the outside world).
+    ///
+    /// The first phase of a new key also stores the key, first in the same transaction (so that
+    /// `work` may write rows that refer to it): if another request stored the same key first, the
+    /// insert waits for it on the unique index, the phase rolls back and fails with
+    /// [`PhaseError::Superseded`].
     pub async fn phase<P, E, F>(&mut self, mut work: F) -> Result<Step<P>, PhaseError<E>>
     where
         P: RecoveryPoint,
         F: for<'t> FnMut(&'t mut PgConnection) -> BoxFuture<'t, Result<Step<P>, PhaseError<E>>>,
     {
-        let span = tracing::info_span!("idem.phase", key_id = self.key_id, from = %self.point, to = tracing::field::Empty);
+        let span = self.phase_span();
         let mut tries = 0;
         loop {
             let attempt = self.phase_once(&mut work).instrument(span.clone()).await;
-            match attempt {
-                Err(PhaseError::Database(err))
-                    if is_retryable(&err) && tries < self.engine.config.db_retries =>
-                {
-                    tries += 1;
-                    self.engine.observer.event(Event::DatabaseRetry);
-                    tokio::time::sleep(retry_pause(tries)).await;
-                }
-                Err(PhaseError::LeaseLost) => {
-                    self.engine.observer.event(Event::LeaseLost);
-                    tracing::warn!(parent: &span, "lease lost: the phase was rolled back");
-                    return Err(PhaseError::LeaseLost);
-                }
-                Ok(step) => {
-                    self.just_planned = None;
-                    match &step {
-                        Step::Next(point) => {
-                            span.record("to", point.name());
-                            self.point = point.name().to_owned();
-                        }
-                        Step::Call(point, plan) => {
-                            span.record("to", point.name());
-                            self.point = point.name().to_owned();
-                            self.just_planned = Some(plan.clone());
-                        }
-                        Step::Finish(response) => {
-                            span.record("to", FINISHED);
-                            self.point = FINISHED.to_owned();
-                            self.finished = Some(response.clone());
-                            self.engine.observer.event(Event::Finished);
-                        }
-                    }
-                    return Ok(step);
-                }
-                Err(other) => return Err(other),
+            if let Some(settled) = self.settle(attempt, &span, &mut tries).await {
+                return settled.map(|(step, ())| step);
             }
         }
     }
 
-    async fn phase_once<P, E, F>(&mut self, work: &mut F) -> Result<Step<P>, PhaseError<E>>
+    async fn phase_once<P, E, F>(&self, work: &mut F) -> Result<(Step<P>, ()), PhaseError<E>>
     where
         P: RecoveryPoint,
         F: for<'t> FnMut(&'t mut PgConnection) -> BoxFuture<'t, Result<Step<P>, PhaseError<E>>>,
@@ -692,29 +710,220 @@ impl Lease {
             return Err(PhaseError::LeaseLost);
         }
         let mut tx = self.engine.pool.begin().await?;
+        // A new key is stored first, holding the lease at its recovery point: a request with the
+        // same key waits on the unique index before it writes anything, and `work` may write rows
+        // that refer to the key. Dropping the transaction on an error rolls back everything.
+        if self.new.is_some() {
+            let store_new = self.fence_to(&self.point, None, None, true);
+            store::commit(&mut *tx, &store_new).await.map_err(|err| self.fence_error(err))?;
+        }
         let step = work(&mut tx).await?;
-        let lease_ms = self.engine.config.lease_ms();
-        let (key_id, token) = (self.key_id, self.token);
-        let fenced = match &step {
-            Step::Next(next) => {
-                store::advance(&mut tx, key_id, token, &self.point, next.name(), None, lease_ms)
-                    .await?
+        let fence = self.fence_of(&step, false);
+        store::commit(&mut *tx, &fence).await.map_err(|err| self.fence_error(err))?;
+        tx.commit().await?;
+        Ok((step, ()))
+    }
+
+    /// Runs one atomic phase as a single statement, which commits on its own: `statement` sends
+    /// one statement that makes the operation's writes and calls `idem_commit($fence)` with the
+    /// value it is given (a data-modifying CTE, say), and returns the key id `idem_commit`
+    /// returned beside its own result. The step is decided beforehand. Otherwise as
+    /// [`Lease::phase`]: `statement` may run more than once, and a new key is stored by it.
+    pub async fn phase_in_one<P, E, T, F>(
+        &mut self,
+        step: Step<P>,
+        mut statement: F,
+    ) -> Result<T, PhaseError<E>>
+    where
+        P: RecoveryPoint,
+        F: for<'t> FnMut(&'t PgPool, &'t Value) -> BoxFuture<'t, Result<(i64, T), PhaseError<E>>>,
+    {
+        let span = self.phase_span();
+        let fence = self.fence_of(&step, self.new.is_some());
+        let mut tries = 0;
+        loop {
+            let attempt = async {
+                if self.finished.is_some() {
+                    return Err(PhaseError::LeaseLost);
+                }
+                match statement(&self.engine.pool, &fence).await {
+                    Ok((key_id, made)) if key_id == self.key_id => Ok((step.clone(), made)),
+                    Ok(_) => Err(PhaseError::Database(sqlx::Error::Protocol(
+                        "a one-statement phase did not return its fence's key".into(),
+                    ))),
+                    Err(PhaseError::Database(err)) => Err(self.fence_error(err)),
+                    Err(other) => Err(other),
+                }
             }
-            Step::Call(next, plan) => {
-                let plan = Some(plan);
-                store::advance(&mut tx, key_id, token, &self.point, next.name(), plan, lease_ms)
-                    .await?
+            .instrument(span.clone())
+            .await;
+            if let Some(settled) = self.settle(attempt, &span, &mut tries).await {
+                return settled.map(|(_, made)| made);
             }
-            Step::Finish(response) => {
-                store::finish(&mut tx, self.key_id, self.token, &self.point, response).await?
+        }
+    }
+
+    fn phase_span(&self) -> tracing::Span {
+        tracing::info_span!("idem.phase", key_id = self.key_id, from = %self.point, to = tracing::field::Empty)
+    }
+
+    /// What one attempt at a phase comes to: `None` to run it again (a retryable database
+    /// error, after a pause), else its result, with the lease moved along when it committed.
+    async fn settle<P, E, T>(
+        &mut self,
+        attempt: Result<(Step<P>, T), PhaseError<E>>,
+        span: &tracing::Span,
+        tries: &mut u32,
+    ) -> Option<Result<(Step<P>, T), PhaseError<E>>>
+    where
+        P: RecoveryPoint,
+    {
+        match attempt {
+            Err(PhaseError::Database(err))
+                if is_retryable(&err) && *tries < self.engine.config.db_retries =>
+            {
+                *tries += 1;
+                self.engine.observer.event(Event::DatabaseRetry);
+                tokio::time::sleep(retry_pause(*tries)).await;
+                None
             }
-        };
-        if !fenced {
-            // Dropping the transaction rolls back everything `work` wrote.
+            Err(PhaseError::LeaseLost) => {
+                self.engine.observer.event(Event::LeaseLost);
+                tracing::warn!(parent: span, "lease lost: the phase was rolled back");
+                Some(Err(PhaseError::LeaseLost))
+            }
+            Err(PhaseError::Superseded) => {
+                // Not counted here: the claim that follows counts what the key turned out to be.
+                tracing::debug!(parent: span, "another request stored the new key first: the phase was rolled back");
+                Some(Err(PhaseError::Superseded))
+            }
+            Err(other) => Some(Err(other)),
+            Ok((step, made)) => {
+                self.just_planned = None;
+                match &step {
+                    Step::Next(point) => {
+                        span.record("to", point.name());
+                        self.point = point.name().to_owned();
+                    }
+                    Step::Call(point, plan) => {
+                        span.record("to", point.name());
+                        self.point = point.name().to_owned();
+                        self.just_planned = Some(plan.clone());
+                    }
+                    Step::Finish(response) => {
+                        span.record("to", FINISHED);
+                        self.point = FINISHED.to_owned();
+                        self.finished = Some(response.clone());
+                        self.engine.observer.event(Event::Finished);
+                    }
+                }
+                Some(self.stored().await.map(|()| (step, made)))
+            }
+        }
+    }
+
+    /// After a commit that may have stored a new key: the key is stored from now on. The database
+    /// granted the lease with it, so a process stopping meanwhile gives it back at once.
+    async fn stored<E>(&mut self) -> Result<(), PhaseError<E>> {
+        if self.new.take().is_none() {
+            return Ok(());
+        }
+        // The hang-up tests stall here: a caller that goes away from now on must not take the
+        // lease with it.
+        crate::failpoint(|| "idem.claim.inserted".to_owned()).await;
+        if self.finished.is_none() && self.engine.is_closed() {
+            self.engine.give_back(self.key_id, self.token, "the server was stopping").await;
             return Err(PhaseError::LeaseLost);
         }
-        tx.commit().await?;
-        Ok(step)
+        Ok(())
+    }
+
+    /// The value `idem_commit` takes to end a phase with `step` (see its migration); with
+    /// `store_new`, it inserts the new key rather than moving a stored one.
+    fn fence_of<P: RecoveryPoint>(&self, step: &Step<P>, store_new: bool) -> Value {
+        match step {
+            Step::Next(next) => self.fence_to(next.name(), None, None, store_new),
+            Step::Call(next, plan) => self.fence_to(next.name(), Some(plan), None, store_new),
+            Step::Finish(response) => self.fence_to(FINISHED, None, Some(response), store_new),
+        }
+    }
+
+    fn fence_to(
+        &self,
+        next: &str,
+        plan: Option<&Value>,
+        response: Option<&StoredResponse>,
+        store_new: bool,
+    ) -> Value {
+        let response = response.map(|response| {
+            json!({
+                "status": response.status,
+                "headers": response.headers,
+                "body": hex(&response.body),
+            })
+        });
+        let new = self.new.as_ref().filter(|_| store_new).map(|new| {
+            json!({
+                "account_id": new.account_id,
+                "key": new.key,
+                "fingerprint": hex(new.fingerprint.as_bytes()),
+                "method": new.method,
+                "path": new.path,
+                "request_id": self.request_id,
+                "operation": self.operation,
+                "params": self.params,
+            })
+        });
+        json!({
+            "key_id": self.key_id,
+            "token": self.token,
+            "expected": self.point,
+            "lease_ms": self.engine.config.lease_ms(),
+            "next": next,
+            "plan": plan,
+            "response": response,
+            "new": new,
+        })
+    }
+
+    /// What a failure of the fence means: the lease is lost (`IL001`), the new key was stored by
+    /// another request first (a unique violation on the key), or a database error.
+    fn fence_error<E>(&self, err: sqlx::Error) -> PhaseError<E> {
+        let Some(db) = err.as_database_error() else { return PhaseError::Database(err) };
+        match db.code().as_deref() {
+            Some(LEASE_LOST) => PhaseError::LeaseLost,
+            Some("23505")
+                if self.new.is_some()
+                    && db.constraint() == Some("idempotency_keys_account_key") =>
+            {
+                PhaseError::Superseded
+            }
+            _ => PhaseError::Database(err),
+        }
+    }
+
+    /// Before anything but a phase acts on a new key: stores it at its recovery point, holding
+    /// the lease, in a statement of its own, so that the key is in flight for everyone before
+    /// anything happens outside.
+    async fn store_new(&mut self) -> Result<(), Interrupted> {
+        if self.new.is_none() {
+            return Ok(());
+        }
+        let fence = self.fence_to(&self.point, None, None, true);
+        let stored = self
+            .engine
+            .retrying(|| async {
+                match store::commit(&self.engine.pool, &fence).await {
+                    Ok(_) => Ok(Ok(())),
+                    Err(err) => match self.fence_error::<IdemError>(err) {
+                        PhaseError::Database(err) => Err(IdemError::Database(err)),
+                        other => Ok(Err(Interrupted::from(other))),
+                    },
+                }
+            })
+            .await?;
+        stored?;
+        self.stored::<IdemError>().await.map_err(Interrupted::from)
     }
 
     /// Right before a foreign call: makes sure this lease still holds the key at its recovery
@@ -726,6 +935,7 @@ impl Lease {
         if let Some(plan) = self.just_planned.take() {
             return Ok(Some(plan));
         }
+        self.store_new().await?;
         let lease_ms = self.engine.config.lease_ms();
         let checked = self
             .engine
@@ -752,7 +962,9 @@ impl Lease {
 
     /// Before a foreign call that is not the planned one (a lookup at the processor): makes sure,
     /// fenced, that this lease still holds the key at its recovery point, and extends it, so that
-    /// each foreign call starts with a whole lease ahead of it.
+    /// each foreign call starts with a whole lease ahead of it. A new key not stored yet is
+    /// stored first, at its recovery point ([`Interrupted::Superseded`] if another request stored
+    /// it first), as before any foreign call.
     pub async fn renew(&mut self) -> Result<(), Interrupted> {
         self.just_planned = None;
         self.before_call().await.map(|_| ())
@@ -762,7 +974,8 @@ impl Lease {
     /// the call's object would be: marks the outcome unresolved (the first time) and answers for
     /// how long it has been, by the database clock. Anything the call made was made before the
     /// first such answer, so once this outlives the call and the lookup's lag, "nothing" is the
-    /// truth. A new plan (the next generation) clears the mark. Fenced.
+    /// truth. A new plan (the next generation) clears the mark. Fenced (a key not stored yet, which
+    /// made no call, reads as a lost lease).
     pub async fn unresolved_for(&self) -> Result<Duration, Interrupted> {
         let seconds = self
             .engine
@@ -775,7 +988,11 @@ impl Lease {
     }
 
     /// Flags the key for a person: no one drives it automatically again. Fenced on this lease.
-    pub async fn flag(self, reason: &str) {
+    pub async fn flag(mut self, reason: &str) {
+        if self.store_new().await.is_err() {
+            // Stored by another request first, or not at all: not ours to flag.
+            return;
+        }
         match store::flag(&self.engine.pool, self.key_id, self.token, reason).await {
             Ok(true) => {
                 self.engine.observer.event(Event::Flagged);
@@ -817,6 +1034,11 @@ pub enum Interrupted {
     /// The lease was taken over; stop, touch nothing. The new holder answers.
     #[error("the lease on the idempotency key was lost")]
     LeaseLost,
+    /// The key was new when this request claimed it, and another request with the same key
+    /// stored it first: nothing of this attempt was stored. Claim again to learn what the key
+    /// is now (in flight, used for another request, or finished).
+    #[error("another request stored the idempotency key first")]
+    Superseded,
     /// No automatic retry may finish this operation (the processor's answer cannot be
     /// reconciled with ours); the key is flagged for a person.
     #[error("needs a person: {reason}")]
@@ -858,6 +1080,7 @@ impl<E: fmt::Display> From<PhaseError<E>> for Interrupted {
     fn from(err: PhaseError<E>) -> Self {
         match err {
             PhaseError::LeaseLost => Self::LeaseLost,
+            PhaseError::Superseded => Self::Superseded,
             PhaseError::Database(err) => Self::Transient {
                 kind: TransientKind::Internal,
                 detail: format!("database: {err}"),
@@ -920,6 +1143,8 @@ pub async fn drive<O: Operation>(
                     .await;
             }
             Err(Interrupted::LeaseLost) => return Err(Interrupted::LeaseLost),
+            // Nothing of this attempt was stored: nothing to release.
+            Err(Interrupted::Superseded) => return Err(Interrupted::Superseded),
             Err(Interrupted::NeedsHuman { reason }) => {
                 lease.flag(&reason).await;
                 return Err(Interrupted::NeedsHuman { reason });

@@ -44,6 +44,10 @@ pub enum PhaseError<E> {
     /// rolled back.
     #[error("the lease on the idempotency key was lost")]
     LeaseLost,
+    /// The key was new, and another request with the same key stored it first (the unique index
+    /// decided): everything the phase wrote was rolled back.
+    #[error("another request stored the idempotency key first")]
+    Superseded,
     /// The database failed; the phase was rolled back.
     #[error("database error")]
     Database(#[from] sqlx::Error),

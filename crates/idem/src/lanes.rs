@@ -21,55 +21,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::{ConnectOptions as _, Connection as _};
 use tokio::sync::{Mutex, mpsc, oneshot};
 use tracing::Instrument as _;
-use uuid::Uuid;
 
 use crate::error::IdemError;
-use crate::store::{self, NewKey, Seen};
+use crate::store::{self, Lookup, Seen};
 
 /// Claims waiting for a lane, at most; a request beyond them waits to hand its claim over.
 const QUEUE: usize = 1024;
 
-/// The owned form of [`NewKey`]: a claim outlives the request that made it.
-#[derive(Debug, Clone)]
-pub(crate) struct OwnedNewKey {
-    pub account_id: String,
-    pub credential: Option<Vec<u8>>,
-    pub key: String,
-    pub fingerprint: Vec<u8>,
-    pub method: String,
-    pub path: String,
-    pub request_id: String,
-    pub operation: String,
-    pub params: Value,
-    pub token: Uuid,
-    pub lease_ms: i64,
-}
-
-impl OwnedNewKey {
-    pub(crate) fn borrowed(&self) -> NewKey<'_> {
-        NewKey {
-            account_id: &self.account_id,
-            credential: self.credential.as_deref(),
-            key: &self.key,
-            fingerprint: &self.fingerprint,
-            method: &self.method,
-            path: &self.path,
-            request_id: &self.request_id,
-            operation: &self.operation,
-            params: &self.params,
-            token: self.token,
-            lease_ms: self.lease_ms,
-        }
-    }
-}
-
 struct Job {
-    new: OwnedNewKey,
+    lookup: Lookup,
     span: tracing::Span,
     /// When the claim started waiting for a lane.
     queued: Instant,
@@ -111,17 +75,17 @@ impl Lanes {
         Self { jobs, queue_timeout }
     }
 
-    /// Runs the claim statement on a lane. Fails with `PoolTimedOut` when no lane took it within
+    /// Runs the claim's read on a lane. Fails with `PoolTimedOut` when no lane took it within
     /// the pool's acquire timeout; the statement itself is bounded by the lane's session.
-    pub(crate) async fn claim(&self, new: OwnedNewKey) -> Result<Seen, IdemError> {
+    pub(crate) async fn read(&self, lookup: Lookup) -> Result<Seen, IdemError> {
         let (answer, answered) = oneshot::channel();
-        let job = Job { new, span: tracing::Span::current(), queued: Instant::now(), answer };
+        let job = Job { lookup, span: tracing::Span::current(), queued: Instant::now(), answer };
         match tokio::time::timeout(self.queue_timeout, self.jobs.send(job)).await {
             Ok(sent) => sent.map_err(|_| closed())?,
             Err(_) => return Err(IdemError::Database(sqlx::Error::PoolTimedOut)),
         }
         // Not bounded here: a lane that took the claim runs it to its end (bounded by the
-        // session's timeouts), and its answer, a lease perhaps, must not be thrown away.
+        // session's timeouts), and its answer is waited for.
         answered.await.map_err(|_| closed())?
     }
 }
@@ -161,7 +125,7 @@ async fn lane(queue: &Mutex<mpsc::Receiver<Job>>, connect: &Connect) {
             let _ = job.answer.send(Err(IdemError::Database(sqlx::Error::PoolTimedOut)));
             continue;
         }
-        let result = run(&mut connection, connect, &job.new).instrument(job.span).await;
+        let result = run(&mut connection, connect, &job.lookup).instrument(job.span).await;
         let _ = job.answer.send(result);
     }
     if let Some(connection) = connection {
@@ -171,18 +135,18 @@ async fn lane(queue: &Mutex<mpsc::Receiver<Job>>, connect: &Connect) {
 
 /// Runs one claim on the lane's connection, connecting first if it has none. A connection that
 /// had been open fails like this after a database restart; the claim is then sent once more on
-/// a fresh one. That is safe: sent twice, the statement reads the row its first run inserted, and
-/// the engine recognises its own lease by its token.
+/// a fresh one. That is safe: the statement only reads (the id it may reserve from the sequence is
+/// simply not used).
 async fn run(
     connection: &mut Option<PgConnection>,
     connect: &Connect,
-    new: &OwnedNewKey,
+    lookup: &Lookup,
 ) -> Result<Seen, IdemError> {
     let reused = connection.is_some();
-    match run_once(connection, connect, new).await {
+    match run_once(connection, connect, lookup).await {
         Err(err) if reused && connection.is_none() => {
             tracing::debug!(error = %err, "a claim lane's connection failed; connecting again");
-            run_once(connection, connect, new).await
+            run_once(connection, connect, lookup).await
         }
         result => result,
     }
@@ -192,13 +156,13 @@ async fn run(
 async fn run_once(
     connection: &mut Option<PgConnection>,
     connect: &Connect,
-    new: &OwnedNewKey,
+    lookup: &Lookup,
 ) -> Result<Seen, IdemError> {
     let conn = match connection {
         Some(conn) => conn,
         None => connection.insert(connect.connect().await?),
     };
-    let result = store::insert_or_read(&mut *conn, &new.borrowed()).await;
+    let result = store::read(&mut *conn, lookup).await;
     if let Err(IdemError::Database(err)) = &result
         && connection_lost(err)
     {

@@ -10,14 +10,15 @@
 //! # The key's life
 //!
 //! ```text
-//!                    claim: INSERT … ON CONFLICT DO NOTHING (one round trip)
+//!                    claim: a read of the key (one round trip, writes nothing)
 //!                                        │
-//!         ┌──────────────── new ─────────┴──────── exists ───────────────────────┐
+//!         ┌──────────────── absent ──────┴──────── exists ───────────────────────┐
 //!         ▼                                                                      ▼
-//!   leased at `started`                      fingerprint differs ─► 422 mismatch (row untouched)
-//!   (owner token, locked_until)              response stored     ─► replay it
-//!         │                                  lease active        ─► 409 in use
-//!         │                                  lease free/expired  ─► take over (new token) ─┐
+//!   leased at `started`, not stored yet;     fingerprint differs ─► 422 mismatch (row untouched)
+//!   the first phase stores it (a duplicate   response stored     ─► replay it
+//!   that read it absent too fails on the     lease active        ─► 409 in use
+//!   unique index, and claims again)          lease free/expired  ─► take over (new token) ─┐
+//!         │                                                                                 │
 //!         ▼                                                                                 │
 //!   phase ─► point ─► foreign call ─► phase ─► point … ─► phase ─► `finished` + response   │
 //!     │  each phase commit is fenced:  WHERE owner_token = mine AND recovery_point = expected
@@ -29,7 +30,7 @@
 //!
 //! ```mermaid
 //! stateDiagram-v2
-//!     [*] --> Leased: claim (new key)
+//!     [*] --> Leased: first phase stores the new key
 //!     Leased --> Leased: phase commit (fenced) to next recovery point
 //!     Leased --> Released: transient failure
 //!     Leased --> Expired: holder died or stalled
@@ -104,12 +105,14 @@
 //!
 //! # Costs
 //!
-//! A replay, a mismatch and a key in use cost one statement (`insert_or_read`), which can also
-//! check the request's API key (`ClaimRequest::credential`) on the way; it runs on connections
-//! the engine keeps for it (`lanes.rs`), which spares the pool's check of a returned connection.
-//! A new key costs
-//! one statement to claim; each phase is one transaction with the caller's statements plus the
-//! fenced update. Resuming costs one more statement (the compare-and-swap takeover).
+//! A replay, a mismatch and a key in use cost one statement (`read`), which can also check the
+//! request's API key (`ClaimRequest::credential`) on the way and writes nothing; it runs on
+//! connections the engine keeps for it (`lanes.rs`), which spares the pool's check of a returned
+//! connection. A new key costs that read and no commit of its own: its first phase stores it. A
+//! phase is one transaction with the caller's statements plus the fence (`idem_commit`, one
+//! statement; a new key's first phase adds one more, the key's insert), or, with
+//! [`Lease::phase_in_one`], a single statement of the caller's that calls the fence itself.
+//! Resuming costs one more statement (the compare-and-swap takeover).
 
 mod engine;
 mod error;

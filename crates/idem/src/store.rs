@@ -11,8 +11,6 @@ use crate::error::IdemError;
 #[derive(Debug)]
 pub(crate) struct KeyRow {
     pub id: i64,
-    /// True when this statement created the row.
-    pub inserted: bool,
     pub fingerprint: Vec<u8>,
     pub request_method: String,
     pub request_path: String,
@@ -26,110 +24,73 @@ pub(crate) struct KeyRow {
     pub response: Option<StoredResponse>,
 }
 
-/// The values a claim inserts.
-#[derive(Debug)]
-pub(crate) struct NewKey<'a> {
-    pub account_id: &'a str,
+/// What the claim reads by.
+#[derive(Debug, Clone)]
+pub(crate) struct Lookup {
+    pub account_id: String,
     /// The SHA-256 digest of the API key the request presents, when the claim must also check
-    /// that it is a live key of `account_id` (see `insert_or_read`).
-    pub credential: Option<&'a [u8]>,
-    pub key: &'a str,
-    pub fingerprint: &'a [u8],
-    pub method: &'a str,
-    pub path: &'a str,
-    pub request_id: &'a str,
-    pub operation: &'a str,
-    pub params: &'a Value,
-    pub token: Uuid,
-    pub lease_ms: i64,
+    /// that it is a live key of `account_id` (see `read`).
+    pub credential: Option<Vec<u8>>,
+    pub key: String,
 }
 
-/// What the claim statement saw.
+/// What the claim's read saw.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // matched at once by the caller; a box would only allocate
 pub(crate) enum Seen {
-    /// The key row, inserted by this statement or read.
+    /// The key row.
     Key(KeyRow),
-    /// The row was inserted by a transaction that committed while this statement ran, so
-    /// neither branch saw it; the caller simply asks again.
-    NotYet,
-    /// The credential is not a live API key of the account: nothing was inserted or read.
+    /// No such key (committed): the id reserved for it, should this request store it.
+    Absent(i64),
+    /// The credential is not a live API key of the account: nothing was read.
     Unauthenticated,
 }
 
-/// Inserts the key holding a fresh lease, or, when it exists, reads it: one statement, one round
-/// trip. With a credential, the same statement first checks it against `api_keys` (the one table
-/// the engine reads that is not its own), so that a request whose account is already known costs
-/// no separate authentication round trip, and a revoked key claims and reads nothing.
-pub(crate) async fn insert_or_read(
+/// Reads the key: one statement, one round trip, that writes nothing. With a credential, the same
+/// statement first checks it against `api_keys` (the one table the engine reads that is not its
+/// own), so that a request whose account is already known costs no separate authentication round
+/// trip, and a revoked key reads nothing. A key that is not there gets an id reserved from the
+/// table's sequence (a sequence is not transactional: this neither writes a row nor takes a
+/// transaction id), which the first phase stores it under.
+pub(crate) async fn read(
     executor: impl PgExecutor<'_>,
-    new: &NewKey<'_>,
+    lookup: &Lookup,
 ) -> Result<Seen, IdemError> {
     let row = sqlx::query!(
         r#"
         WITH principal AS (
             SELECT 1 AS live
-             WHERE $11::bytea IS NULL
+             WHERE $3::bytea IS NULL
                 OR EXISTS (SELECT 1 FROM api_keys
-                            WHERE key_hash = $11 AND account_id = $1 AND revoked_at IS NULL)
-        ), inserted AS (
-            INSERT INTO idempotency_keys
-                (account_id, idempotency_key, fingerprint, request_method, request_path,
-                 request_id, operation, request_params, owner_token, locked_until)
-            SELECT $1, $2, $3::bytea, $4, $5, $6, $7, $8::jsonb, $9::uuid,
-                   now() + $10 * interval '1 millisecond'
-              FROM principal
-            ON CONFLICT (account_id, idempotency_key) DO NOTHING
-            RETURNING id
+                            WHERE key_hash = $3 AND account_id = $1 AND revoked_at IS NULL)
         )
-        SELECT k.id AS "id?", k.inserted AS "inserted?", k.fingerprint AS "fingerprint?",
+        SELECT k.id AS "id?", k.fingerprint AS "fingerprint?",
                k.request_method AS "request_method?", k.request_path AS "request_path?",
                k.request_id AS "request_id?", k.operation AS "operation?",
                k.request_params AS "request_params?", k.owner_token AS "owner_token?",
-               k.lease_active AS "lease_active?", k.needs_human AS "needs_human?",
+               coalesce(k.locked_until > now(), false) AS "lease_active!",
+               k.needs_human_at IS NOT NULL AS "needs_human!",
                k.response_status AS "response_status?", k.response_headers AS "response_headers?",
-               k.response_body AS "response_body?"
+               k.response_body AS "response_body?",
+               CASE WHEN k.id IS NULL THEN nextval('idempotency_keys_id_seq') END AS "reserved?"
           FROM principal
-          LEFT JOIN LATERAL (
-            SELECT id, true AS inserted, $3::bytea AS fingerprint, $4::text AS request_method,
-                   $5::text AS request_path, $6::text AS request_id, $7::text AS operation,
-                   $8::jsonb AS request_params, $9::uuid AS owner_token, true AS lease_active,
-                   false AS needs_human, NULL::smallint AS response_status,
-                   NULL::jsonb AS response_headers, NULL::bytea AS response_body
-              FROM inserted
-            UNION ALL
-            SELECT k.id, false, k.fingerprint, k.request_method, k.request_path, k.request_id,
-                   k.operation, k.request_params, k.owner_token,
-                   coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
-                   k.response_status, k.response_headers, k.response_body
-              FROM idempotency_keys k
-             WHERE k.account_id = $1 AND k.idempotency_key = $2
-               AND NOT EXISTS (SELECT 1 FROM inserted)
-          ) k ON true
+          LEFT JOIN idempotency_keys k ON k.account_id = $1 AND k.idempotency_key = $2
         "#,
-        new.account_id,
-        new.key,
-        new.fingerprint,
-        new.method,
-        new.path,
-        new.request_id,
-        new.operation,
-        new.params,
-        new.token,
-        new.lease_ms as f64,
-        new.credential,
+        lookup.account_id,
+        lookup.key,
+        lookup.credential.as_deref(),
     )
     .fetch_optional(executor)
     .await?;
-    // No row: the principal was empty. A row without an id: the lateral part was empty.
+    // No row: the principal was empty.
     let Some(row) = row else { return Ok(Seen::Unauthenticated) };
-    let Some(id) = row.id else { return Ok(Seen::NotYet) };
-    // The key's own columns are NOT NULL and the inserted branch's are literals: with an id,
-    // all of them are present.
+    let Some(id) = row.id else {
+        return Ok(Seen::Absent(present(row.reserved)?));
+    };
+    // The key's own columns are NOT NULL: with an id, all of them are present.
     let response = stored_response(row.response_status, row.response_headers, row.response_body)?;
     Ok(Seen::Key(KeyRow {
         id,
-        inserted: present(row.inserted)?,
         fingerprint: present(row.fingerprint)?,
         request_method: present(row.request_method)?,
         request_path: present(row.request_path)?,
@@ -137,10 +98,23 @@ pub(crate) async fn insert_or_read(
         operation: present(row.operation)?,
         request_params: present(row.request_params)?,
         owner_token: row.owner_token,
-        lease_active: present(row.lease_active)?,
-        needs_human: present(row.needs_human)?,
+        lease_active: row.lease_active,
+        needs_human: row.needs_human,
         response,
     }))
+}
+
+/// The fence of a phase, `idem_commit` (migrations/20261130008000_idem_commit.sql): inserts a
+/// new key or moves a stored one, fenced on the lease. Returns the key's id; fails with SQLSTATE
+/// `IL001` when the lease is lost, and with a unique violation on `idempotency_keys_account_key`
+/// when a new key was stored by another request first.
+pub(crate) async fn commit(
+    executor: impl PgExecutor<'_>,
+    fence: &Value,
+) -> Result<i64, sqlx::Error> {
+    let row =
+        sqlx::query!(r#"SELECT idem_commit($1) AS "key_id!""#, fence).fetch_one(executor).await?;
+    Ok(row.key_id)
 }
 
 /// Bounds, for the rest of the transaction, how long a statement runs and waits for a row lock
@@ -235,37 +209,6 @@ pub(crate) async fn take_over(
     })
 }
 
-/// The fence: moves the key to its next recovery point, renewing the lease, only if `token`
-/// still owns it and it is still at `expected`. True when exactly one row moved.
-pub(crate) async fn advance(
-    conn: &mut PgConnection,
-    key_id: i64,
-    token: Uuid,
-    expected: &str,
-    next: &str,
-    plan: Option<&Value>,
-    lease_ms: i64,
-) -> Result<bool, sqlx::Error> {
-    let moved = sqlx::query!(
-        r#"
-        UPDATE idempotency_keys
-           SET recovery_point = $4, locked_until = now() + $6 * interval '1 millisecond',
-               last_run_at = now(), planned_call = $5, unresolved_at = NULL
-         WHERE id = $1 AND owner_token = $2 AND recovery_point = $3
-        "#,
-        key_id,
-        token,
-        expected,
-        next,
-        plan,
-        lease_ms as f64,
-    )
-    .execute(conn)
-    .await?
-    .rows_affected();
-    Ok(moved == 1)
-}
-
 /// Right before a foreign call: checks, fenced, that `token` still holds the key at `expected`
 /// and extends the lease. `None` when the lease is lost; otherwise the call planned at the
 /// recovery point, if any.
@@ -313,35 +256,6 @@ pub(crate) async fn unresolved_for(
     .fetch_optional(executor)
     .await?;
     Ok(row.map(|r| r.seconds))
-}
-
-pub(crate) async fn finish(
-    conn: &mut PgConnection,
-    key_id: i64,
-    token: Uuid,
-    expected: &str,
-    response: &StoredResponse,
-) -> Result<bool, sqlx::Error> {
-    let headers = serde_json::to_value(&response.headers).unwrap_or(Value::Array(Vec::new()));
-    let moved = sqlx::query!(
-        r#"
-        UPDATE idempotency_keys
-           SET recovery_point = 'finished', owner_token = NULL, locked_until = NULL,
-               response_status = $4, response_headers = $5, response_body = $6,
-               completed_at = now(), last_run_at = now(), last_error = NULL
-         WHERE id = $1 AND owner_token = $2 AND recovery_point = $3
-        "#,
-        key_id,
-        token,
-        expected,
-        response.status as i16,
-        headers,
-        response.body,
-    )
-    .execute(conn)
-    .await?
-    .rows_affected();
-    Ok(moved == 1)
 }
 
 /// Gives the lease back after a transient failure, keeping the recovery point, and schedules

@@ -453,31 +453,101 @@ async fn a_different_request_with_the_key_is_a_mismatch_and_leaves_the_record(po
 #[sqlx::test(migrations = "../../migrations")]
 async fn a_key_held_by_a_live_lease_is_in_use(pool: PgPool) {
     let h = harness(pool).await;
-    let _held = h.acquire("k1").await;
+    let mut held = h.acquire("k1").await;
+    held.renew().await.unwrap();
     assert!(matches!(h.claim("k1").await, Claim::InUse));
     assert_eq!(h.events.count(Event::InUse), 1);
 }
 
 #[sqlx::test(migrations = "../../migrations")]
+async fn a_new_key_is_stored_only_by_its_first_phase_and_a_duplicate_meanwhile_stores_nothing(
+    pool: PgPool,
+) {
+    let h = harness(pool).await;
+    let mut first = h.acquire("k1").await;
+    let rows = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM idempotency_keys")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(rows().await, 0, "the claim of a new key writes nothing");
+
+    // A second request with the key, and one with another body, read nothing either.
+    let second = h.acquire("k1").await;
+    let other = match h.claim_as("acct_1", "k1", &json!({"item": "pen"})).await {
+        Claim::Acquired(lease) => lease,
+        other => panic!("expected to acquire the unstored key, got {other:?}"),
+    };
+
+    // The first phase to commit stores the key with its writes.
+    let op = h.operation();
+    op.step(&mut first, Point::Started).await.unwrap();
+    assert_eq!(rows().await, 1);
+    assert_eq!(h.recovery_point("k1").await, "order_created");
+
+    // The others' first phases meet the stored key on the unique index and roll back whole.
+    assert!(matches!(h.run(second).await, Err(Interrupted::Superseded)));
+    assert!(matches!(h.run(other).await, Err(Interrupted::Superseded)));
+    assert_eq!(h.orders().await, 1, "the losers' writes were rolled back");
+    // Claimed again, as the API does: in use for the same request, a mismatch for another.
+    assert!(matches!(h.claim("k1").await, Claim::InUse));
+    assert!(matches!(
+        h.claim_as("acct_1", "k1", &json!({"item": "pen"})).await,
+        Claim::Mismatch { .. }
+    ));
+
+    h.run(first).await.unwrap();
+    assert_eq!(h.shipper.shipments_made(), 1);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_check_before_a_foreign_call_stores_a_new_key_first(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut lease = h.acquire("k1").await;
+    let duplicate = h.acquire("k1").await;
+    assert_eq!(lease.before_call().await.unwrap(), None);
+    assert_eq!(h.recovery_point("k1").await, "started");
+    assert!(matches!(h.claim("k1").await, Claim::InUse));
+    // The duplicate that read before the key was stored cannot store it again.
+    let mut duplicate = duplicate;
+    assert!(matches!(duplicate.renew().await, Err(Interrupted::Superseded)));
+    h.run(lease).await.unwrap();
+    assert_eq!(h.orders().await, 1);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
 async fn a_shutdown_gives_back_held_leases_and_any_granted_after_it(pool: PgPool) {
     let h = harness(pool).await;
-    let held = h.acquire("k1").await;
+    let mut held = h.acquire("k1").await;
+    held.renew().await.unwrap();
+    // A new key, not stored yet: nothing to give back now.
+    let unstored = h.acquire("k2").await;
     assert_eq!(h.engine.release_held("stopping").await, 1);
     // The holder that was still running loses its next fenced commit.
     assert!(matches!(h.run(held).await, Err(Interrupted::LeaseLost)));
 
-    // A claim the database grants after the shutdown gave up (one already on its way) is given
-    // back at once instead of leaving its key leased to a process about to exit.
-    assert!(matches!(h.claim("k2").await, Claim::InUse));
-    let free: bool = sqlx::query_scalar(
-        "SELECT owner_token IS NULL AND locked_until IS NULL FROM idempotency_keys \
-         WHERE idempotency_key = 'k2'",
+    // A lease the database grants after the shutdown gave up (the new key's first phase, already
+    // on its way) is given back at once instead of leaving its key leased to a process about to
+    // exit.
+    assert!(matches!(h.run(unstored).await, Err(Interrupted::LeaseLost)));
+    let free: (bool, String) = sqlx::query_as(
+        "SELECT owner_token IS NULL AND locked_until IS NULL, recovery_point \
+         FROM idempotency_keys WHERE idempotency_key = 'k2'",
     )
     .fetch_one(&h.pool)
     .await
     .unwrap();
-    assert!(free, "k2 must be free at its recovery point");
+    assert_eq!(free, (true, "order_created".to_owned()), "k2 must be free at its recovery point");
     assert_eq!(h.events.count(Event::Released), 2);
+    // A claim after the shutdown takes nothing, and stores nothing.
+    assert!(matches!(h.claim("k3").await, Claim::InUse));
+    let k3: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'k3'")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!(k3, 0);
 
     // Another process (a fresh engine) resumes both at once.
     let other = Engine::new(h.pool.clone(), EngineConfig::default(), h.events.clone());
@@ -546,6 +616,9 @@ async fn a_key_abandoned_at_every_recovery_point_resumes_and_ships_once(pool: Pg
             let at = lease.point::<Point>().unwrap();
             op.step(&mut lease, at).await.unwrap();
         }
+        // A new key is stored by its first phase; one left at `started` was stored by a check
+        // before a foreign call.
+        lease.renew().await.unwrap();
         drop(lease);
         assert_eq!(h.recovery_point(&key_value).await, stop_at.name());
 
@@ -569,6 +642,7 @@ async fn a_late_commit_by_a_holder_that_lost_its_lease_is_rejected_and_leaves_no
 ) {
     let h = harness(pool).await;
     let mut slow = h.acquire("k1").await;
+    slow.renew().await.unwrap();
     h.expire_lease("k1").await;
     let fast = h.acquire("k1").await;
 
@@ -598,28 +672,37 @@ async fn a_late_commit_by_a_holder_that_lost_its_lease_is_rejected_and_leaves_no
 }
 
 #[sqlx::test(migrations = "../../migrations")]
-async fn fifty_concurrent_claims_of_one_key_yield_exactly_one_holder(pool: PgPool) {
+async fn fifty_concurrent_requests_of_one_key_yield_exactly_one_holder(pool: PgPool) {
     let h = Arc::new(harness(pool).await);
     let mut tasks = Vec::new();
     for _ in 0..50 {
         let h = h.clone();
-        tasks.push(tokio::spawn(async move { h.claim("storm").await }));
+        tasks.push(tokio::spawn(async move {
+            match h.claim("storm").await {
+                Claim::Acquired(lease) => Ok(h.run(lease).await),
+                other => Err(other),
+            }
+        }));
     }
-    let mut acquired = 0;
-    let mut in_use = 0;
+    let (mut finished, mut superseded, mut in_use, mut replayed) = (0, 0, 0, 0);
     for task in tasks {
         match task.await.unwrap() {
-            Claim::Acquired(_) => acquired += 1,
-            Claim::InUse => in_use += 1,
+            Ok(Ok(_)) => finished += 1,
+            Ok(Err(Interrupted::Superseded)) => superseded += 1,
+            Err(Claim::InUse) => in_use += 1,
+            Err(Claim::Replay(_)) => replayed += 1,
             other => panic!("unexpected outcome {other:?}"),
         }
     }
-    assert_eq!((acquired, in_use), (1, 49));
+    assert_eq!(finished, 1, "{superseded} superseded, {in_use} in use, {replayed} replayed");
+    assert_eq!(superseded + in_use + replayed, 49);
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
         .fetch_one(&h.pool)
         .await
         .unwrap();
     assert_eq!(rows, 1);
+    assert_eq!(h.orders().await, 1);
+    assert_eq!(h.shipper.shipments_made(), 1);
 }
 
 #[sqlx::test(migrations = "../../migrations")]

@@ -209,7 +209,8 @@ impl<P: CardProcessor> Worker<P> {
                             );
                             report.completed += 1;
                         }
-                        Err(Interrupted::LeaseLost) => report.lost += 1,
+                        // The completer drives stored keys only: never superseded.
+                        Err(Interrupted::LeaseLost | Interrupted::Superseded) => report.lost += 1,
                         Err(Interrupted::Transient { .. } | Interrupted::Waiting { .. }) => {
                             report.released += 1;
                         }
