@@ -188,6 +188,21 @@ struct Held {
     /// that a claim already on its way when the shutdown gave up cannot leave its key leased to
     /// a process about to exit.
     closed: bool,
+    /// How many new keys are being stored right now (a first phase or `store_new` on its way to
+    /// the database), which `release_held` waits for: the database may grant such a lease after
+    /// the release looked, and an `UPDATE` cannot release a row another transaction has not
+    /// committed yet.
+    storing: usize,
+}
+
+/// A new key on its way to being stored; `release_held` waits until none is.
+struct Storing<'e>(&'e Engine);
+
+impl Drop for Storing<'_> {
+    fn drop(&mut self) {
+        let mut held = self.0.held.lock().unwrap_or_else(PoisonError::into_inner);
+        held.storing = held.storing.saturating_sub(1);
+    }
 }
 
 impl fmt::Debug for Engine {
@@ -419,9 +434,18 @@ impl Engine {
     /// process's completer) instead of after the lease. A holder still running loses its next
     /// fenced commit. Returns how many were released.
     pub async fn release_held(&self, reason: &str) -> usize {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).closed = true;
+        // No new key starts being stored from now on. Those already on their way give their
+        // lease back themselves once their commit is acknowledged (`Lease::stored`); wait for
+        // them, a bounded while, since the process exits when this returns.
+        let deadline = tokio::time::Instant::now() + self.config.claim_timeout;
+        while self.held.lock().unwrap_or_else(PoisonError::into_inner).storing > 0
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let held: Vec<(i64, Uuid)> = {
-            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-            held.closed = true;
+            let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
             held.leases.iter().map(|(key_id, token)| (*key_id, *token)).collect()
         };
         let mut released = 0;
@@ -468,6 +492,26 @@ impl Engine {
         }
         self.give_back(key_id, token, "the server was stopping when the lease was granted").await;
         false
+    }
+
+    /// Counts a new key on its way to being stored, or `None` once `release_held` ran: a
+    /// process that is stopping stores no new key.
+    fn storing(&self) -> Option<Storing<'_>> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.closed {
+            return None;
+        }
+        held.storing += 1;
+        Some(Storing(self))
+    }
+
+    /// For a phase that may store a new key (`new`): its count while it runs, or, once the
+    /// process is stopping, a lost lease (nothing was written; a retry runs it elsewhere).
+    fn storing_new<E>(&self, new: bool) -> Result<Option<Storing<'_>>, PhaseError<E>> {
+        if !new {
+            return Ok(None);
+        }
+        self.storing().map(Some).ok_or(PhaseError::LeaseLost)
     }
 
     /// Whether `release_held` ran: the process is stopping.
@@ -691,6 +735,8 @@ impl Lease {
         P: RecoveryPoint,
         F: for<'t> FnMut(&'t mut PgConnection) -> BoxFuture<'t, Result<Step<P>, PhaseError<E>>>,
     {
+        let engine = self.engine.clone();
+        let _storing = engine.storing_new(self.new.is_some())?;
         let span = self.phase_span();
         let mut tries = 0;
         loop {
@@ -738,6 +784,8 @@ impl Lease {
         P: RecoveryPoint,
         F: for<'t> FnMut(&'t PgPool, &'t Value) -> BoxFuture<'t, Result<(i64, T), PhaseError<E>>>,
     {
+        let engine = self.engine.clone();
+        let _storing = engine.storing_new(self.new.is_some())?;
         let span = self.phase_span();
         let fence = self.fence_of(&step, self.new.is_some());
         let mut tries = 0;
@@ -909,6 +957,10 @@ impl Lease {
         if self.new.is_none() {
             return Ok(());
         }
+        let engine = self.engine.clone();
+        let _storing = engine
+            .storing_new(true)
+            .map_err(|err: PhaseError<IdemError>| Interrupted::from(err))?;
         let fence = self.fence_to(&self.point, None, None, true);
         let stored = self
             .engine
@@ -932,7 +984,10 @@ impl Lease {
     /// release that did not freeze its calls). Right after this lease's own phase planned the
     /// call, that commit was the check, and no round trip is made.
     pub async fn before_call(&mut self) -> Result<Option<Value>, Interrupted> {
-        if let Some(plan) = self.just_planned.take() {
+        // Not when the process is stopping: `release_held` may have given the lease back since.
+        if let Some(plan) = self.just_planned.take()
+            && !self.engine.is_closed()
+        {
             return Ok(Some(plan));
         }
         self.store_new().await?;

@@ -517,6 +517,43 @@ async fn a_check_before_a_foreign_call_stores_a_new_key_first(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = "../../migrations")]
+async fn a_shutdown_waits_for_a_new_key_on_its_way_and_leaves_it_free(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut lease = h.acquire("k1").await;
+    let key_id = lease.key_id();
+    // The first phase stores the key, then takes its time: the row is written, not committed,
+    // when the shutdown gives up, so no release could find it yet.
+    let phase = tokio::spawn(async move {
+        lease
+            .phase(|tx| {
+                boxed(async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    sqlx::query("INSERT INTO orders (key_id) VALUES ($1)")
+                        .bind(key_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
+                })
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.engine.release_held("stopping").await;
+    // The process exits when `release_held` returns: by then the phase has committed and given
+    // its lease back.
+    assert!(phase.is_finished(), "release_held returned while a new key was on its way");
+    assert!(matches!(phase.await.unwrap(), Err(PhaseError::LeaseLost)));
+    let free: (bool, String) = sqlx::query_as(
+        "SELECT owner_token IS NULL AND locked_until IS NULL, recovery_point \
+         FROM idempotency_keys WHERE idempotency_key = 'k1'",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert_eq!(free, (true, "order_created".to_owned()), "k1 must be free at its recovery point");
+}
+
+#[sqlx::test(migrations = "../../migrations")]
 async fn a_shutdown_gives_back_held_leases_and_any_granted_after_it(pool: PgPool) {
     let h = harness(pool).await;
     let mut held = h.acquire("k1").await;
@@ -527,19 +564,16 @@ async fn a_shutdown_gives_back_held_leases_and_any_granted_after_it(pool: PgPool
     // The holder that was still running loses its next fenced commit.
     assert!(matches!(h.run(held).await, Err(Interrupted::LeaseLost)));
 
-    // A lease the database grants after the shutdown gave up (the new key's first phase, already
-    // on its way) is given back at once instead of leaving its key leased to a process about to
-    // exit.
+    // A new key whose first phase had not started: the stopping process stores nothing, so no
+    // lease can be granted to it after the release looked.
     assert!(matches!(h.run(unstored).await, Err(Interrupted::LeaseLost)));
-    let free: (bool, String) = sqlx::query_as(
-        "SELECT owner_token IS NULL AND locked_until IS NULL, recovery_point \
-         FROM idempotency_keys WHERE idempotency_key = 'k2'",
-    )
-    .fetch_one(&h.pool)
-    .await
-    .unwrap();
-    assert_eq!(free, (true, "order_created".to_owned()), "k2 must be free at its recovery point");
-    assert_eq!(h.events.count(Event::Released), 2);
+    let k2: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'k2'")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!(k2, 0);
+    assert_eq!(h.events.count(Event::Released), 1);
     // A claim after the shutdown takes nothing, and stores nothing.
     assert!(matches!(h.claim("k3").await, Claim::InUse));
     let k3: i64 =
