@@ -92,8 +92,8 @@ impl Now {
             Self::LeaseHeld => "lease held (in flight)",
             Self::LeaseExpired => "lease expired",
             Self::LeaseFree => "lease free (released)",
-            Self::Finished => "answer stored",
-            Self::Flagged => "needs a person",
+            Self::Finished => "finished (answer stored)",
+            Self::Flagged => "flagged (needs a person)",
         }
     }
 }
@@ -113,7 +113,7 @@ pub struct KeyPath<'a> {
     pub actions: Vec<&'a str>,
 }
 
-const LEFT: i32 = 70;
+const LEFT: i32 = 100;
 const NODE_W: i32 = 200;
 const NODE_H: i32 = 58;
 const GAP: i32 = 44;
@@ -174,8 +174,8 @@ pub fn state_diagram(key: &KeyPath<'_>) -> Markup {
             desc #key-diagram-desc { (desc) }
             defs {
                 @for (id, colour) in [("arrow-taken", TAKEN), ("arrow", UNTAKEN)] {
-                    marker id=(id) viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7"
-                        markerHeight="7" orient="auto-start-reverse" {
+                    marker id=(id) viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9"
+                        markerHeight="9" markerUnits="userSpaceOnUse" orient="auto-start-reverse" {
                         path d="M0,0 L10,5 L0,10 z" fill=(colour) {}
                     }
                 }
@@ -184,7 +184,7 @@ pub fn state_diagram(key: &KeyPath<'_>) -> Markup {
             @for i in 0..points.len() {
                 @let taken = if i + 1 < points.len() { i + 1 < reached } else { finished && reached == points.len() };
                 (edge(
-                    (centre_x, y(i) + NODE_H), (centre_x, y(i + 1)),
+                    (centre_x, y(i) + NODE_H), (centre_x, y(i + 1) - 6),
                     taken, &format!("phase {}", i + 1), (centre_x + 8, y(i) + NODE_H + GAP / 2 + 4),
                 ))
             }
@@ -192,12 +192,12 @@ pub fn state_diagram(key: &KeyPath<'_>) -> Markup {
                 @let taken = finished && reached == 1;
                 @let (top, bottom) = (y(0) + NODE_H / 2, finished_y + NODE_H / 2);
                 path class={ "edge" @if taken { " taken" } } fill="none"
-                    d={ "M" (LEFT) "," (top) " C" (LEFT - 60) "," (top) " " (LEFT - 60) "," (bottom) " " (LEFT) "," (bottom) }
+                    d={ "M" (LEFT) "," (top) " C" (LEFT - 50) "," (top) " " (LEFT - 50) "," (bottom) " " (LEFT - 6) "," (bottom) }
                     stroke=(if taken { TAKEN } else { UNTAKEN }) stroke-width=(if taken { 3 } else { 1 })
                     stroke-dasharray=(if taken { "none" } else { "5 4" })
                     marker-end={ "url(#" (if taken { "arrow-taken" } else { "arrow" }) ")" } {}
-                text x="12" y=((top + bottom) / 2) fill="#1d232b" { "phase 1:" }
-                text x="12" y=((top + bottom) / 2 + 14) fill="#1d232b" { "refused" }
+                text x="2" y=((top + bottom) / 2) fill="#1d232b" { "phase 1:" }
+                text x="2" y=((top + bottom) / 2 + 14) fill="#1d232b" { "refused" }
             }
             @for i in 0..points.len() {
                 @let taken = flagged && i == stands_at;
@@ -402,7 +402,7 @@ mod tests {
         assert!(node_of(&svg, "capture_started").contains("not reached"), "{svg}");
         assert_eq!(svg.matches("class=\"edge taken\"").count(), 1, "{svg}");
         let arc = &svg[svg.find("<path class=\"edge taken\"").expect("the refusal arc is taken")..];
-        assert!(arc.starts_with("<path class=\"edge taken\" fill=\"none\" d=\"M70,"), "{arc}");
+        assert!(arc.starts_with("<path class=\"edge taken\" fill=\"none\" d=\"M100,"), "{arc}");
         // With its capture recorded, the same key took both phases instead.
         key.actions = vec!["payment.capture_started", "payment.captured"];
         let svg = state_diagram(&key).into_string();

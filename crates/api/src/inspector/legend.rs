@@ -29,31 +29,56 @@ pub fn legend(docs_base_url: &str, operation: &str, now: Now) -> Markup {
                 li { "▶ now, framed twice: where the key stands. ✓ passed, thick arrows: its path. \
                       Dashed: not reached." }
                 li {
-                    "recovery points of " code { (operation) } ": "
-                    (link(docs_base_url, ("docs/operations.md", operation_section), "the operation's phases"))
-                    "; the whole state machine: "
-                    (link(docs_base_url, MACHINE, "the key's state machine"))
+                    "Recovery points of " code { (operation) } ": "
+                    (link(docs_base_url, ("docs/operations.md", operation_section), "its phases"))
+                    "; every operation: "
+                    (link(docs_base_url, MACHINE, "the key's state machine")) "."
                 }
-                @for (state, meaning) in states {
-                    li {
-                        @if state == now { strong { "▶ " (state.words()) } } @else { (state.words()) }
-                        ": " (meaning) " ("
-                        (link(docs_base_url, STATES, "its condition over the columns")) ")"
+                li {
+                    "A key's states, each a condition over "
+                    (link(docs_base_url, STATES, "the key table's columns")) ":"
+                    ul {
+                        @for (state, meaning) in states {
+                            li {
+                                @let words = if state == now { format!("▶ {}", state.words()) } else { state.words().to_owned() };
+                                @if state == now { strong { (link(docs_base_url, STATES, &words)) } }
+                                @else { (link(docs_base_url, STATES, &words)) }
+                                ": " (meaning)
+                            }
+                        }
                     }
                 }
             }
+            (paths(docs_base_url, &[("docs/operations.md", operation_section), MACHINE, STATES]))
         }
     }
 }
 
-/// A link to `anchor` of `file` in the guide, or the file's repository path without a base.
+/// A link to `anchor` of `file` in the guide; without a base, the words alone, the file being
+/// named once by its repository path (`path`).
 fn link(docs_base_url: &str, (file, anchor): (&str, &str), words: &str) -> Markup {
     let base = docs_base_url.trim_end_matches('/');
     html! {
         @if base.is_empty() {
-            (words) " in " code { (file) "#" (anchor) }
+            (words)
         } @else {
             a href={ (base) "/" (file) "#" (anchor) } { (words) }
+        }
+    }
+}
+
+/// Where the guide's sections are, when no base URL links them.
+fn paths(docs_base_url: &str, sections: &[(&str, &str)]) -> Markup {
+    html! {
+        @if docs_base_url.is_empty() {
+            p.note {
+                "In the repository: "
+                @for (i, (file, anchor)) in sections.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    code { (file) "#" (anchor) }
+                }
+                " (set " code { "inspector.docs_base_url" } " to link them)."
+            }
         }
     }
 }
@@ -74,7 +99,12 @@ mod tests {
         ] {
             assert!(html.contains(&format!("href=\"{base}{target}\"")), "{target}: {html}");
         }
-        assert!(html.contains("<strong>▶ lease free (released)</strong>"), "{html}");
+        let now = format!(
+            "<strong><a href=\"{base}/key-table.md#the-keys-states-as-conditions-over-the-columns\">▶ lease free (released)</a></strong>"
+        );
+        assert!(html.contains(&now), "{html}");
+        assert_eq!(html.matches("href=").count(), 8, "two sections and each state: {html}");
+        assert!(!html.contains("In the repository"), "{html}");
         assert_eq!(html.matches("<strong>").count(), 1, "one state is now: {html}");
     }
 
@@ -83,6 +113,7 @@ mod tests {
         let html = legend("", "refunds.create", Now::Finished).into_string();
         assert!(!html.contains("href"), "{html}");
         assert!(html.contains("<code>docs/operations.md#refund-a-payment</code>"), "{html}");
+        assert!(html.contains("<strong>▶ finished (answer stored)</strong>"), "{html}");
     }
 
     #[test]
