@@ -37,9 +37,10 @@ fn browser() -> Option<PathBuf> {
     })
 }
 
-/// The DOM of `url` once a fresh headless browser profile has loaded it (following redirects and
-/// keeping the cookies they set). Asynchronous: the server under test runs on this runtime.
-async fn render(browser: &PathBuf, url: &str) -> String {
+/// What a fresh headless browser profile writes to its standard output after loading `url`
+/// (following redirects and keeping the cookies they set) with `what` (e.g. `--dump-dom`).
+/// Asynchronous: the server under test runs on this runtime.
+async fn headless(browser: &PathBuf, url: &str, what: &[&str]) -> Vec<u8> {
     let profile = std::env::temp_dir().join(format!("inspector-browser-{}", uuid::Uuid::new_v4()));
     let output = tokio::process::Command::new(browser)
         .args([
@@ -51,7 +52,7 @@ async fn render(browser: &PathBuf, url: &str) -> String {
             "--virtual-time-budget=1000",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
-        .arg("--dump-dom")
+        .args(what)
         .arg(url)
         .kill_on_drop(true)
         .output()
@@ -59,33 +60,33 @@ async fn render(browser: &PathBuf, url: &str) -> String {
         .expect("the browser runs");
     let _ = std::fs::remove_dir_all(&profile);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8(output.stdout).unwrap()
+    output.stdout
 }
 
-/// A PNG of `url` as a fresh headless browser profile draws it, written to `path`.
+/// The DOM of `url` as the browser built it.
+async fn render(browser: &PathBuf, url: &str) -> String {
+    String::from_utf8(headless(browser, url, &["--dump-dom"]).await).unwrap()
+}
+
+/// A PNG of `url` as the browser draws it, written to `path`.
 async fn screenshot(browser: &PathBuf, url: &str, path: &std::path::Path) {
-    let profile = std::env::temp_dir().join(format!("inspector-browser-{}", uuid::Uuid::new_v4()));
     let _ = std::fs::remove_file(path);
-    let output = tokio::process::Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--hide-scrollbars",
-            "--window-size=1280,1400",
-            "--virtual-time-budget=1000",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(format!("--screenshot={}", path.display()))
-        .arg(url)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("the browser runs");
-    let _ = std::fs::remove_dir_all(&profile);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let to = format!("--screenshot={}", path.display());
+    headless(browser, url, &["--hide-scrollbars", "--window-size=1280,1400", &to]).await;
+}
+
+/// Chromium, or `None` (and the test says it is skipped) when this machine has none and
+/// PAYMENTS_REQUIRE_BROWSER is not set.
+fn browser_or_skip() -> Option<PathBuf> {
+    let found = browser();
+    if found.is_none() {
+        assert!(
+            std::env::var_os("PAYMENTS_REQUIRE_BROWSER").is_none(),
+            "no chromium on this machine, and PAYMENTS_REQUIRE_BROWSER is set"
+        );
+        eprintln!("skipped: no chromium (make test installs it)");
+    }
+    found
 }
 
 /// How many pixels of the PNG at `path` have each of `colours` (RGB), and how many are not white.
@@ -116,14 +117,7 @@ fn position(page: &str, needle: &str) -> usize {
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn a_browser_sees_the_keys_a_test_created_and_their_phases_in_order(pool: PgPool) {
-    let Some(browser) = browser() else {
-        assert!(
-            std::env::var_os("PAYMENTS_REQUIRE_BROWSER").is_none(),
-            "no chromium on this machine, and PAYMENTS_REQUIRE_BROWSER is set"
-        );
-        eprintln!("skipped: no chromium (make test installs it)");
-        return;
-    };
+    let Some(browser) = browser_or_skip() else { return };
     let (app, _sim) = app(pool.clone()).await;
     let (_, secret) = app.create_account("Corner Shop").await;
     let body = json!({"amount": 1250, "currency": "usd", "payment_method": "pm_card_visa"});
@@ -164,14 +158,7 @@ async fn a_browser_sees_the_keys_a_test_created_and_their_phases_in_order(pool: 
 async fn a_browser_draws_the_state_diagram_of_a_key_at_its_recovery_point_and_once_finished(
     pool: PgPool,
 ) {
-    let Some(browser) = browser() else {
-        assert!(
-            std::env::var_os("PAYMENTS_REQUIRE_BROWSER").is_none(),
-            "no chromium on this machine, and PAYMENTS_REQUIRE_BROWSER is set"
-        );
-        eprintln!("skipped: no chromium (make test installs it)");
-        return;
-    };
+    let Some(browser) = browser_or_skip() else { return };
     let (app, sim) = app(pool.clone()).await;
     let (_, secret) = app.create_account("Corner Shop").await;
     let faults = |value: serde_json::Value| {
