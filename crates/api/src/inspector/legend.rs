@@ -38,6 +38,10 @@ pub fn legend(docs_base_url: &str, operation: &str, now: Now) -> Markup {
                     "A key's states, each a condition over "
                     (link(docs_base_url, STATES, "the key table's columns")) ":"
                     ul {
+                        li {
+                            (link(docs_base_url, STATES, "new"))
+                            ": no row yet; the first phase stores the key with its own writes"
+                        }
                         @for (state, meaning) in states {
                             li {
                                 @let words = if state == now { format!("▶ {}", state.words()) } else { state.words().to_owned() };
@@ -103,7 +107,7 @@ mod tests {
             "<strong><a href=\"{base}/key-table.md#the-keys-states-as-conditions-over-the-columns\">▶ lease free (released)</a></strong>"
         );
         assert!(html.contains(&now), "{html}");
-        assert_eq!(html.matches("href=").count(), 8, "two sections and each state: {html}");
+        assert_eq!(html.matches("href=").count(), 9, "two sections and each state: {html}");
         assert!(!html.contains("In the repository"), "{html}");
         assert_eq!(html.matches("<strong>").count(), 1, "one state is now: {html}");
     }
