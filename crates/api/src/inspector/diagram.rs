@@ -168,7 +168,8 @@ pub fn state_diagram(key: &KeyPath<'_>) -> Markup {
     let desc = describe(key, &points, reached, may_skip);
     html! {
         svg #key-diagram xmlns="http://www.w3.org/2000/svg" role="img" width=(WIDTH) height=(height)
-            viewBox={ "0 0 " (WIDTH) " " (height) } aria-labelledby="key-diagram-title key-diagram-desc"
+            viewBox={ "0 0 " (WIDTH) " " (height) }
+            aria-labelledby="key-diagram-title key-diagram-desc"
             font-family="system-ui,sans-serif" font-size="12" {
             title #key-diagram-title { (title) }
             desc #key-diagram-desc { (desc) }
@@ -182,7 +183,11 @@ pub fn state_diagram(key: &KeyPath<'_>) -> Markup {
             }
             // Phase k moves a key from point k-1 to point k (the last one to `finished`).
             @for i in 0..points.len() {
-                @let taken = if i + 1 < points.len() { i + 1 < reached } else { finished && reached == points.len() };
+                @let taken = if i + 1 < points.len() {
+                    i + 1 < reached
+                } else {
+                    finished && reached == points.len()
+                };
                 (edge(
                     (centre_x, y(i) + NODE_H), (centre_x, y(i + 1) - 6),
                     taken, &format!("phase {}", i + 1), (centre_x + 8, y(i) + NODE_H + GAP / 2 + 4),
@@ -191,11 +196,9 @@ pub fn state_diagram(key: &KeyPath<'_>) -> Markup {
             @if may_skip {
                 @let taken = finished && reached == 1;
                 @let (top, bottom) = (y(0) + NODE_H / 2, finished_y + NODE_H / 2);
-                path class={ "edge" @if taken { " taken" } } fill="none"
-                    d={ "M" (LEFT) "," (top) " C" (LEFT - 50) "," (top) " " (LEFT - 50) "," (bottom) " " (LEFT - 6) "," (bottom) }
-                    stroke=(if taken { TAKEN } else { UNTAKEN }) stroke-width=(if taken { 3 } else { 1 })
-                    stroke-dasharray=(if taken { "none" } else { "5 4" })
-                    marker-end={ "url(#" (if taken { "arrow-taken" } else { "arrow" }) ")" } {}
+                @let (bend, end) = (LEFT - 50, LEFT - 6);
+                @let d = format!("M{LEFT},{top} C{bend},{top} {bend},{bottom} {end},{bottom}");
+                g #refusal { (arrow(&d, taken)) }
                 text x="2" y=((top + bottom) / 2) fill="#1d232b" { "phase 1:" }
                 text x="2" y=((top + bottom) / 2 + 14) fill="#1d232b" { "refused" }
             }
@@ -211,16 +214,26 @@ pub fn state_diagram(key: &KeyPath<'_>) -> Markup {
                     else if i < reached { Mark::Passed } else { Mark::Ahead };
                 @let status = match mark {
                     Mark::Now => format!("▶ now: {}", key.now.words()),
-                    Mark::Passed if flagged && i == stands_at => "✓ passed; stopped here".to_owned(),
+                    Mark::Passed if flagged && i == stands_at => {
+                        "✓ passed; stopped here".to_owned()
+                    }
                     Mark::Passed => "✓ passed".to_owned(),
                     Mark::Ahead => "not reached".to_owned(),
                 };
                 @let resumed = key.resumed_from.iter().filter(|p| **p == *name).count();
                 (node(name, LEFT, y(i), NODE_W, mark, &status, resumed))
             }
-            @let (mark, status) = if finished { (Mark::Now, "▶ now: answer stored") } else { (Mark::Ahead, "not reached") };
+            @let (mark, status) = if finished {
+                (Mark::Now, "▶ now: answer stored")
+            } else {
+                (Mark::Ahead, "not reached")
+            };
             (node("finished", LEFT, finished_y, NODE_W, mark, status, 0))
-            @let (mark, status) = if flagged { (Mark::Now, "▶ now: needs a person") } else { (Mark::Ahead, "not flagged") };
+            @let (mark, status) = if flagged {
+                (Mark::Now, "▶ now: needs a person")
+            } else {
+                (Mark::Ahead, "not flagged")
+            };
             (node("flagged", FLAG_X, flag_y, FLAG_W, mark, status, 0))
         }
     }
@@ -229,11 +242,18 @@ pub fn state_diagram(key: &KeyPath<'_>) -> Markup {
 /// An arrow from `from` to `to`, thick and solid if this key took it.
 fn edge(from: (i32, i32), to: (i32, i32), taken: bool, label: &str, at: (i32, i32)) -> Markup {
     html! {
-        line class={ "edge" @if taken { " taken" } } x1=(from.0) y1=(from.1) x2=(to.0) y2=(to.1)
-            stroke=(if taken { TAKEN } else { UNTAKEN }) stroke-width=(if taken { 3 } else { 1 })
-            stroke-dasharray=(if taken { "none" } else { "5 4" })
-            marker-end={ "url(#" (if taken { "arrow-taken" } else { "arrow" }) ")" } {}
+        (arrow(&format!("M{},{} L{},{}", from.0, from.1, to.0, to.1), taken))
         @if !label.is_empty() { text x=(at.0) y=(at.1) fill="#5b6570" { (label) } }
+    }
+}
+
+/// The line `d` with an arrowhead at its end.
+fn arrow(d: &str, taken: bool) -> Markup {
+    let (colour, width, dashes, head) =
+        if taken { (TAKEN, 3, "none", "arrow-taken") } else { (UNTAKEN, 1, "5 4", "arrow") };
+    html! {
+        path class={ "edge" @if taken { " taken" } } fill="none" d=(d) stroke=(colour)
+            stroke-width=(width) stroke-dasharray=(dashes) marker-end={ "url(#" (head) ")" } {}
     }
 }
 
@@ -252,7 +272,8 @@ fn node(name: &str, x: i32, y: i32, w: i32, mark: Mark, status: &str, resumed: u
                     stroke=(stroke) stroke-width="1.5" {}
             }
             rect x=(x) y=(y) width=(w) height=(NODE_H) rx="6" fill=(fill) stroke=(stroke)
-                stroke-width=(width) stroke-dasharray=(if mark == Mark::Ahead { "4 3" } else { "none" }) {}
+                stroke-width=(width)
+                stroke-dasharray=(if mark == Mark::Ahead { "4 3" } else { "none" }) {}
             text x=(centre) y=(y + 19) text-anchor="middle" font-family="ui-monospace,monospace"
                 font-weight="600" fill="#1d232b" { (name) }
             text x=(centre) y=(y + 35) text-anchor="middle" fill="#1d232b" { (status) }
@@ -401,13 +422,14 @@ mod tests {
         let svg = state_diagram(&key).into_string();
         assert!(node_of(&svg, "capture_started").contains("not reached"), "{svg}");
         assert_eq!(svg.matches("class=\"edge taken\"").count(), 1, "{svg}");
-        let arc = &svg[svg.find("<path class=\"edge taken\"").expect("the refusal arc is taken")..];
-        assert!(arc.starts_with("<path class=\"edge taken\" fill=\"none\" d=\"M100,"), "{arc}");
+        let arc = &svg[svg.find("<g id=\"refusal\">").expect("the refusal arc is drawn")..];
+        assert!(arc.starts_with("<g id=\"refusal\"><path class=\"edge taken\""), "{arc}");
         // With its capture recorded, the same key took both phases instead.
         key.actions = vec!["payment.capture_started", "payment.captured"];
         let svg = state_diagram(&key).into_string();
         assert!(node_of(&svg, "capture_started").contains("✓ passed"), "{svg}");
-        assert!(!svg.contains("<path class=\"edge taken\""), "{svg}");
+        assert!(svg.contains("<g id=\"refusal\"><path class=\"edge\""), "{svg}");
+        assert_eq!(svg.matches("class=\"edge taken\"").count(), 2, "{svg}");
     }
 
     #[test]

@@ -44,9 +44,13 @@ pub fn legend(docs_base_url: &str, operation: &str, now: Now) -> Markup {
                         }
                         @for (state, meaning) in states {
                             li {
-                                @let words = if state == now { format!("▶ {}", state.words()) } else { state.words().to_owned() };
-                                @if state == now { strong { (link(docs_base_url, STATES, &words)) } }
-                                @else { (link(docs_base_url, STATES, &words)) }
+                                @if state == now {
+                                    strong {
+                                        (link(docs_base_url, STATES, &format!("▶ {}", state.words())))
+                                    }
+                                } @else {
+                                    (link(docs_base_url, STATES, state.words()))
+                                }
                                 ": " (meaning)
                             }
                         }
