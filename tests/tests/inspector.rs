@@ -111,6 +111,15 @@ fn count_pixels(path: &std::path::Path, colours: &[[u8; 3]]) -> (Vec<usize>, usi
     (counts, not_white)
 }
 
+/// The row id of the key `key`.
+async fn key_id(pool: &PgPool, key: &str) -> i64 {
+    sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idempotency_key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .expect("the key is stored")
+}
+
 fn position(page: &str, needle: &str) -> usize {
     page.find(needle).unwrap_or_else(|| panic!("`{needle}` is not on the page:\n{page}"))
 }
@@ -123,11 +132,7 @@ async fn a_browser_sees_the_keys_a_test_created_and_their_phases_in_order(pool: 
     let body = json!({"amount": 1250, "currency": "usd", "payment_method": "pm_card_visa"});
     let created = app.post("/v1/payments", &secret, Some("order-7731"), &body).await;
     assert_eq!(created.status(), 201);
-    let key_id: i64 =
-        sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idempotency_key = 'order-7731'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let key_id = key_id(&pool, "order-7731").await;
 
     let refused = render(&browser, &app.url("/inspector")).await;
     assert!(refused.contains("Operator token required"), "{refused}");
@@ -168,11 +173,7 @@ async fn a_browser_draws_the_state_diagram_of_a_key_at_its_recovery_point_and_on
     let body = json!({"amount": 4200, "currency": "usd", "payment_method": "pm_card_visa"});
     faults(json!({"error_rate": 1.0})).await;
     assert_eq!(app.post("/v1/payments", &secret, Some("drawn"), &body).await.status(), 503);
-    let key_id: i64 =
-        sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idempotency_key = 'drawn'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let key_id = key_id(&pool, "drawn").await;
     let url = app.url(&format!("/inspector/keys/{key_id}?token={TOKEN}"));
     // The screenshots stay under target/ for a person to look at.
     let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
@@ -230,11 +231,7 @@ async fn a_retry_shows_as_a_second_attempt_and_a_key_in_flight_refreshes(pool: P
     assert_eq!(app.post("/v1/payments", &secret, Some("retried"), &body).await.status(), 503);
     faults(json!({})).await;
     assert_eq!(app.post("/v1/payments", &secret, Some("retried"), &body).await.status(), 201);
-    let key_id: i64 =
-        sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idempotency_key = 'retried'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let key_id = key_id(&pool, "retried").await;
     let page = |path: String| {
         let request = http.get(app.url(&path)).bearer_auth(TOKEN);
         async move {
