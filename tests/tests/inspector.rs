@@ -37,9 +37,10 @@ fn browser() -> Option<PathBuf> {
     })
 }
 
-/// The DOM of `url` once a fresh headless browser profile has loaded it (following redirects and
-/// keeping the cookies they set). Asynchronous: the server under test runs on this runtime.
-async fn render(browser: &PathBuf, url: &str) -> String {
+/// What a fresh headless browser profile writes to its standard output after loading `url`
+/// (following redirects and keeping the cookies they set) with `what` (e.g. `--dump-dom`).
+/// Asynchronous: the server under test runs on this runtime.
+async fn headless(browser: &PathBuf, url: &str, what: &[&str]) -> Vec<u8> {
     let profile = std::env::temp_dir().join(format!("inspector-browser-{}", uuid::Uuid::new_v4()));
     let output = tokio::process::Command::new(browser)
         .args([
@@ -51,7 +52,7 @@ async fn render(browser: &PathBuf, url: &str) -> String {
             "--virtual-time-budget=1000",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
-        .arg("--dump-dom")
+        .args(what)
         .arg(url)
         .kill_on_drop(true)
         .output()
@@ -59,7 +60,64 @@ async fn render(browser: &PathBuf, url: &str) -> String {
         .expect("the browser runs");
     let _ = std::fs::remove_dir_all(&profile);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8(output.stdout).unwrap()
+    output.stdout
+}
+
+/// The DOM of `url` as the browser built it.
+async fn render(browser: &PathBuf, url: &str) -> String {
+    String::from_utf8(headless(browser, url, &["--dump-dom"]).await).unwrap()
+}
+
+/// A PNG of `url` as the browser draws it, written to `path`.
+async fn screenshot(browser: &PathBuf, url: &str, path: &std::path::Path) {
+    let _ = std::fs::remove_file(path);
+    let to = format!("--screenshot={}", path.display());
+    headless(browser, url, &["--hide-scrollbars", "--window-size=1280,1400", &to]).await;
+}
+
+/// Chromium, or `None` (and the test says it is skipped) when this machine has none and
+/// PAYMENTS_REQUIRE_BROWSER is not set.
+fn browser_or_skip() -> Option<PathBuf> {
+    let found = browser();
+    if found.is_none() {
+        assert!(
+            std::env::var_os("PAYMENTS_REQUIRE_BROWSER").is_none(),
+            "no chromium on this machine, and PAYMENTS_REQUIRE_BROWSER is set"
+        );
+        eprintln!("skipped: no chromium (make test installs it)");
+    }
+    found
+}
+
+/// How many pixels of the PNG at `path` have each of `colours` (RGB), and how many are not white.
+fn count_pixels(path: &std::path::Path, colours: &[[u8; 3]]) -> (Vec<usize>, usize) {
+    let file = std::fs::File::open(path).expect("the screenshot was written");
+    let mut decoder = png::Decoder::new(std::io::BufReader::new(file));
+    decoder.set_transformations(png::Transformations::normalize_to_color8());
+    let mut reader = decoder.read_info().expect("a PNG");
+    let mut pixels = vec![0; reader.output_buffer_size().expect("a bounded image")];
+    let frame = reader.next_frame(&mut pixels).expect("its pixels");
+    let step = frame.color_type.samples();
+    assert!(step >= 3, "a colour screenshot: {:?}", frame.color_type);
+    let mut counts = vec![0; colours.len()];
+    let mut not_white = 0;
+    for pixel in pixels[..frame.buffer_size()].chunks_exact(step) {
+        let rgb = [pixel[0], pixel[1], pixel[2]];
+        not_white += usize::from(rgb != [255, 255, 255]);
+        for (count, colour) in counts.iter_mut().zip(colours) {
+            *count += usize::from(rgb == *colour);
+        }
+    }
+    (counts, not_white)
+}
+
+/// The row id of the key `key`.
+async fn key_id(pool: &PgPool, key: &str) -> i64 {
+    sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idempotency_key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .expect("the key is stored")
 }
 
 fn position(page: &str, needle: &str) -> usize {
@@ -68,24 +126,13 @@ fn position(page: &str, needle: &str) -> usize {
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn a_browser_sees_the_keys_a_test_created_and_their_phases_in_order(pool: PgPool) {
-    let Some(browser) = browser() else {
-        assert!(
-            std::env::var_os("PAYMENTS_REQUIRE_BROWSER").is_none(),
-            "no chromium on this machine, and PAYMENTS_REQUIRE_BROWSER is set"
-        );
-        eprintln!("skipped: no chromium (make test installs it)");
-        return;
-    };
+    let Some(browser) = browser_or_skip() else { return };
     let (app, _sim) = app(pool.clone()).await;
     let (_, secret) = app.create_account("Corner Shop").await;
     let body = json!({"amount": 1250, "currency": "usd", "payment_method": "pm_card_visa"});
     let created = app.post("/v1/payments", &secret, Some("order-7731"), &body).await;
     assert_eq!(created.status(), 201);
-    let key_id: i64 =
-        sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idempotency_key = 'order-7731'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let key_id = key_id(&pool, "order-7731").await;
 
     let refused = render(&browser, &app.url("/inspector")).await;
     assert!(refused.contains("Operator token required"), "{refused}");
@@ -113,6 +160,62 @@ async fn a_browser_sees_the_keys_a_test_created_and_their_phases_in_order(pool: 
 }
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_browser_draws_the_state_diagram_of_a_key_at_its_recovery_point_and_once_finished(
+    pool: PgPool,
+) {
+    let Some(browser) = browser_or_skip() else { return };
+    let (app, sim) = app(pool.clone()).await;
+    let (_, secret) = app.create_account("Corner Shop").await;
+    let faults = |value: serde_json::Value| {
+        let request = app.http.put(format!("{sim}/_sim/faults")).json(&value);
+        async move { assert!(request.send().await.unwrap().status().is_success()) }
+    };
+    let body = json!({"amount": 4200, "currency": "usd", "payment_method": "pm_card_visa"});
+    faults(json!({"error_rate": 1.0})).await;
+    assert_eq!(app.post("/v1/payments", &secret, Some("drawn"), &body).await.status(), 503);
+    let key_id = key_id(&pool, "drawn").await;
+    let url = app.url(&format!("/inspector/keys/{key_id}?token={TOKEN}"));
+    // The screenshots stay under target/ for a person to look at.
+    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    // The fills of the box where the key stands now, and of a box it passed (diagram.rs).
+    let (now_fill, passed_fill) = ([0xff, 0xf4, 0xce], [0xe8, 0xf1, 0xfb]);
+
+    // Released at `payment_created`: its lease free, phase 2 not reached.
+    let waiting = render(&browser, &url).await;
+    assert!(waiting.contains("<svg id=\"key-diagram\""), "{waiting}");
+    assert!(waiting.contains("<g class=\"node now\" data-state=\"payment_created\">"), "{waiting}");
+    assert!(waiting.contains("▶ now: lease free (released)"), "{waiting}");
+    assert!(waiting.contains("<g class=\"node ahead\" data-state=\"finished\">"), "{waiting}");
+    let shot = shots.join("inspector-key-at-a-recovery-point.png");
+    screenshot(&browser, &url, &shot).await;
+    let (counts, not_white) = count_pixels(&shot, &[now_fill, passed_fill]);
+    // Each box is 200 × 58 pixels, most of it its fill.
+    assert!(counts.iter().all(|&n| n > 5_000), "the boxes are drawn: {counts:?}");
+    assert!(not_white > 50_000, "the page is drawn: {not_white} pixels not white");
+
+    // The retry resumes it there and finishes it.
+    faults(json!({})).await;
+    let created = app.post("/v1/payments", &secret, Some("drawn"), &body).await;
+    assert_eq!(created.status(), 201);
+    let answer = created.text().await.unwrap();
+    let finished = render(&browser, &url).await;
+    assert!(finished.contains("<g class=\"node now\" data-state=\"finished\">"), "{finished}");
+    assert!(finished.contains("<g class=\"node passed\" data-state=\"payment_created\">"));
+    assert!(finished.contains("resumed here 1 time"), "{finished}");
+    assert_eq!(finished.matches("class=\"node now\"").count(), 1, "{finished}");
+    // The stored answer as the client got it, byte for byte, but for the masked token.
+    assert!(answer.contains("\"payment_method\":\"pm_card_visa\""), "{answer}");
+    let shown = answer.replace("pm_card_visa", "pm_card_…");
+    assert!(finished.contains(&format!("<pre id=\"stored-answer\">{shown}</pre>")), "{finished}");
+    let shot = shots.join("inspector-finished-key.png");
+    screenshot(&browser, &url, &shot).await;
+    let (counts, not_white) = count_pixels(&shot, &[now_fill, passed_fill]);
+    // Now `finished`, and both points passed.
+    assert!(counts[0] > 5_000 && counts[1] > 10_000, "the boxes are drawn: {counts:?}");
+    assert!(not_white > 50_000, "the page is drawn: {not_white} pixels not white");
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn a_retry_shows_as_a_second_attempt_and_a_key_in_flight_refreshes(pool: PgPool) {
     let (app, sim) = app(pool.clone()).await;
     let (_, secret) = app.create_account("shop").await;
@@ -128,11 +231,7 @@ async fn a_retry_shows_as_a_second_attempt_and_a_key_in_flight_refreshes(pool: P
     assert_eq!(app.post("/v1/payments", &secret, Some("retried"), &body).await.status(), 503);
     faults(json!({})).await;
     assert_eq!(app.post("/v1/payments", &secret, Some("retried"), &body).await.status(), 201);
-    let key_id: i64 =
-        sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idempotency_key = 'retried'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let key_id = key_id(&pool, "retried").await;
     let page = |path: String| {
         let request = http.get(app.url(&path)).bearer_auth(TOKEN);
         async move {

@@ -78,6 +78,16 @@ fn a_bad_public_base_url_names_the_setting_and_its_variable() {
 }
 
 #[test]
+fn the_guides_base_url_is_a_web_address_or_nothing() {
+    let var = "PAYMENTS__INSPECTOR__DOCS_BASE_URL";
+    let err = load(&[(var, "javascript:alert(1)")]).unwrap_err().to_string();
+    assert!(err.contains("inspector.docs_base_url") && err.contains(var), "{err}");
+    let set = load(&[(var, "https://example.com/payments/blob/main")]).unwrap();
+    assert_eq!(set.inspector.docs_base_url, "https://example.com/payments/blob/main");
+    assert!(load(&[]).is_ok_and(|s| s.inspector.docs_base_url.is_empty()));
+}
+
+#[test]
 fn a_bad_database_url_names_the_setting_without_printing_it() {
     let err = load(&[("DATABASE_URL", "mysql://root:hunter2@db")]).unwrap_err().to_string();
     assert!(err.contains("database.url"), "{err}");

@@ -143,6 +143,13 @@ impl Settings {
                 ),
             ));
         }
+        let docs = &self.inspector.docs_base_url;
+        if !docs.is_empty() && !["http://", "https://"].iter().any(|s| docs.starts_with(s)) {
+            return Err(invalid(
+                "inspector.docs_base_url",
+                "must be empty or start with http:// or https:// (the page links to it)".into(),
+            ));
+        }
         if self.idempotency.claim_timeout_ms == 0 {
             return Err(invalid("idempotency.claim_timeout_ms", "must be at least 1".into()));
         }

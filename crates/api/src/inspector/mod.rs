@@ -3,19 +3,25 @@
 //!
 //! - `/inspector`: recent keys per account (recovery point, lease, attempts, stored status, age),
 //!   keys waiting for a person, staged and dead jobs, webhook deliveries, receipts;
-//! - `/inspector/keys/{id}`: one key's timeline: the claim, every later attempt (a retry that
-//!   resumed or took over, or the completer), every phase commit and processor call (with its
-//!   derived downstream key) from the audit records, and the stored answer.
+//! - `/inspector/keys/{id}`: one key's state diagram (its operation's recovery points, the path
+//!   it took, where it stands now, with a legend linked to the guide) beside its timeline: the
+//!   claim, every later attempt (a retry that resumed or took over, or the completer), every phase
+//!   commit and processor call (with its derived downstream key) from the audit records; and the
+//!   stored answer, byte for byte.
 //!
 //! Off unless `inspector.enabled`; every page asks for the operator token (`inspector.token`),
 //! given once as `?token=…` (which sets an HttpOnly cookie) or as `Authorization: Bearer …`.
 //! It shows no secret key, no token of the processor, and payment methods only masked. A page
 //! about a key still in flight refreshes itself every two seconds.
 //!
-//! This module holds the routes and the operator check; the pages are `templates`. The data
+//! This module holds the routes and the operator check; the pages are `templates`, the diagram
+//! `diagram`, its legend `legend`, the stored answer's masking `body`. The data
 //! comes from the tables' owners: `idem::inspect` for the keys and their attempts, the domain's
 //! modules for the rest.
 
+mod body;
+mod diagram;
+mod legend;
 mod templates;
 
 use axum::Router;
@@ -137,6 +143,7 @@ async fn key_page(
         account_name: account_name.as_deref().unwrap_or("(no such account)"),
         attempts: &attempts,
         events: &events,
+        docs_base_url: &state.settings.inspector.docs_base_url,
     });
     Ok(html(StatusCode::OK, page))
 }

@@ -1,6 +1,9 @@
 //! The inspector's pages as `maud` templates: every value is escaped by construction, and the
 //! only markup that is not is the style sheet below.
 
+use super::body;
+use super::diagram::{self, KeyPath, Now};
+use super::legend::legend;
 use idem::inspect::{AttemptRecord, KeyDetail, KeyLists, KeySummary};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use payments_domain::Account;
@@ -19,7 +22,9 @@ code{font:12px ui-monospace,monospace;background:#f1f3f5;padding:0 .2em;border-r
 .bad{color:#b3261e;font-weight:600}.live{color:#0b6bcb;font-weight:600}.note{color:#0b6bcb}\
 ol.timeline{list-style:none;padding:0}ol.timeline li{padding:.35em 0;border-bottom:1px solid #eef0f2}\
 time{font:12px ui-monospace,monospace;color:#5b6570;margin-right:.6em}\
-pre{background:#f5f7f9;padding:.8em;overflow:auto}table.facts th{width:14em}";
+pre{background:#f5f7f9;padding:.8em;overflow:auto;white-space:pre-wrap;word-break:break-all}\
+table.facts th{width:14em}.beside{display:flex;flex-wrap:wrap;gap:2em;align-items:flex-start}\
+.beside>div{flex:1 1 30em;min-width:0}svg{max-width:100%;height:auto}#legend ul{padding-left:1.2em}";
 
 /// A whole page; `refresh` reloads it every two seconds (while a key is in flight).
 fn page(title: &str, refresh: bool, body: Markup) -> Markup {
@@ -233,6 +238,8 @@ pub struct KeyPage<'a> {
     pub attempts: &'a [AttemptRecord],
     /// The audit records written under it.
     pub events: &'a [AuditLine],
+    /// `inspector.docs_base_url`: where the legend's links point.
+    pub docs_base_url: &'a str,
 }
 
 /// `GET /inspector/keys/{id}`
@@ -247,6 +254,7 @@ pub fn key_page(p: &KeyPage<'_>) -> Markup {
             (None, _) => { "free" }
         }
     };
+    let path = key_path(p);
     let next_attempt = if in_flight { key.next_attempt.as_deref().unwrap_or("—") } else { "—" };
     let facts: [(&str, Markup); 8] = [
         ("account", html! { (p.account_name) " " code { (key.account_id) } }),
@@ -266,18 +274,46 @@ pub fn key_page(p: &KeyPage<'_>) -> Markup {
         h1 { "Key " code { (key.idempotency_key) } }
         @if in_flight { p.note { "In flight: this page refreshes itself." } }
         table.facts { @for (name, value) in &facts { tr { th { (name) } td { (value) } } } }
-        h2 { "Timeline" }
-        ol.timeline {
-            @for (at, _, what, detail) in timeline(p) {
-                li { time { (at) } " " strong { (what) } " " span { (detail) } }
+        div.beside {
+            div {
+                h2 { "Where it stands" }
+                (diagram::state_diagram(&path))
+                (legend(p.docs_base_url, &key.operation, path.now))
+            }
+            div {
+                h2 { "Timeline" }
+                ol.timeline {
+                    @for (at, _, what, detail) in timeline(p) {
+                        li { time { (at) } " " strong { (what) } " " span { (detail) } }
+                    }
+                }
             }
         }
         @if let (Some(status), Some(body)) = (key.response_status, &key.response_body) {
             h2 { "Stored answer: " (status) }
-            pre { (masked_body(body)) }
+            pre #stored-answer { (body::shown_body(body)) }
         }
     };
     page(&format!("Key {}", key.idempotency_key), in_flight, body)
+}
+
+/// What the state diagram is drawn from.
+fn key_path<'a>(p: &KeyPage<'a>) -> KeyPath<'a> {
+    let key = p.key;
+    let now = match (key.finished, key.flagged, key.owner_token.is_some(), key.lease_active) {
+        (true, _, _, _) => Now::Finished,
+        (false, true, _, _) => Now::Flagged,
+        (false, false, true, true) => Now::LeaseHeld,
+        (false, false, true, false) => Now::LeaseExpired,
+        (false, false, false, _) => Now::LeaseFree,
+    };
+    KeyPath {
+        operation: &key.operation,
+        recovery_point: &key.recovery_point,
+        now,
+        resumed_from: p.attempts.iter().map(|a| a.recovery_point.as_str()).collect(),
+        actions: p.events.iter().map(|e| e.action.as_str()).collect(),
+    }
 }
 
 /// The key's history in order: (when, order among equals, what, detail).
@@ -342,31 +378,6 @@ fn describe(detail: &Value) -> Markup {
     }
 }
 
-/// The stored body, pretty-printed, with payment methods masked and a webhook endpoint's signing
-/// secret (stored with a keyed creation's answer) hidden.
-fn masked_body(body: &[u8]) -> String {
-    let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
-        return String::from_utf8_lossy(body).into_owned();
-    };
-    if let Some(method) = value.get_mut("payment_method")
-        && let Some(token) = method.as_str()
-    {
-        *method = Value::String(mask(token));
-    }
-    if let Some(secret) = value.get_mut("secret")
-        && secret.is_string()
-    {
-        *secret = Value::String("whsec_… (hidden)".to_owned());
-    }
-    serde_json::to_string_pretty(&value).unwrap_or_default()
-}
-
-/// The first 8 characters of a token, then `…`.
-fn mask(token: &str) -> String {
-    let shown: String = token.chars().take(8).collect();
-    if shown.len() < token.len() { format!("{shown}…") } else { shown }
-}
-
 fn short(token: &Uuid) -> String {
     token.to_string().chars().take(8).collect()
 }
@@ -383,16 +394,6 @@ fn age(seconds: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_are_masked() {
-        assert_eq!(mask("pm_card_chargeDeclined"), "pm_card_…");
-        assert_eq!(mask("short"), "short");
-        let body = masked_body(br#"{"id":"pay_1","payment_method":"pm_card_visa"}"#);
-        assert!(body.contains("pm_card_…") && !body.contains("visa"), "{body}");
-        let body = masked_body(br#"{"id":"we_1","secret":"whsec_abcdef123456"}"#);
-        assert!(body.contains("we_1") && !body.contains("abcdef123456"), "{body}");
-    }
 
     #[test]
     fn audit_details_read_as_pairs() {
