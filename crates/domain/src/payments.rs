@@ -83,6 +83,15 @@ impl CaptureMethod {
             Self::Manual => "manual",
         }
     }
+
+    /// The method stored as `name`; an unknown name is a corrupt row, never a default (a
+    /// `manual` payment read as `automatic` would be captured with its authorization).
+    fn parse(name: &str) -> Result<Self, DomainError> {
+        [Self::Automatic, Self::Manual]
+            .into_iter()
+            .find(|m| m.as_str() == name)
+            .ok_or(DomainError::Corrupt("unknown capture method"))
+    }
 }
 
 /// `POST /v1/payments`, as the client sends it.
@@ -390,11 +399,7 @@ impl TryFrom<PaymentRow> for Payment {
             amount: row.amount,
             currency: row.currency,
             status: PaymentStatus::parse(&row.status)?,
-            capture_method: if row.capture_method == "manual" {
-                CaptureMethod::Manual
-            } else {
-                CaptureMethod::Automatic
-            },
+            capture_method: CaptureMethod::parse(&row.capture_method)?,
             amount_captured: row.amount_captured,
             amount_refunded: row.amount_refunded,
             payment_method: row.payment_method,
@@ -856,5 +861,53 @@ mod tests {
         assert_eq!(Payment::etag_of(b"{}"), Payment::etag_of(b"{}"));
         assert_ne!(Payment::etag_of(b"{}"), Payment::etag_of(b"{ }"));
         assert!(Payment::etag_of(b"{}").starts_with('"'));
+    }
+
+    fn row(capture_method: &str) -> PaymentRow {
+        PaymentRow {
+            id: "pay_1".into(),
+            account_id: "acct_1".into(),
+            idempotency_key_id: None,
+            amount: 500,
+            currency: "usd".into(),
+            status: "requires_capture".into(),
+            capture_method: capture_method.into(),
+            amount_captured: 0,
+            amount_refunded: 0,
+            payment_method: "pm_card_visa".into(),
+            description: None,
+            metadata: serde_json::json!({}),
+            receipt_email: None,
+            processor_charge_id: None,
+            failure_code: None,
+            failure_message: None,
+            cancellation_reason: None,
+            created: 0,
+        }
+    }
+
+    #[test]
+    fn an_unknown_stored_capture_method_is_an_error_not_a_default() {
+        let manual = Payment::try_from(row("manual")).expect("a manual payment reads");
+        assert_eq!(manual.capture_method, CaptureMethod::Manual);
+        let automatic = Payment::try_from(row("automatic")).expect("an automatic payment reads");
+        assert_eq!(automatic.capture_method, CaptureMethod::Automatic);
+        for unknown in ["delayed", "", "Manual"] {
+            assert!(
+                matches!(
+                    Payment::try_from(row(unknown)),
+                    Err(DomainError::Corrupt("unknown capture method"))
+                ),
+                "{unknown:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_stored_status_is_an_error() {
+        assert!(matches!(
+            Payment::try_from(PaymentRow { status: "pending".into(), ..row("manual") }),
+            Err(DomainError::Corrupt("unknown payment status"))
+        ));
     }
 }
