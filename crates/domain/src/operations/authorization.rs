@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use idem::{Interrupted, Lease, Step, StoredResponse};
-use provider::{CardProcessor, Charge, FrozenRequest};
-use serde_json::json;
+use idem::{Interrupted, Lease, PhaseError, RecoveryPoint, Step, StoredResponse, boxed};
+use provider::{CardProcessor, Charge, FrozenRequest, ProcessorError};
+use serde_json::{Value, json};
 use sqlx::PgConnection;
 
-use super::reconcile::{Reconciled, plan_of, when_nothing_found};
-use super::{Context, LeaseInfo, internal, problem_answer, record, unavailable};
+use super::reconcile::{Reconciled, adopt_or_move_on, plan_of, when_nothing_found};
+use super::{Context, LeaseInfo, current_payment, internal, problem_answer, record, unavailable};
 use crate::DomainError;
 use crate::payments::{self, Changes, Payment, PaymentStatus};
 use crate::problems::{Problem, ProblemCode};
@@ -31,7 +31,7 @@ pub(super) enum Gate {
 impl Gate {
     /// The phase's step: on to `next` with the call `plan` builds from the payment's id and its
     /// charge, frozen; or the refusal stored as the final answer.
-    pub(super) fn into_step<P>(
+    fn into_step<P>(
         self,
         next: P,
         plan: impl FnOnce(&str, &str) -> FrozenRequest,
@@ -49,16 +49,50 @@ impl Gate {
     }
 }
 
-/// The authorized charge of a payment that awaits capture (or is being captured or canceled).
-pub(super) fn authorization(payment: &Payment) -> Result<&str, Interrupted> {
-    payment
+/// The first phase of a capture or a cancel (`action`: "captured" or "canceled") of the payment
+/// `payment_id`: opens the gate ([`open_gate`]), then goes on to `next` with the call `plan`
+/// builds from the payment, its charge and `capture_amount`, frozen; or stores the refusal.
+pub(super) async fn open_phase<P: RecoveryPoint>(
+    lease: &mut Lease,
+    (account_id, payment_id): (&str, &str),
+    capture_amount: Option<i64>,
+    action: &'static str,
+    (next, plan): (P, fn(&str, &str, Option<i64>) -> FrozenRequest),
+    public_base_url: &str,
+) -> Result<(), Interrupted> {
+    let info = LeaseInfo::of(lease);
+    lease
+        .phase(|tx| {
+            let (account_id, payment_id) = (account_id.to_owned(), payment_id.to_owned());
+            let (info, base) = (info.clone(), public_base_url.to_owned());
+            boxed(async move {
+                let gate =
+                    open_gate(tx, &account_id, &payment_id, capture_amount, action, &info).await?;
+                let plan = |payment: &str, charge: &str| plan(payment, charge, capture_amount);
+                Ok::<_, PhaseError<DomainError>>(gate.into_step(next, plan, &info, &base))
+            })
+        })
+        .await?;
+    Ok(())
+}
+
+/// The payment the operation acts on, as it is now, and its authorized charge (it awaits capture,
+/// or is being captured or canceled).
+pub(super) async fn authorized_payment<P>(
+    ctx: &Context<P>,
+    account_id: &str,
+    payment_id: &str,
+) -> Result<(Payment, String), Interrupted> {
+    let payment = current_payment(&ctx.pool, account_id, payment_id).await?;
+    let charge_id = payment
         .processor_charge_id
-        .as_deref()
-        .ok_or_else(|| internal("an authorized payment without a charge"))
+        .clone()
+        .ok_or_else(|| internal("an authorized payment without a charge"))?;
+    Ok((payment, charge_id))
 }
 
 /// Locks the payment; refuses unless it awaits capture; marks it `processing`.
-pub(super) async fn open_gate(
+async fn open_gate(
     tx: &mut PgConnection,
     account_id: &str,
     payment_id: &str,
@@ -125,30 +159,35 @@ pub(super) async fn reopen(
     Ok(problem_answer(problem, &info.request_id, public_base_url))
 }
 
-/// The processor cannot tell us what a capture or a release did: the charge itself says.
-/// `done` decides from the charge whether the call acted; `undone` whether it surely did not
-/// (and may be sent again under the next key); anything else needs a person.
-pub(super) async fn reconcile_authorization<P: CardProcessor>(
+/// The processor cannot tell us what the capture or the release `request` of the payment's
+/// charge did (`cause`): the charge itself says. `done` decides from the charge whether the call
+/// acted: then it is adopted, with the audit detail of its adoption. A charge still only
+/// authorized says the call surely did not act: once that can be believed, the call moves to its
+/// key's next generation (`None`: the step is over). Anything else needs a person.
+pub(super) async fn reconcile_authorization<P: CardProcessor, Pt: RecoveryPoint>(
     ctx: &Context<P>,
     lease: &mut Lease,
-    charge_id: &str,
+    (at, request): (Pt, &FrozenRequest),
+    (payment, charge_id): (&Payment, &str),
     what: &str,
+    cause: &ProcessorError,
     done: impl Fn(&Charge) -> bool,
-    undone: impl Fn(&Charge) -> bool,
-) -> Result<Reconciled<Charge>, Interrupted> {
+) -> Result<Option<(Charge, Value)>, Interrupted> {
     lease.renew().await?;
     let charge = ctx.processor.retrieve_charge(charge_id).await.map_err(|err| unavailable(&err))?;
-    if done(&charge) {
-        Ok(Reconciled::Adopt(charge))
-    } else if undone(&charge) {
+    let found = if done(&charge) {
+        Reconciled::Adopt(charge)
+    } else if charge.paid && !charge.captured && charge.amount_refunded == 0 {
         // A charge read is consistent: no lag, only the calls still in flight.
-        when_nothing_found(lease, ctx.processor.longest_call(), Duration::ZERO, what).await
+        when_nothing_found(lease, ctx.processor.longest_call(), Duration::ZERO, what).await?
     } else {
-        Err(Interrupted::NeedsHuman {
+        return Err(Interrupted::NeedsHuman {
             reason: format!(
                 "the {what} of {charge_id} cannot be reconciled: the charge is captured {} for {}, refunded {}",
                 charge.captured, charge.amount_captured, charge.amount_refunded
             ),
-        })
-    }
+        });
+    };
+    let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
+    adopt_or_move_on(lease, at, request, object, what, cause, found).await
 }

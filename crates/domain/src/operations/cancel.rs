@@ -1,16 +1,13 @@
 //! `POST /v1/payments/{id}/cancel`: `started` → `cancel_started` → finished.
 
 use idem::{Interrupted, Lease, Operation, PhaseError, Step, boxed};
-use provider::{CardProcessor, DownstreamKey, ErrorClass, FrozenRequest, RefundRequest};
+use provider::{CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, RefundRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::authorization::{authorization, open_gate, reconcile_authorization, reopen};
-use super::reconcile::{adopt_or_move_on, planned_call, refused_at_a_later_generation};
-use super::{
-    Context, LeaseInfo, PaymentOperation, current_payment, final_problem, payment_answer, record,
-    unavailable,
-};
+use super::authorization::{authorized_payment, open_phase, reconcile_authorization, reopen};
+use super::reconcile::{planned_call, refused_at_a_later_generation};
+use super::{LeaseInfo, payment_answer, record, refusal};
 use crate::DomainError;
 use crate::events::{self, EventType};
 use crate::payments::{self, Changes, PaymentStatus};
@@ -19,6 +16,7 @@ use crate::payments::{self, Changes, PaymentStatus};
 pub const CANCEL_PAYMENT: &str = "payments.cancel";
 
 recovery_points!(CancelPoint { Started => "started", CancelStarted => "cancel_started" });
+
 /// Why a payment was canceled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -55,8 +53,9 @@ pub struct CancelParams {
     pub cancellation_reason: Option<CancellationReason>,
 }
 
-/// The release of `charge_id`'s authorization, frozen under the payment's cancel key.
-fn cancel_request(payment_id: &str, charge_id: &str) -> FrozenRequest {
+/// The release of `charge_id`'s authorization, frozen under the payment's cancel key (a cancel
+/// has no amount: it releases the whole authorization).
+fn cancel_request(payment_id: &str, charge_id: &str, _amount: Option<i64>) -> FrozenRequest {
     RefundRequest {
         charge_id: charge_id.to_owned(),
         payment_id: payment_id.to_owned(),
@@ -67,91 +66,41 @@ fn cancel_request(payment_id: &str, charge_id: &str) -> FrozenRequest {
     .freeze(DownstreamKey::cancel(payment_id))
 }
 
-/// `POST /v1/payments/{id}/cancel`: releases the authorization at the processor.
-#[derive(Debug)]
-pub struct CancelPayment<P> {
-    ctx: Context<P>,
-    params: CancelParams,
-}
-
-impl<P: CardProcessor> CancelPayment<P> {
-    /// The operation for validated input.
-    pub fn new(ctx: Context<P>, params: CancelParams) -> Self {
-        Self { ctx, params }
-    }
-}
-
-impl<P: CardProcessor> PaymentOperation<P> for CancelPayment<P> {
-    const NAME: &'static str = CANCEL_PAYMENT;
-    type Params = CancelParams;
-
-    fn with_params(ctx: &Context<P>, params: CancelParams) -> Self {
-        Self::new(ctx.clone(), params)
-    }
-
-    fn params(&self) -> &CancelParams {
-        &self.params
-    }
+payment_operation! {
+    /// `POST /v1/payments/{id}/cancel`: releases the authorization at the processor.
+    CancelPayment(CancelParams) = CANCEL_PAYMENT
 }
 
 impl<P: CardProcessor> Operation for CancelPayment<P> {
     type Point = CancelPoint;
 
     async fn step(&self, lease: &mut Lease, at: CancelPoint) -> Result<(), Interrupted> {
-        let info = LeaseInfo::of(lease);
-        let base = self.ctx.public_base_url.clone();
         match at {
             CancelPoint::Started => {
-                lease
-                    .phase(|tx| {
-                        let (params, info, base) =
-                            (self.params.clone(), info.clone(), base.clone());
-                        boxed(async move {
-                            let gate = open_gate(
-                                tx,
-                                &params.account_id,
-                                &params.payment_id,
-                                None,
-                                "canceled",
-                                &info,
-                            )
-                            .await?;
-                            Ok::<_, PhaseError<DomainError>>(gate.into_step(
-                                CancelPoint::CancelStarted,
-                                cancel_request,
-                                &info,
-                                &base,
-                            ))
-                        })
-                    })
+                let payment = (&*self.params.account_id, &*self.params.payment_id);
+                let next = (CancelPoint::CancelStarted, cancel_request as fn(&str, &str, _) -> _);
+                open_phase(lease, payment, None, "canceled", next, &self.ctx.public_base_url)
                     .await?;
             }
             CancelPoint::CancelStarted => {
-                let payment = current_payment(
-                    &self.ctx.pool,
-                    &self.params.account_id,
-                    &self.params.payment_id,
-                )
-                .await?;
-                let charge_id = authorization(&payment)?.to_owned();
+                let (info, base) = (LeaseInfo::of(lease), self.ctx.public_base_url.clone());
+                let (account_id, payment_id) = (&self.params.account_id, &self.params.payment_id);
+                let (payment, charge_id) =
+                    authorized_payment(&self.ctx, account_id, payment_id).await?;
                 let request =
-                    planned_call(lease, at, || cancel_request(&payment.id, &charge_id)).await?;
+                    planned_call(lease, at, || cancel_request(&payment.id, &charge_id, None))
+                        .await?;
                 idem::failpoint(|| format!("{CANCEL_PAYMENT}.before_call")).await;
                 let outcome = self.ctx.processor.create_refund(&request).await.map(|_| ());
                 idem::failpoint(|| format!("{CANCEL_PAYMENT}.after_call")).await;
                 let (outcome, reconciled) = match outcome {
                     Err(err) if err.class() == ErrorClass::Reconcile => {
-                        let found = reconcile_authorization(
-                            &self.ctx,
-                            lease,
-                            &charge_id,
-                            "cancel",
-                            |charge| !charge.captured && charge.amount_refunded >= charge.amount,
-                            |charge| charge.paid && !charge.captured && charge.amount_refunded == 0,
-                        )
-                        .await?;
-                        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
-                        match adopt_or_move_on(lease, at, &request, object, "cancel", &err, found)
+                        let call = (at, &request);
+                        let (ctx, of) = (&self.ctx, (&payment, charge_id.as_str()));
+                        let done = |charge: &Charge| {
+                            !charge.captured && charge.amount_refunded >= charge.amount
+                        };
+                        match reconcile_authorization(ctx, lease, call, of, "cancel", &err, done)
                             .await?
                         {
                             Some((_charge, detail)) => (Ok(()), Some(detail)),
@@ -160,12 +109,7 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                     }
                     other => (refused_at_a_later_generation(&request, other)?, None),
                 };
-                let problem = match &outcome {
-                    Ok(()) => None,
-                    Err(err) => {
-                        Some(final_problem(err, &payment.id).ok_or_else(|| unavailable(err))?)
-                    }
-                };
+                let problem = refusal(&outcome, &payment.id)?;
                 let reason = self.params.cancellation_reason.map(CancellationReason::as_str);
                 let key = request.key.clone();
                 lease

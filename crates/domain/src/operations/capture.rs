@@ -1,16 +1,13 @@
 //! `POST /v1/payments/{id}/capture`: `started` → `capture_started` → finished.
 
 use idem::{Interrupted, Lease, Operation, PhaseError, Step, boxed};
-use provider::{CardProcessor, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError};
+use provider::{CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::authorization::{authorization, open_gate, reconcile_authorization, reopen};
-use super::reconcile::{adopt_or_move_on, planned_call, refused_at_a_later_generation};
-use super::{
-    Context, LeaseInfo, PaymentOperation, current_payment, final_problem, payment_answer, record,
-    unavailable,
-};
+use super::authorization::{authorized_payment, open_phase, reconcile_authorization, reopen};
+use super::reconcile::{planned_call, refused_at_a_later_generation};
+use super::{LeaseInfo, payment_answer, record, refusal};
 use crate::DomainError;
 use crate::audit;
 use crate::events::{self, EventType};
@@ -21,6 +18,7 @@ use crate::problems::{Problem, ProblemCode};
 pub const CAPTURE_PAYMENT: &str = "payments.capture";
 
 recovery_points!(CapturePoint { Started => "started", CaptureStarted => "capture_started" });
+
 /// The stored input of a capture.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CaptureParams {
@@ -37,76 +35,29 @@ fn capture_request(payment_id: &str, charge_id: &str, amount: Option<i64>) -> Fr
     FrozenRequest::capture(charge_id, amount, DownstreamKey::capture(payment_id))
 }
 
-/// `POST /v1/payments/{id}/capture`.
-#[derive(Debug)]
-pub struct CapturePayment<P> {
-    ctx: Context<P>,
-    params: CaptureParams,
-}
-
-impl<P: CardProcessor> CapturePayment<P> {
-    /// The operation for validated input.
-    pub fn new(ctx: Context<P>, params: CaptureParams) -> Self {
-        Self { ctx, params }
-    }
-}
-
-impl<P: CardProcessor> PaymentOperation<P> for CapturePayment<P> {
-    const NAME: &'static str = CAPTURE_PAYMENT;
-    type Params = CaptureParams;
-
-    fn with_params(ctx: &Context<P>, params: CaptureParams) -> Self {
-        Self::new(ctx.clone(), params)
-    }
-
-    fn params(&self) -> &CaptureParams {
-        &self.params
-    }
+payment_operation! {
+    /// `POST /v1/payments/{id}/capture`.
+    CapturePayment(CaptureParams) = CAPTURE_PAYMENT
 }
 
 impl<P: CardProcessor> Operation for CapturePayment<P> {
     type Point = CapturePoint;
 
     async fn step(&self, lease: &mut Lease, at: CapturePoint) -> Result<(), Interrupted> {
-        let info = LeaseInfo::of(lease);
-        let base = self.ctx.public_base_url.clone();
         match at {
             CapturePoint::Started => {
-                lease
-                    .phase(|tx| {
-                        let (params, info, base) =
-                            (self.params.clone(), info.clone(), base.clone());
-                        boxed(async move {
-                            let gate = open_gate(
-                                tx,
-                                &params.account_id,
-                                &params.payment_id,
-                                params.amount_to_capture,
-                                "captured",
-                                &info,
-                            )
-                            .await?;
-                            let plan = |payment: &str, charge: &str| {
-                                capture_request(payment, charge, params.amount_to_capture)
-                            };
-                            Ok::<_, PhaseError<DomainError>>(gate.into_step(
-                                CapturePoint::CaptureStarted,
-                                plan,
-                                &info,
-                                &base,
-                            ))
-                        })
-                    })
+                let payment = (&*self.params.account_id, &*self.params.payment_id);
+                let amount = self.params.amount_to_capture;
+                let next =
+                    (CapturePoint::CaptureStarted, capture_request as fn(&str, &str, _) -> _);
+                open_phase(lease, payment, amount, "captured", next, &self.ctx.public_base_url)
                     .await?;
             }
             CapturePoint::CaptureStarted => {
-                let payment = current_payment(
-                    &self.ctx.pool,
-                    &self.params.account_id,
-                    &self.params.payment_id,
-                )
-                .await?;
-                let charge_id = authorization(&payment)?.to_owned();
+                let (info, base) = (LeaseInfo::of(lease), self.ctx.public_base_url.clone());
+                let (account_id, payment_id) = (&self.params.account_id, &self.params.payment_id);
+                let (payment, charge_id) =
+                    authorized_payment(&self.ctx, account_id, payment_id).await?;
                 let amount = self.params.amount_to_capture;
                 let request =
                     planned_call(lease, at, || capture_request(&payment.id, &charge_id, amount))
@@ -122,17 +73,10 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                 idem::failpoint(|| format!("{CAPTURE_PAYMENT}.after_call")).await;
                 let (outcome, reconciled) = match outcome {
                     Err(err) if err.class() == ErrorClass::Reconcile => {
-                        let found = reconcile_authorization(
-                            &self.ctx,
-                            lease,
-                            &charge_id,
-                            "capture",
-                            |charge| charge.captured,
-                            |charge| charge.paid && !charge.captured && charge.amount_refunded == 0,
-                        )
-                        .await?;
-                        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
-                        match adopt_or_move_on(lease, at, &request, object, "capture", &err, found)
+                        let call = (at, &request);
+                        let (ctx, of) = (&self.ctx, (&payment, charge_id.as_str()));
+                        let done = |charge: &Charge| charge.captured;
+                        match reconcile_authorization(ctx, lease, call, of, "capture", &err, done)
                             .await?
                         {
                             Some((charge, detail)) => (Ok(charge), Some(detail)),
@@ -141,12 +85,7 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                     }
                     other => (refused_at_a_later_generation(&request, other)?, None),
                 };
-                let problem = match &outcome {
-                    Ok(_) => None,
-                    Err(err) => {
-                        Some(final_problem(err, &payment.id).ok_or_else(|| unavailable(err))?)
-                    }
-                };
+                let problem = refusal(&outcome, &payment.id)?;
                 let key = request.key.clone();
                 lease
                     .phase(|tx| {

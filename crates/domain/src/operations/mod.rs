@@ -66,6 +66,39 @@ macro_rules! recovery_points {
     };
 }
 
+/// Declares a money-moving operation over a [`Context`]: its struct, `new`, and the
+/// [`PaymentOperation`] that stores it as `$name` with its input `$params`.
+macro_rules! payment_operation {
+    ($(#[$doc:meta])* $operation:ident($params:ty) = $name:expr) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $operation<P> {
+            ctx: $crate::operations::Context<P>,
+            params: $params,
+        }
+
+        impl<P: provider::CardProcessor> $operation<P> {
+            /// The operation for validated input.
+            pub fn new(ctx: $crate::operations::Context<P>, params: $params) -> Self {
+                Self { ctx, params }
+            }
+        }
+
+        impl<P: provider::CardProcessor> $crate::operations::PaymentOperation<P> for $operation<P> {
+            const NAME: &'static str = $name;
+            type Params = $params;
+
+            fn with_params(ctx: &$crate::operations::Context<P>, params: $params) -> Self {
+                Self::new(ctx.clone(), params)
+            }
+
+            fn params(&self) -> &$params {
+                &self.params
+            }
+        }
+    };
+}
+
 pub mod authorization;
 pub mod cancel;
 pub mod capture;
@@ -204,6 +237,19 @@ fn final_problem(err: &ProcessorError, payment_id: &str) -> Option<Problem> {
         ProcessorError::Unavailable { .. }
         | ProcessorError::UnknownOutcome { .. }
         | ProcessorError::MustReconcile { .. } => None,
+    }
+}
+
+/// The final answer to store for a call's outcome: `None` when it succeeded, the refusal when it
+/// failed for good, and an interruption when its failure is not final (the key stays at its
+/// recovery point).
+fn refusal<T>(
+    outcome: &Result<T, ProcessorError>,
+    payment_id: &str,
+) -> Result<Option<Problem>, Interrupted> {
+    match outcome {
+        Ok(_) => Ok(None),
+        Err(err) => final_problem(err, payment_id).map(Some).ok_or_else(|| unavailable(err)),
     }
 }
 

@@ -15,8 +15,8 @@ use super::reconcile::{
     when_nothing_found,
 };
 use super::{
-    Context, LeaseInfo, PaymentOperation, current_payment, failure_code, final_problem, internal,
-    problem_answer, record, refund_answer, unavailable,
+    LeaseInfo, current_payment, failure_code, internal, problem_answer, record, refund_answer,
+    refusal, unavailable,
 };
 use crate::DomainError;
 use crate::events::{self, EventType};
@@ -29,6 +29,7 @@ use crate::refunds::{self, CreateRefundRequest, NewRefund, Refund};
 pub const CREATE_REFUND: &str = "refunds.create";
 
 recovery_points!(RefundPoint { Started => "started", RefundCreated => "refund_created" });
+
 /// The stored input of a refund.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RefundParams {
@@ -40,18 +41,9 @@ pub struct RefundParams {
     pub request: CreateRefundRequest,
 }
 
-/// `POST /v1/payments/{id}/refunds`.
-#[derive(Debug)]
-pub struct CreateRefundOp<P> {
-    ctx: Context<P>,
-    params: RefundParams,
-}
-
-impl<P: CardProcessor> CreateRefundOp<P> {
-    /// The operation for validated input.
-    pub fn new(ctx: Context<P>, params: RefundParams) -> Self {
-        Self { ctx, params }
-    }
+payment_operation! {
+    /// `POST /v1/payments/{id}/refunds`.
+    CreateRefundOp(RefundParams) = CREATE_REFUND
 }
 
 /// The refund `refund` of `charge_id`, frozen under the refund's key.
@@ -97,19 +89,6 @@ impl<P: CardProcessor> CreateRefundOp<P> {
                 reason: format!("{n} refunds at the processor for {}", refund.id),
             }),
         }
-    }
-}
-
-impl<P: CardProcessor> PaymentOperation<P> for CreateRefundOp<P> {
-    const NAME: &'static str = CREATE_REFUND;
-    type Params = RefundParams;
-
-    fn with_params(ctx: &Context<P>, params: RefundParams) -> Self {
-        Self::new(ctx.clone(), params)
-    }
-
-    fn params(&self) -> &RefundParams {
-        &self.params
     }
 }
 
@@ -213,13 +192,8 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                     });
                 }
                 let key = request.key.clone();
-                let problem = match &outcome {
-                    Ok(_) => None,
-                    Err(err) => Some((
-                        final_problem(err, &payment.id).ok_or_else(|| unavailable(err))?,
-                        failure_code(err),
-                    )),
-                };
+                let problem =
+                    refusal(&outcome, &payment.id)?.zip(outcome.as_ref().err().map(failure_code));
                 let processor_refund_id = outcome.as_ref().ok().map(|r| r.id.clone());
                 lease
                     .phase(|tx| {
