@@ -49,6 +49,10 @@ impl Gate {
     }
 }
 
+/// The call a capture or a cancel makes, frozen, built from the payment's id, its charge and the
+/// amount to capture.
+pub(super) type PlanCall = fn(&str, &str, Option<i64>) -> FrozenRequest;
+
 /// The first phase of a capture or a cancel (`action`: "captured" or "canceled") of the payment
 /// `payment_id`: opens the gate ([`open_gate`]), then goes on to `next` with the call `plan`
 /// builds from the payment, its charge and `capture_amount`, frozen; or stores the refusal.
@@ -57,7 +61,7 @@ pub(super) async fn open_phase<P: RecoveryPoint>(
     (account_id, payment_id): (&str, &str),
     capture_amount: Option<i64>,
     action: &'static str,
-    (next, plan): (P, fn(&str, &str, Option<i64>) -> FrozenRequest),
+    (next, plan): (P, PlanCall),
     public_base_url: &str,
 ) -> Result<(), Interrupted> {
     let info = LeaseInfo::of(lease);

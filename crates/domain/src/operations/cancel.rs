@@ -5,7 +5,9 @@ use provider::{CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::authorization::{authorized_payment, open_phase, reconcile_authorization, reopen};
+use super::authorization::{
+    PlanCall, authorized_payment, open_phase, reconcile_authorization, reopen,
+};
 use super::reconcile::{planned_call, refused_at_a_later_generation};
 use super::{LeaseInfo, payment_answer, record, refusal};
 use crate::DomainError;
@@ -78,7 +80,7 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
         match at {
             CancelPoint::Started => {
                 let payment = (&*self.params.account_id, &*self.params.payment_id);
-                let next = (CancelPoint::CancelStarted, cancel_request as fn(&str, &str, _) -> _);
+                let next = (CancelPoint::CancelStarted, cancel_request as PlanCall);
                 open_phase(lease, payment, None, "canceled", next, &self.ctx.public_base_url)
                     .await?;
             }

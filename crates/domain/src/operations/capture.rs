@@ -5,7 +5,9 @@ use provider::{CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::authorization::{authorized_payment, open_phase, reconcile_authorization, reopen};
+use super::authorization::{
+    PlanCall, authorized_payment, open_phase, reconcile_authorization, reopen,
+};
 use super::reconcile::{planned_call, refused_at_a_later_generation};
 use super::{LeaseInfo, payment_answer, record, refusal};
 use crate::DomainError;
@@ -48,8 +50,7 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
             CapturePoint::Started => {
                 let payment = (&*self.params.account_id, &*self.params.payment_id);
                 let amount = self.params.amount_to_capture;
-                let next =
-                    (CapturePoint::CaptureStarted, capture_request as fn(&str, &str, _) -> _);
+                let next = (CapturePoint::CaptureStarted, capture_request as PlanCall);
                 open_phase(lease, payment, amount, "captured", next, &self.ctx.public_base_url)
                     .await?;
             }
