@@ -2,8 +2,8 @@
 //!
 //! Each operation is one `idem::Operation` in a module of its own, read top to bottom in the
 //! order of its recovery points: [`create_payment`], [`capture`], [`cancel`], [`refund`]. What
-//! capture and cancel share (both act on an authorization) is in [`authorization`]; the
-//! reconciliation every operation shares in [`reconcile`]. A request runs an operation through the
+//! capture and cancel share (both act on an authorization) is in `authorization`; the
+//! reconciliation every operation shares in `reconcile`. A request runs an operation through the
 //! API's runner, and the completer runs the very same code through [`resume`]; the
 //! [`PaymentOperation`] trait ties the name stored with a key to the operation and its input, so
 //! the two cannot disagree. Every foreign call sits between two phases. The phase before it
@@ -99,11 +99,11 @@ macro_rules! payment_operation {
     };
 }
 
-pub mod authorization;
+mod authorization;
 pub mod cancel;
 pub mod capture;
 pub mod create_payment;
-pub mod reconcile;
+mod reconcile;
 pub mod refund;
 
 pub use cancel::{CANCEL_PAYMENT, CancelParams, CancelPayment, CancelPoint, CancellationReason};
