@@ -20,7 +20,8 @@ use idem::{
     StoredResponse, TransientKind,
 };
 use payments_domain::AccountId;
-use serde::Serialize;
+use payments_domain::operations::PaymentOperation;
+use provider::ProcessorClient;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::task::TaskTracker;
@@ -31,6 +32,11 @@ use crate::auth::{Caller, invalid_api_key};
 use crate::edge::RequestId;
 use crate::error::{ApiError, ProblemCode};
 use crate::extract::{JsonBody, JsonMediaType};
+
+/// An operation a handler starts: one the completer can resume, with the API's processor.
+pub trait StartedOperation: PaymentOperation<ProcessorClient> + 'static {}
+
+impl<O: PaymentOperation<ProcessorClient> + 'static> StartedOperation for O {}
 
 /// The header a replayed answer carries.
 pub static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -167,12 +173,10 @@ impl<T> IdempotentPost<T> {
         self.caller.admit(state, result.map_err(Into::into)).await
     }
 
-    /// Claims the key and runs `operation` (stored as `name` with `params` for the completer).
-    pub async fn run<O: Operation + 'static>(
+    /// Claims the key and runs `operation` (stored with its name and input for the completer).
+    pub async fn run<O: StartedOperation>(
         &self,
         state: &AppState,
-        name: &str,
-        params: &impl Serialize,
         operation: O,
     ) -> Result<Response, ApiError> {
         let keyed = Keyed {
@@ -182,7 +186,7 @@ impl<T> IdempotentPost<T> {
             meta: &self.meta,
             body: &self.body,
         };
-        let answer = keyed.run(state, name, params, operation).await;
+        let answer = keyed.run(state, operation).await;
         if matches!(&answer, Err(err) if err.code() == ProblemCode::InvalidApiKey) {
             self.caller.refused(state);
         }
@@ -207,18 +211,18 @@ pub struct Keyed<'a, T> {
 }
 
 impl<T> Keyed<'_, T> {
-    /// Claims the key and runs `operation` (stored as `name` with `params` for the completer).
-    pub async fn run<O: Operation + 'static>(
+    /// Claims the key and runs `operation`, stored as its [`PaymentOperation::NAME`] with its
+    /// input, so that the completer resumes this very operation.
+    pub async fn run<O: StartedOperation>(
         &self,
         state: &AppState,
-        name: &str,
-        params: &impl Serialize,
         operation: O,
     ) -> Result<Response, ApiError> {
         // The fingerprint is over the body as sent, not over the typed value with its defaults.
         let body: Value = serde_json::from_slice(&self.body.raw)
             .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
-        let params = serde_json::to_value(params).map_err(|err| ApiError::internal(&err))?;
+        let params =
+            serde_json::to_value(operation.params()).map_err(|err| ApiError::internal(&err))?;
         let attempt = Attempt {
             account_id: self.account.as_str(),
             credential: self.credential,
@@ -226,7 +230,7 @@ impl<T> Keyed<'_, T> {
             meta: self.meta,
             media_type: self.body.media_type,
             body: &body,
-            operation: name,
+            operation: O::NAME,
             params: &params,
         };
         state.runner.run(attempt, operation).await

@@ -27,7 +27,7 @@ SELECT k.id AS found, k.fingerprint, k.request_method, k.request_path, k.request
 \gset
 
 -- Phase 1 (started → payment_created), one statement that commits on its own
--- (crates/domain/src/payments.rs, `insert_fenced`): the fence stores the new key, then the
+-- (crates/domain/src/payments/store.rs, `insert_fenced`): the fence stores the new key, then the
 -- payment and its audit record.
 WITH fence AS (
     SELECT idem_commit(('{"key_id": ' || :key_id || ', "token": "c0a80101-0000-4000-8000-000000000001", "expected": "started", "lease_ms": 60000, "next": "payment_created", "plan": {"path": "/v1/charges", "key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge", "params": [["amount", "1000"], ["currency", "usd"], ["source", "pm_card_visa"], ["capture", "true"], ["metadata[payment_id]", "pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]}, "response": null, "new": {"account_id": "' || :account || '", "key": "' || :n || '", "fingerprint": "48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0", "method": "POST", "path": "/v1/payments", "request_id": "req_e8oJXKStH4I7DzCaPcWXJdX9", "operation": "payments.create", "params": {"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}}}')::jsonb) AS key_id

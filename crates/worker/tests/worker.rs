@@ -930,3 +930,25 @@ async fn a_receipt_sent_again_by_a_second_runner_carries_one_message_id(pool: Pg
         assert_eq!(ids, [expected.as_str()], "every copy carries the receipt's Message-ID");
     }
 }
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn the_completer_knows_every_operation_name_and_flags_an_unknown_one(pool: PgPool) {
+    let h = harness(pool).await;
+    let unparseable = json!({"not": "the input of any operation"});
+    let resumable = operations::resumable::<ProcessorClient>();
+    assert_eq!(resumable.len(), 6);
+    for (n, name) in resumable.into_iter().chain(["payments.refund"]).enumerate() {
+        let Claim::Acquired(lease) = h.claim(&format!("k{n}"), name, &unparseable).await else {
+            panic!("new key")
+        };
+        let reason = match operations::resume(&h.ctx, lease).await {
+            Err(idem::Interrupted::NeedsHuman { reason }) => reason,
+            other => panic!("{name}: expected a flag, got {other:?}"),
+        };
+        let expected = match name {
+            "payments.refund" => "unknown operation `payments.refund`",
+            _ => "stored parameters do not parse",
+        };
+        assert!(reason.starts_with(expected), "{name}: {reason}");
+    }
+}

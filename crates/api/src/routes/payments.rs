@@ -134,8 +134,8 @@ pub async fn create(
         account_id: post.account().to_string(),
         request: post.body.value.clone(),
     };
-    let operation = CreatePayment::new(state.operations.clone(), params.clone());
-    post.run(&state, operations::CREATE_PAYMENT, &params, operation).await
+    let operation = CreatePayment::new(state.operations.clone(), params);
+    post.run(&state, operation).await
 }
 
 /// The payment a capture, cancel or refund acts on must exist: a 404 stores nothing.
@@ -248,9 +248,9 @@ pub async fn update(
     let patch: serde_json::Value = serde_json::from_slice(&body.raw)
         .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
     let params = UpdateParams { account_id: account.to_string(), payment_id: id, patch, if_match };
-    let operation = UpdatePayment::new(state.operations.public_base_url.clone(), params.clone());
+    let operation = UpdatePayment::new(state.operations.public_base_url.clone(), params);
     let keyed = Keyed { account: &account, credential: None, key: &key, meta: &meta, body: &body };
-    keyed.run(&state, updates::UPDATE_PAYMENT, &params, operation).await
+    keyed.run(&state, operation).await
 }
 
 /// `POST /v1/payments/{id}/capture`
@@ -281,8 +281,8 @@ pub async fn capture(
     require_payment(&state, &post, &id).await?;
     let params =
         CaptureParams { account_id: post.account().to_string(), payment_id: id, amount_to_capture };
-    let operation = CapturePayment::new(state.operations.clone(), params.clone());
-    post.run(&state, operations::CAPTURE_PAYMENT, &params, operation).await
+    let operation = CapturePayment::new(state.operations.clone(), params);
+    post.run(&state, operation).await
 }
 
 /// `POST /v1/payments/{id}/cancel`
@@ -306,8 +306,8 @@ pub async fn cancel(
         payment_id: id,
         cancellation_reason: post.body.value.cancellation_reason,
     };
-    let operation = CancelPayment::new(state.operations.clone(), params.clone());
-    post.run(&state, operations::CANCEL_PAYMENT, &params, operation).await
+    let operation = CancelPayment::new(state.operations.clone(), params);
+    post.run(&state, operation).await
 }
 
 impl IntoResponse for List {

@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
-use payments_domain::operations::{self, CreateRefundOp, RefundParams};
+use payments_domain::operations::{CreateRefundOp, RefundParams};
 use payments_domain::payments;
 use payments_domain::refunds::{self, CreateRefundRequest};
 
@@ -29,8 +29,8 @@ pub async fn create(
         payment_id: id,
         request: post.body.value.clone(),
     };
-    let operation = CreateRefundOp::new(state.operations.clone(), params.clone());
-    post.run(&state, operations::CREATE_REFUND, &params, operation).await
+    let operation = CreateRefundOp::new(state.operations.clone(), params);
+    post.run(&state, operation).await
 }
 
 /// `GET /v1/refunds/{id}`

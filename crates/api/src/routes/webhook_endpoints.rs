@@ -97,9 +97,9 @@ pub async fn create(
         url: url.to_string(),
         enabled_events: body.value.enabled_events.clone(),
     };
-    let operation = CreateEndpoint::new(state.operations.public_base_url.clone(), params.clone());
+    let operation = CreateEndpoint::new(state.operations.public_base_url.clone(), params);
     let keyed = Keyed { account: &account, credential: None, key: &key, meta: &meta, body: &body };
-    keyed.run(&state, webhooks::CREATE_ENDPOINT, &params, operation).await
+    keyed.run(&state, operation).await
 }
 
 /// `GET /v1/webhook_endpoints`

@@ -1,0 +1,123 @@
+//! `POST /v1/payments/{id}/capture`: `started` → `capture_started` → finished.
+
+use idem::{Interrupted, Lease, Operation, PhaseError, Step, boxed};
+use provider::{CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::authorization::{
+    PlanCall, authorized_payment, open_phase, reconcile_authorization, reopen,
+};
+use super::reconcile::{planned_call, refused_at_a_later_generation};
+use super::{LeaseInfo, payment_answer, record, refusal};
+use crate::DomainError;
+use crate::audit;
+use crate::events::{self, EventType};
+use crate::payments::{self, Changes, PaymentStatus};
+use crate::problems::{Problem, ProblemCode};
+
+/// The stored name of a capture.
+pub const CAPTURE_PAYMENT: &str = "payments.capture";
+
+recovery_points!(CapturePoint { Started => "started", CaptureStarted => "capture_started" });
+
+/// The stored input of a capture.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CaptureParams {
+    /// The account.
+    pub account_id: String,
+    /// The payment.
+    pub payment_id: String,
+    /// Default: the whole authorized amount.
+    pub amount_to_capture: Option<i64>,
+}
+
+/// The capture of `charge_id`, frozen under the payment's capture key.
+fn capture_request(payment_id: &str, charge_id: &str, amount: Option<i64>) -> FrozenRequest {
+    FrozenRequest::capture(charge_id, amount, DownstreamKey::capture(payment_id))
+}
+
+payment_operation! {
+    /// `POST /v1/payments/{id}/capture`.
+    CapturePayment(CaptureParams) = CAPTURE_PAYMENT
+}
+
+impl<P: CardProcessor> Operation for CapturePayment<P> {
+    type Point = CapturePoint;
+
+    async fn step(&self, lease: &mut Lease, at: CapturePoint) -> Result<(), Interrupted> {
+        match at {
+            CapturePoint::Started => {
+                let payment = (&*self.params.account_id, &*self.params.payment_id);
+                let amount = self.params.amount_to_capture;
+                let next = (CapturePoint::CaptureStarted, capture_request as PlanCall);
+                open_phase(lease, payment, amount, "captured", next, &self.ctx.public_base_url)
+                    .await?;
+            }
+            CapturePoint::CaptureStarted => {
+                let (info, base) = (LeaseInfo::of(lease), self.ctx.public_base_url.clone());
+                let (account_id, payment_id) = (&self.params.account_id, &self.params.payment_id);
+                let (payment, charge_id) =
+                    authorized_payment(&self.ctx, account_id, payment_id).await?;
+                let amount = self.params.amount_to_capture;
+                let request =
+                    planned_call(lease, at, || capture_request(&payment.id, &charge_id, amount))
+                        .await?;
+                idem::failpoint(|| format!("{CAPTURE_PAYMENT}.before_call")).await;
+                let outcome = match self.ctx.processor.capture_charge(&request).await {
+                    // A capture that answers with an uncaptured charge did not say what it did.
+                    Ok(charge) if !charge.captured => Err(ProcessorError::UnknownOutcome {
+                        message: format!("the capture answered with {} uncaptured", charge.id),
+                    }),
+                    other => other,
+                };
+                idem::failpoint(|| format!("{CAPTURE_PAYMENT}.after_call")).await;
+                let (outcome, reconciled) = match outcome {
+                    Err(err) if err.class() == ErrorClass::Reconcile => {
+                        let call = (at, &request);
+                        let (ctx, of) = (&self.ctx, (&payment, charge_id.as_str()));
+                        let done = |charge: &Charge| charge.captured;
+                        match reconcile_authorization(ctx, lease, call, of, "capture", &err, done)
+                            .await?
+                        {
+                            Some((charge, detail)) => (Ok(charge), Some(detail)),
+                            None => return Ok(()),
+                        }
+                    }
+                    other => (refused_at_a_later_generation(&request, other)?, None),
+                };
+                let problem = refusal(&outcome, &payment.id)?;
+                let key = request.key.clone();
+                lease
+                    .phase(|tx| {
+                        let (payment, info, base, problem, key, reconciled) = (payment.clone(), info.clone(), base.clone(), problem.clone(), key.clone(), reconciled.clone());
+                        let captured = outcome.as_ref().ok().map(|c| c.amount_captured);
+                        boxed(async move {
+                            if let Some(detail) = reconciled {
+                                record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
+                            }
+                            let step = match (captured, problem) {
+                                (Some(amount_captured), _) => {
+                                    let changes = Changes { status: Some(PaymentStatus::Succeeded), amount_captured: Some(amount_captured), ..Changes::default() };
+                                    let payment = payments::update(tx, &payment.id, &changes, None).await?;
+                                    if let Some(email) = &payment.receipt_email {
+                                        audit::stage_job(tx, "receipt", &payment.id, json!({"payment_id": payment.id, "email": email})).await?;
+                                    }
+                                    record(tx, &payment.account_id, &payment.id, "payment.captured", &info, json!({"amount_captured": amount_captured, "downstream_key": key.as_str()})).await?;
+                                    events::record(tx, &payment.account_id, EventType::PaymentCaptured, &payment.to_json()).await?;
+                                    Step::<CapturePoint>::Finish(payment_answer(200, &payment, false))
+                                }
+                                (None, problem) => {
+                                    let problem = problem.unwrap_or_else(|| Problem::new(ProblemCode::InvalidRequest, "The card processor refused the capture."));
+                                    Step::Finish(reopen(tx, &payment, &info, &problem, &base, "payment.capture_refused").await?)
+                                }
+                            };
+                            Ok::<_, PhaseError<DomainError>>(step)
+                        })
+                    })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,383 @@
+//! `POST /v1/payments`: `started` → `payment_created` → finished. The first phase inserts the
+//! payment with the charge frozen; the second calls the processor (or adopts what its webhook
+//! reported) and records the outcome with the stored answer.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use idem::{Interrupted, Lease, Operation, PhaseError, Step, boxed};
+use provider::{
+    CardProcessor, Charge, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::reconcile::{
+    Reconciled, adopt_or_move_on, count_reconciliation, plan_of, planned_call,
+    refused_at_a_later_generation, when_nothing_found,
+};
+use super::{
+    Context, LeaseInfo, PaymentOperation, failure_code, final_problem, internal, payment_answer,
+    problem_answer, record, unavailable,
+};
+use crate::DomainError;
+use crate::audit;
+use crate::events::{self, EventType};
+use crate::ids::new_id;
+use crate::payments::{self, CaptureMethod, Changes, CreatePaymentRequest, Payment, PaymentStatus};
+use crate::processor_events;
+
+/// The stored name of a payment creation.
+pub const CREATE_PAYMENT: &str = "payments.create";
+
+recovery_points!(CreatePoint { Started => "started", PaymentCreated => "payment_created" });
+
+/// The stored input of a payment creation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreatePaymentParams {
+    /// The account.
+    pub account_id: String,
+    /// The validated request.
+    pub request: CreatePaymentRequest,
+}
+
+/// `POST /v1/payments`.
+#[derive(Debug)]
+pub struct CreatePayment<P> {
+    ctx: Context<P>,
+    params: CreatePaymentParams,
+    /// The payment the first phase made, so the next step need not read it back.
+    created: Mutex<Option<Payment>>,
+}
+
+impl<P: CardProcessor> CreatePayment<P> {
+    /// The operation for validated input.
+    pub fn new(ctx: Context<P>, params: CreatePaymentParams) -> Self {
+        Self { ctx, params, created: Mutex::new(None) }
+    }
+
+    async fn payment(&self, key_id: i64) -> Result<Payment, Interrupted> {
+        if let Some(payment) =
+            self.created.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+        {
+            return Ok(payment);
+        }
+        payments::find_by_key(&self.ctx.pool, key_id)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| internal("the key is past `payment_created` but has no payment"))
+    }
+}
+
+/// The charge request for the payment `payment_id` made of `request`, frozen under its first key.
+fn charge_request(
+    payment_id: &str,
+    request: &CreatePaymentRequest,
+    metadata: &BTreeMap<String, String>,
+) -> FrozenRequest {
+    ChargeRequest {
+        payment_id: payment_id.to_owned(),
+        amount: request.amount,
+        currency: request.currency.clone(),
+        source: request.payment_method.clone(),
+        capture: request.capture_method == CaptureMethod::Automatic,
+        description: request.description.clone(),
+        metadata: metadata.clone(),
+    }
+    .freeze(DownstreamKey::charge(payment_id))
+}
+
+/// A charge call's outcome: what the processor answered, or what its webhook told us before we
+/// called.
+enum ChargeOutcome {
+    /// Told by the webhook: no call was made.
+    Pushed(Charge),
+    /// The call's answer.
+    Called(Result<Charge, ProcessorError>),
+}
+use ChargeOutcome::{Called, Pushed};
+
+/// Counts a charge adopted from the processor's webhook; the audit detail of its adoption.
+fn pushed_adoption(charge_id: &str, key: &DownstreamKey) -> Value {
+    count_reconciliation("charge", "adopted");
+    json!({"outcome": "adopted", "cause": "webhook", "found": charge_id, "downstream_key": key.as_str()})
+}
+
+impl<P: CardProcessor> CreatePayment<P> {
+    /// The charge the processor's webhook says the call under `key` made, if one did
+    /// (`processor_events`). A charge that is not this payment's is for a person, and so is a
+    /// decline of a later generation, as when the call itself answers one
+    /// ([`refused_at_a_later_generation`]).
+    async fn pushed_charge(
+        &self,
+        payment: &Payment,
+        key: &DownstreamKey,
+    ) -> Result<Option<Charge>, Interrupted> {
+        let found = processor_events::charge_for_key(&self.ctx.pool, key.as_str())
+            .await
+            .map_err(internal)?;
+        match found {
+            Some(charge)
+                if charge.metadata.get("payment_id") != Some(&payment.id)
+                    || charge.amount != payment.amount
+                    || charge.currency != payment.currency =>
+            {
+                Err(Interrupted::NeedsHuman {
+                    reason: format!(
+                        "the processor reported {} ({} {}) under {key}, which does not match {}",
+                        charge.id, charge.amount, charge.currency, payment.id
+                    ),
+                })
+            }
+            Some(charge) if !charge.paid && key.generation_number() > 1 => {
+                Err(Interrupted::NeedsHuman {
+                    reason: format!(
+                        "{key} was declined ({}, reported by the processor's webhook); what an \
+                         earlier generation of the key did is not known for sure",
+                        charge.id
+                    ),
+                })
+            }
+            found => Ok(found),
+        }
+    }
+
+    /// The processor cannot tell us what the charge request did: what its webhook told us, or
+    /// else look for the payment's charge.
+    async fn reconcile(
+        &self,
+        lease: &mut Lease,
+        payment: &Payment,
+        key: &DownstreamKey,
+        why: &ProcessorError,
+    ) -> Result<Reconciled<Charge>, Interrupted> {
+        if let Some(charge) = self.pushed_charge(payment, key).await? {
+            return Ok(Reconciled::Adopt(charge));
+        }
+        lease.renew().await?;
+        let found = self
+            .ctx
+            .processor
+            .search_charges(&payment.id)
+            .await
+            .map_err(|err| unavailable(&err))?;
+        let ours: Vec<Charge> = found
+            .into_iter()
+            .filter(|charge| charge.metadata.get("payment_id") == Some(&payment.id))
+            .collect();
+        let paid: Vec<&Charge> = ours.iter().filter(|charge| charge.paid).collect();
+        match (paid.as_slice(), ours.first()) {
+            ([charge], _) => Ok(Reconciled::Adopt((*charge).clone())),
+            // Declined: no money moved, and the decline is the answer.
+            ([], Some(failed)) => Ok(Reconciled::Adopt(failed.clone())),
+            ([], None) => {
+                let processor = &self.ctx.processor;
+                when_nothing_found(
+                    lease,
+                    processor.longest_call(),
+                    processor.search_lag(),
+                    "charge",
+                )
+                .await
+            }
+            (several, _) => Err(Interrupted::NeedsHuman {
+                reason: format!(
+                    "{} successful charges at the processor for {} ({why})",
+                    several.len(),
+                    payment.id
+                ),
+            }),
+        }
+    }
+}
+
+impl<P: CardProcessor> PaymentOperation<P> for CreatePayment<P> {
+    const NAME: &'static str = CREATE_PAYMENT;
+    type Params = CreatePaymentParams;
+
+    fn with_params(ctx: &Context<P>, params: CreatePaymentParams) -> Self {
+        Self::new(ctx.clone(), params)
+    }
+
+    fn params(&self) -> &CreatePaymentParams {
+        &self.params
+    }
+}
+
+impl<P: CardProcessor> Operation for CreatePayment<P> {
+    type Point = CreatePoint;
+
+    async fn step(&self, lease: &mut Lease, at: CreatePoint) -> Result<(), Interrupted> {
+        let info = LeaseInfo::of(lease);
+        match at {
+            // One statement: the payment, its audit record and the key (new, it is stored here),
+            // with the charge frozen at `payment_created`. The payment's id is made before, so
+            // that the frozen charge can name it.
+            CreatePoint::Started => {
+                let id = new_id("pay");
+                let params = &self.params;
+                let request = charge_request(&id, &params.request, &self.ctx.charge_metadata);
+                let step = Step::Call(CreatePoint::PaymentCreated, plan_of(&request));
+                let payment = lease
+                    .phase_in_one(step, |pool, fence| {
+                        let (id, info, params) = (id.clone(), info.clone(), params.clone());
+                        boxed(async move {
+                            let (account, request) = (&params.account_id, &params.request);
+                            let made = payments::insert_fenced(
+                                pool,
+                                &id,
+                                account,
+                                &info.request_id,
+                                request,
+                                fence,
+                            )
+                            .await?;
+                            Ok::<_, PhaseError<DomainError>>(made)
+                        })
+                    })
+                    .await?;
+                *self.created.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some(payment);
+            }
+            CreatePoint::PaymentCreated => {
+                let payment = self.payment(info.key_id).await?;
+                let metadata = &self.ctx.charge_metadata;
+                let request = planned_call(lease, at, || {
+                    charge_request(&payment.id, &self.params.request, metadata)
+                })
+                .await?;
+                // A key's first run made no call under it before: nothing can have been pushed.
+                let pushed = match lease.attempts() {
+                    1 => None,
+                    _ => self.pushed_charge(&payment, &request.key).await?,
+                };
+                let outcome = match pushed {
+                    Some(charge) => Pushed(charge),
+                    None => {
+                        idem::failpoint(|| format!("{CREATE_PAYMENT}.before_call")).await;
+                        let outcome = self.ctx.processor.create_charge(&request).await;
+                        idem::failpoint(|| format!("{CREATE_PAYMENT}.after_call")).await;
+                        Called(outcome)
+                    }
+                };
+                let (outcome, reconciled) = match outcome {
+                    Pushed(charge) => {
+                        let detail = pushed_adoption(&charge.id, &request.key);
+                        (Ok(charge), Some(detail))
+                    }
+                    // No answer: the processor's webhook may have told us meanwhile (it landed
+                    // while this lease was mid-call).
+                    Called(Err(err))
+                        if matches!(
+                            err.class(),
+                            ErrorClass::Transient | ErrorClass::UnknownOutcome
+                        ) =>
+                    {
+                        match self.pushed_charge(&payment, &request.key).await? {
+                            Some(charge) => {
+                                let detail = pushed_adoption(&charge.id, &request.key);
+                                (Ok(charge), Some(detail))
+                            }
+                            None => (Err(err), None),
+                        }
+                    }
+                    Called(Err(err)) if err.class() == ErrorClass::Reconcile => {
+                        let found = self.reconcile(lease, &payment, &request.key, &err).await?;
+                        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
+                        match adopt_or_move_on(lease, at, &request, object, "charge", &err, found)
+                            .await?
+                        {
+                            Some((charge, detail)) => (Ok(charge), Some(detail)),
+                            None => return Ok(()),
+                        }
+                    }
+                    Called(other) => (refused_at_a_later_generation(&request, other)?, None),
+                };
+                let base = self.ctx.public_base_url.clone();
+                let key = request.key.clone();
+                match outcome {
+                    // A charge found by reconciliation may be a declined one.
+                    Ok(charge) if charge.paid => {
+                        lease
+                            .phase(|tx| {
+                                let (payment, charge, info, key, reconciled) = (payment.clone(), charge.clone(), info.clone(), key.clone(), reconciled.clone());
+                                boxed(async move {
+                                    let status = if charge.captured { PaymentStatus::Succeeded } else { PaymentStatus::RequiresCapture };
+                                    let changes = Changes {
+                                        status: Some(status),
+                                        amount_captured: Some(charge.amount_captured),
+                                        processor_charge_id: Some(&charge.id),
+                                        ..Changes::default()
+                                    };
+                                    if let Some(detail) = reconciled {
+                                        record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
+                                    }
+                                    let charged = info.audit(&payment.account_id, &payment.id, "payment.charged", json!({"charge": charge.id, "downstream_key": key.as_str(), "status": status}));
+                                    let payment = payments::update(tx, &payment.id, &changes, Some(&charged)).await?;
+                                    if let (PaymentStatus::Succeeded, Some(email)) = (payment.status, &payment.receipt_email) {
+                                        audit::stage_job(tx, "receipt", &payment.id, json!({"payment_id": payment.id, "email": email})).await?;
+                                    }
+                                    events::record(tx, &payment.account_id, if charge.captured { EventType::PaymentSucceeded } else { EventType::PaymentRequiresCapture }, &payment.to_json()).await?;
+                                    Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(payment_answer(201, &payment, true)))
+                                })
+                            })
+                            .await?;
+                    }
+                    declined => {
+                        let err = match declined {
+                            Ok(charge) => ProcessorError::Declined {
+                                decline_code: charge
+                                    .failure_code
+                                    .clone()
+                                    .unwrap_or_else(|| "generic_decline".to_owned()),
+                                message: "Your card was declined.".to_owned(),
+                                charge_id: Some(charge.id),
+                            },
+                            Err(err) => err,
+                        };
+                        let problem =
+                            final_problem(&err, &payment.id).ok_or_else(|| unavailable(&err))?;
+                        let charge_id = match &err {
+                            ProcessorError::Declined { charge_id, .. } => charge_id.clone(),
+                            _ => None,
+                        };
+                        let message = err.to_string();
+                        lease
+                            .phase(|tx| {
+                                let (payment, info, problem, base, charge_id, message, reconciled) = (
+                                    payment.clone(),
+                                    info.clone(),
+                                    problem.clone(),
+                                    base.clone(),
+                                    charge_id.clone(),
+                                    message.clone(),
+                                    reconciled.clone(),
+                                );
+                                let code = failure_code(&err);
+                                boxed(async move {
+                                    let changes = Changes {
+                                        status: Some(PaymentStatus::Failed),
+                                        processor_charge_id: charge_id.as_deref(),
+                                        failure_code: Some(&code),
+                                        failure_message: Some(&problem.detail),
+                                        ..Changes::default()
+                                    };
+                                    if let Some(detail) = reconciled {
+                                        record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
+                                    }
+                                    let failed = info.audit(&payment.account_id, &payment.id, "payment.failed", json!({"error": message}));
+                                    let payment = payments::update(tx, &payment.id, &changes, Some(&failed)).await?;
+                                    events::record(tx, &payment.account_id, EventType::PaymentFailed, &payment.to_json()).await?;
+                                    Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(
+                                        problem_answer(&problem, &info.request_id, &base),
+                                    ))
+                                })
+                            })
+                            .await?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,431 @@
+//! The money-moving operations, as state machines of recovery points on the idempotency engine.
+//!
+//! Each operation is one `idem::Operation` in a module of its own, read top to bottom in the
+//! order of its recovery points: [`create_payment`], [`capture`], [`cancel`], [`refund`]. What
+//! capture and cancel share (both act on an authorization) is in `authorization`; the
+//! reconciliation every operation shares in `reconcile`. A request runs an operation through the
+//! API's runner, and the completer runs the very same code through [`resume`]; the
+//! [`PaymentOperation`] trait ties the name stored with a key to the operation and its input, so
+//! the two cannot disagree. Every foreign call sits between two phases. The phase before it
+//! freezes the call (`Step::Call`): path, every field and the downstream key, derived from a
+//! record that phase committed, are stored with the key, and every attempt, by any process and
+//! any release, sends exactly that ([`provider::FrozenRequest`]).
+//!
+//! | operation | recovery points | downstream key |
+//! |---|---|---|
+//! | create a payment | `started` → `payment_created` → finished | `pay_…/charge` |
+//! | capture | `started` → `capture_started` → finished | `pay_…/capture` |
+//! | cancel | `started` → `cancel_started` → finished | `pay_…/cancel` |
+//! | refund | `started` → `refund_created` → finished | `re_…/refund` |
+//!
+//! The call's result and the final answer are committed in one phase, so a new payment costs
+//! three transactions: the claim, the insert, and the result with the stored answer.
+//!
+//! When the processor cannot tell us what a call did (it refuses our retry as different, or
+//! replays a failure it stored for the key), the operation reconciles: it looks the object up by
+//! our id, adopts what it finds, moves to the key's next generation when a trustworthy lookup
+//! finds nothing, and flags the key for a person otherwise. Never a guess, never a stored answer
+//! built from such a reply.
+//!
+//! The processor also pushes what it did (its webhooks, [`crate::processor_events`]): a resumed
+//! charge, or one whose call got no answer, first asks whether an event reported the charge its
+//! downstream key made, and adopts it in its own fenced phase without calling or searching.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use idem::{Interrupted, Lease, Operation, PhaseError, StoredResponse, TransientKind};
+use provider::{CardProcessor, ProcessorError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+
+use crate::DomainError;
+use crate::audit::{self, AuditEvent};
+use crate::payments::{self, Payment};
+use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
+use crate::refunds::Refund;
+use crate::updates::UpdatePayment;
+use crate::webhooks::CreateEndpoint;
+
+macro_rules! recovery_points {
+    ($name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        /// The recovery points of one operation.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name { $( #[doc = $text] $variant ),+ }
+
+        impl idem::RecoveryPoint for $name {
+            fn name(self) -> &'static str {
+                match self { $( Self::$variant => $text ),+ }
+            }
+            fn from_name(name: &str) -> Option<Self> {
+                match name { $( $text => Some(Self::$variant), )+ _ => None }
+            }
+        }
+    };
+}
+
+/// Declares a money-moving operation over a [`Context`]: its struct, `new`, and the
+/// [`PaymentOperation`] that stores it as `$name` with its input `$params`.
+macro_rules! payment_operation {
+    ($(#[$doc:meta])* $operation:ident($params:ty) = $name:expr) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $operation<P> {
+            ctx: $crate::operations::Context<P>,
+            params: $params,
+        }
+
+        impl<P: provider::CardProcessor> $operation<P> {
+            /// The operation for validated input.
+            pub fn new(ctx: $crate::operations::Context<P>, params: $params) -> Self {
+                Self { ctx, params }
+            }
+        }
+
+        impl<P: provider::CardProcessor> $crate::operations::PaymentOperation<P> for $operation<P> {
+            const NAME: &'static str = $name;
+            type Params = $params;
+
+            fn with_params(ctx: &$crate::operations::Context<P>, params: $params) -> Self {
+                Self::new(ctx.clone(), params)
+            }
+
+            fn params(&self) -> &$params {
+                &self.params
+            }
+        }
+    };
+}
+
+mod authorization;
+pub mod cancel;
+pub mod capture;
+pub mod create_payment;
+mod reconcile;
+pub mod refund;
+
+pub use cancel::{CANCEL_PAYMENT, CancelParams, CancelPayment, CancelPoint, CancellationReason};
+pub use capture::{CAPTURE_PAYMENT, CaptureParams, CapturePayment, CapturePoint};
+pub use create_payment::{CREATE_PAYMENT, CreatePayment, CreatePaymentParams, CreatePoint};
+pub use refund::{CREATE_REFUND, CreateRefundOp, RefundParams, RefundPoint};
+
+/// An operation a key can name: its stored name tied to its input type, so that the handler that
+/// starts it stores the name and the input of one and the same operation, and the completer
+/// resumes that operation with that input. (A cancel's name with a capture's input does not
+/// compile; after a crash, it would have resumed that capture as a cancel.)
+pub trait PaymentOperation<P>: Operation + Sized {
+    /// The name stored with the key.
+    const NAME: &'static str;
+    /// The input stored with the key, for the completer.
+    type Params: Serialize + DeserializeOwned;
+
+    /// The operation for `params` (read back from the key, when the completer resumes it).
+    fn with_params(ctx: &Context<P>, params: Self::Params) -> Self;
+
+    /// Its input, as the key stores it.
+    fn params(&self) -> &Self::Params;
+}
+
+/// What every operation needs.
+pub struct Context<P> {
+    /// The database.
+    pub pool: PgPool,
+    /// The card processor.
+    pub processor: Arc<P>,
+    /// The base of problem `type` links in stored answers.
+    pub public_base_url: Arc<str>,
+    /// Further `metadata[…]` members for every new charge (`processor.charge_metadata`).
+    pub charge_metadata: Arc<BTreeMap<String, String>>,
+}
+
+impl<P> Context<P> {
+    /// A context with no further charge metadata.
+    pub fn new(pool: PgPool, processor: Arc<P>, public_base_url: Arc<str>) -> Self {
+        Self { pool, processor, public_base_url, charge_metadata: Arc::default() }
+    }
+
+    /// The same, with `metadata` sent with every new charge.
+    pub fn with_charge_metadata(self, metadata: BTreeMap<String, String>) -> Self {
+        Self { charge_metadata: Arc::new(metadata), ..self }
+    }
+}
+
+impl<P> Clone for Context<P> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            processor: self.processor.clone(),
+            public_base_url: self.public_base_url.clone(),
+            charge_metadata: self.charge_metadata.clone(),
+        }
+    }
+}
+
+impl<P> std::fmt::Debug for Context<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("public_base_url", &self.public_base_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<DomainError> for PhaseError<DomainError> {
+    fn from(err: DomainError) -> Self {
+        match err {
+            // Database errors go to the engine as such, so it can retry serialization failures.
+            DomainError::Database(err) => PhaseError::Database(err),
+            other => PhaseError::Operation(other),
+        }
+    }
+}
+
+fn internal(err: impl std::fmt::Display) -> Interrupted {
+    Interrupted::Transient { kind: TransientKind::Internal, detail: err.to_string() }
+}
+
+/// A processor failure that is not an answer: the key stays at its recovery point.
+fn unavailable(err: &ProcessorError) -> Interrupted {
+    Interrupted::Transient { kind: TransientKind::Processor, detail: err.to_string() }
+}
+
+/// A payment as a stored answer, with its ETag (and `Location` when it was created).
+pub fn payment_answer(status: u16, payment: &Payment, created: bool) -> StoredResponse {
+    let body = payment.to_json();
+    let etag = Payment::etag_of(&body);
+    let answer = StoredResponse::json(status, body).with_header("etag", etag);
+    if created {
+        answer.with_header("location", format!("/v1/payments/{}", payment.id))
+    } else {
+        answer
+    }
+}
+
+fn refund_answer(refund: &Refund) -> StoredResponse {
+    StoredResponse::json(201, refund.to_json())
+        .with_header("location", format!("/v1/refunds/{}", refund.id))
+}
+
+fn problem_answer(problem: &Problem, request_id: &str, public_base_url: &str) -> StoredResponse {
+    StoredResponse {
+        status: problem.code.status(),
+        headers: vec![("content-type".into(), PROBLEM_JSON.into())],
+        body: problem.render(request_id, public_base_url),
+    }
+}
+
+/// The final answer for a processor error that is final; `None` for one that is not.
+fn final_problem(err: &ProcessorError, payment_id: &str) -> Option<Problem> {
+    match err {
+        ProcessorError::Declined { decline_code, message, .. } => Some(
+            Problem::new(ProblemCode::CardDeclined, message.clone())
+                .with_extension("decline_code", decline_code.clone())
+                .with_extension("payment_id", payment_id.to_owned()),
+        ),
+        ProcessorError::Invalid { param, message, .. } => {
+            let problem = Problem::new(
+                ProblemCode::InvalidRequest,
+                format!("The card processor refused the request: {message}"),
+            );
+            Some(match param.as_deref() {
+                Some("source") => problem.with_param("payment_method"),
+                Some(other) => problem.with_param(other),
+                None => problem,
+            })
+        }
+        ProcessorError::Unavailable { .. }
+        | ProcessorError::UnknownOutcome { .. }
+        | ProcessorError::MustReconcile { .. } => None,
+    }
+}
+
+/// The final answer to store for a call's outcome: `None` when it succeeded, the refusal when it
+/// failed for good, and an interruption when its failure is not final (the key stays at its
+/// recovery point).
+fn refusal<T>(
+    outcome: &Result<T, ProcessorError>,
+    payment_id: &str,
+) -> Result<Option<Problem>, Interrupted> {
+    match outcome {
+        Ok(_) => Ok(None),
+        Err(err) => final_problem(err, payment_id).map(Some).ok_or_else(|| unavailable(err)),
+    }
+}
+
+fn failure_code(err: &ProcessorError) -> String {
+    match err {
+        ProcessorError::Declined { decline_code, .. } => decline_code.clone(),
+        ProcessorError::Invalid { code, .. } => {
+            code.clone().unwrap_or_else(|| "processor_invalid_request".into())
+        }
+        ProcessorError::Unavailable { .. }
+        | ProcessorError::UnknownOutcome { .. }
+        | ProcessorError::MustReconcile { .. } => "processor_error".into(),
+    }
+}
+
+async fn record(
+    tx: &mut PgConnection,
+    account_id: &str,
+    object_id: &str,
+    action: &str,
+    lease: &LeaseInfo,
+    detail: Value,
+) -> Result<(), DomainError> {
+    audit::record(tx, &lease.audit(account_id, object_id, action, detail)).await
+}
+
+/// What a phase needs to know of its lease, owned so that it can move into the phase's future.
+#[derive(Debug, Clone)]
+struct LeaseInfo {
+    key_id: i64,
+    request_id: String,
+}
+
+impl LeaseInfo {
+    fn of(lease: &Lease) -> Self {
+        Self { key_id: lease.key_id(), request_id: lease.request_id().to_owned() }
+    }
+
+    /// The audit record of `action` on `object_id`, made under this lease.
+    fn audit<'a>(
+        &'a self,
+        account_id: &'a str,
+        object_id: &'a str,
+        action: &'a str,
+        detail: Value,
+    ) -> AuditEvent<'a> {
+        AuditEvent {
+            account_id,
+            object_id,
+            action,
+            request_id: &self.request_id,
+            idempotency_key_id: self.key_id,
+            detail,
+        }
+    }
+}
+
+async fn current_payment(
+    pool: &PgPool,
+    account_id: &str,
+    payment_id: &str,
+) -> Result<Payment, Interrupted> {
+    payments::find(pool, account_id, payment_id)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| internal("the payment vanished"))
+}
+
+/// Every operation a key can name: the completer's dispatch table, handed to the macro `$each`
+/// (one list, so that [`resume`] and [`resumable`] cannot disagree).
+macro_rules! every_operation {
+    ($each:ident) => {
+        $each!(
+            CreatePayment<P>,
+            CapturePayment<P>,
+            CancelPayment<P>,
+            CreateRefundOp<P>,
+            UpdatePayment,
+            CreateEndpoint,
+        )
+    };
+}
+
+/// The names [`resume`] resumes, each its operation's [`PaymentOperation::NAME`].
+pub fn resumable<P: CardProcessor>() -> Vec<&'static str> {
+    macro_rules! names {
+        ($($operation:ty),+ $(,)?) => { vec![$(<$operation as PaymentOperation<P>>::NAME),+] };
+    }
+    every_operation!(names)
+}
+
+/// Resumes any operation from its key, as the completer does: the operation is the one whose
+/// [`PaymentOperation::NAME`] is stored with the key, its input read from the stored parameters.
+/// A key this code cannot resume (an unknown operation, parameters that do not parse) never will
+/// be by retrying: it is flagged for a person, not left leased.
+pub async fn resume<P: CardProcessor>(
+    ctx: &Context<P>,
+    lease: Lease,
+) -> Result<StoredResponse, Interrupted> {
+    macro_rules! dispatch {
+        ($($operation:ty),+ $(,)?) => {
+            $(
+                if lease.operation() == <$operation as PaymentOperation<P>>::NAME {
+                    return resume_as::<P, $operation>(ctx, lease).await;
+                }
+            )+
+        };
+    }
+    every_operation!(dispatch);
+    let reason = format!("unknown operation `{}`", lease.operation());
+    unresumable(lease, reason).await
+}
+
+/// Resumes the key as the operation `O`, with its stored input.
+async fn resume_as<P, O: PaymentOperation<P>>(
+    ctx: &Context<P>,
+    lease: Lease,
+) -> Result<StoredResponse, Interrupted> {
+    match serde_json::from_value::<O::Params>(lease.params().clone()) {
+        Ok(params) => idem::drive(&O::with_params(ctx, params), lease).await,
+        Err(err) => unresumable(lease, format!("stored parameters do not parse: {err}")).await,
+    }
+}
+
+/// Flags the key for a person: this code can never resume it.
+async fn unresumable(lease: Lease, reason: String) -> Result<StoredResponse, Interrupted> {
+    lease.flag(&reason).await;
+    Err(Interrupted::NeedsHuman { reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use provider::ProcessorClient;
+
+    use super::*;
+
+    /// The operation `O`'s name, as its handler stores it.
+    fn name_of<O: PaymentOperation<ProcessorClient>>() -> &'static str {
+        O::NAME
+    }
+
+    #[test]
+    fn every_operation_a_handler_starts_is_one_the_completer_resumes() {
+        let resumable = resumable::<ProcessorClient>();
+        let distinct: BTreeSet<_> = resumable.iter().collect();
+        assert_eq!(distinct.len(), resumable.len(), "two operations share a name: {resumable:?}");
+        let started = [
+            name_of::<CreatePayment<ProcessorClient>>(),
+            name_of::<CapturePayment<ProcessorClient>>(),
+            name_of::<CancelPayment<ProcessorClient>>(),
+            name_of::<CreateRefundOp<ProcessorClient>>(),
+            name_of::<UpdatePayment>(),
+            name_of::<CreateEndpoint>(),
+        ];
+        assert_eq!(started.len(), resumable.len());
+        for name in started {
+            assert!(resumable.contains(&name), "the completer cannot resume `{name}`");
+        }
+    }
+
+    #[test]
+    fn the_stored_names_do_not_change() {
+        // Keys stored by an earlier release name their operation so: a renamed operation would
+        // leave them unresumable.
+        assert_eq!(
+            resumable::<ProcessorClient>(),
+            [
+                "payments.create",
+                "payments.capture",
+                "payments.cancel",
+                "refunds.create",
+                "payments.update",
+                "webhook_endpoints.create",
+            ]
+        );
+    }
+}

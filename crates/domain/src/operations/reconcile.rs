@@ -1,0 +1,196 @@
+//! The reconciliation every operation shares: the frozen call planned at a recovery point, what a
+//! lookup at the processor found when a call's answer cannot be had, and the move to a key's next
+//! generation when that lookup can be trusted to have found nothing.
+
+use std::time::Duration;
+
+use idem::{Interrupted, Lease, PhaseError, RecoveryPoint, Step, boxed};
+use provider::{Charge, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError, ReconcileCause};
+use serde_json::{Value, json};
+
+use super::{LeaseInfo, record};
+use crate::DomainError;
+
+/// A frozen request as the key stores it.
+pub(super) fn plan_of(request: &FrozenRequest) -> Value {
+    serde_json::to_value(request).unwrap_or(Value::Null)
+}
+
+/// The call planned at the lease's recovery point, after the fenced check that this lease still
+/// holds the key (a holder that lost it stops here, before calling). A key planned by a release
+/// that did not freeze its calls has none: `plan_now` builds it from the local records, and it is
+/// committed, fenced, before the first call this release makes.
+pub(super) async fn planned_call<P: RecoveryPoint>(
+    lease: &mut Lease,
+    at: P,
+    plan_now: impl FnOnce() -> FrozenRequest,
+) -> Result<FrozenRequest, Interrupted> {
+    if let Some(plan) = lease.before_call().await? {
+        return serde_json::from_value(plan).map_err(|err| Interrupted::NeedsHuman {
+            reason: format!("the planned call does not parse: {err}"),
+        });
+    }
+    let request = plan_now();
+    let plan = plan_of(&request);
+    lease
+        .phase(|_tx| {
+            let plan = plan.clone();
+            boxed(async move { Ok::<_, PhaseError<DomainError>>(Step::Call(at, plan)) })
+        })
+        .await?;
+    // Right after our own phase planned it: no further round trip.
+    lease.before_call().await?;
+    Ok(request)
+}
+
+/// What a lookup at the processor found for a call whose answer we cannot have.
+pub(super) enum Reconciled<T> {
+    /// The object the call made: answer as if the call had returned it.
+    Adopt(T),
+    /// Nothing, and the lookup can be trusted: send the call again under the key's next
+    /// generation.
+    NextGeneration,
+}
+
+/// `Reconciled::NextGeneration` if a lookup that found nothing can be trusted, else a wait (the
+/// key is released until the lookup can be believed, and looked up again then). Whatever the call made was made
+/// before the first answer that could not tell us (or within the longest call of it, for a
+/// request still executing), so "nothing" is the truth once that first answer is older than the
+/// longest call and the lookup's lag (`Lease::unresolved_for`, by the database clock).
+pub(super) async fn when_nothing_found<T>(
+    lease: &Lease,
+    longest_call: Duration,
+    lag: Duration,
+    what: &str,
+) -> Result<Reconciled<T>, Interrupted> {
+    let unresolved_for = lease.unresolved_for().await?;
+    let settled_after = longest_call + lag;
+    if unresolved_for > settled_after {
+        Ok(Reconciled::NextGeneration)
+    } else {
+        count_reconciliation(what, "not_yet");
+        // Not a failed attempt: look again once "nothing" can be believed, not sooner.
+        Err(Interrupted::Waiting {
+            detail: format!("the processor shows no {what} yet; its lookups may trail the call"),
+            retry_in: settled_after - unresolved_for + Duration::from_secs(1),
+        })
+    }
+}
+
+pub(super) fn count_reconciliation(operation: &str, outcome: &'static str) {
+    metrics::counter!("reconciliations_total", "object" => operation.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+fn cause_name(err: &ProcessorError) -> &'static str {
+    match err {
+        ProcessorError::MustReconcile { cause: ReconcileCause::KeyReused, .. } => "key_reused",
+        ProcessorError::MustReconcile { cause: ReconcileCause::ReplayedFailure(_), .. } => {
+            "replayed_failure"
+        }
+        _ => "other",
+    }
+}
+
+/// Moves the call at `at` to its key's next generation, recorded (fenced, with an audit record)
+/// before the call is sent again, so that two generations are never in flight.
+async fn next_generation<P: RecoveryPoint>(
+    lease: &mut Lease,
+    at: P,
+    request: &FrozenRequest,
+    (account_id, object_id, action): (&str, &str, &str),
+    what: &str,
+    cause: &ProcessorError,
+) -> Result<(), Interrupted> {
+    let next = request.next_generation();
+    let plan = plan_of(&next);
+    let info = LeaseInfo::of(lease);
+    let detail = json!({
+        "outcome": "next_generation", "cause": cause_name(cause),
+        "previous_key": request.key.as_str(), "downstream_key": next.key.as_str(),
+    });
+    lease
+        .phase(|tx| {
+            let (plan, info, detail) = (plan.clone(), info.clone(), detail.clone());
+            let (account_id, object_id, action) =
+                (account_id.to_owned(), object_id.to_owned(), action.to_owned());
+            boxed(async move {
+                record(tx, &account_id, &object_id, &action, &info, detail).await?;
+                Ok::<_, PhaseError<DomainError>>(Step::Call(at, plan))
+            })
+        })
+        .await?;
+    count_reconciliation(what, "next_generation");
+    tracing::warn!(key_id = info.key_id, object_id, downstream_key = %next.key, "nothing found at the processor: calling again under the next key generation");
+    Ok(())
+}
+
+/// A final refusal of a later generation (`…/2`) proves nothing about the earlier ones: the
+/// lookup that let it go out may have missed what they did (a search that trailed further than
+/// its documented lag), and a refusal stored now could stand behind a charge. A person looks.
+pub(super) fn refused_at_a_later_generation<T>(
+    request: &FrozenRequest,
+    outcome: Result<T, ProcessorError>,
+) -> Result<Result<T, ProcessorError>, Interrupted> {
+    match outcome {
+        Err(err) if err.class() == ErrorClass::Final && request.key.generation_number() > 1 => {
+            Err(Interrupted::NeedsHuman {
+                reason: format!(
+                    "{} was refused ({err}); what an earlier generation of the key did is not known for sure",
+                    request.key
+                ),
+            })
+        }
+        other => Ok(other),
+    }
+}
+
+/// The audit detail of an adopted object.
+fn adopted(cause: &ProcessorError, object: &str, key: &DownstreamKey) -> Value {
+    json!({"outcome": "adopted", "cause": cause_name(cause), "found": object, "downstream_key": key.as_str()})
+}
+
+/// An object a lookup can find: the audit record of its adoption names it.
+pub(super) trait Found {
+    /// The processor's id of it.
+    fn id(&self) -> &str;
+}
+
+impl Found for Charge {
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Found for provider::Refund {
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// After a lookup for a call whose answer we cannot have (`cause`): what it found, adopted as if
+/// the call had returned it, with the audit detail of the adoption; or `None` once nothing was
+/// found and the call has moved to its key's next generation (the step is over: the engine runs
+/// it again, and it sends the call under the new key). `object` is the audit record's account,
+/// object and action.
+pub(super) async fn adopt_or_move_on<P: RecoveryPoint, T: Found>(
+    lease: &mut Lease,
+    at: P,
+    request: &FrozenRequest,
+    object: (&str, &str, &str),
+    what: &str,
+    cause: &ProcessorError,
+    found: Reconciled<T>,
+) -> Result<Option<(T, Value)>, Interrupted> {
+    match found {
+        Reconciled::Adopt(found) => {
+            count_reconciliation(what, "adopted");
+            let detail = adopted(cause, found.id(), &request.key);
+            Ok(Some((found, detail)))
+        }
+        Reconciled::NextGeneration => {
+            next_generation(lease, at, request, object, what, cause).await?;
+            Ok(None)
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! The SQL of the `payments` table: every read and write of a payment goes through here.
+
+use std::collections::BTreeMap;
+
+use sqlx::{PgConnection, PgExecutor};
+
+use super::{CreatePaymentRequest, Payment, PaymentRow, PaymentStatus};
+use crate::DomainError;
+use crate::audit::AuditEvent;
+
+/// The first phase of a new payment, as one statement that commits on its own: inserts the
+/// payment, `processing`, with its `payment.created` audit record, and ends the phase with
+/// `idem_commit(fence)` (the idempotency engine's fence, which stores a new key), so that the
+/// payment exists exactly when its key records it. Returns the key's id, as `idem_commit` did, and
+/// the payment.
+pub async fn insert_fenced(
+    executor: impl PgExecutor<'_>,
+    id: &str,
+    account_id: &str,
+    request_id: &str,
+    request: &CreatePaymentRequest,
+    fence: &serde_json::Value,
+) -> Result<(i64, Payment), DomainError> {
+    let metadata = serde_json::to_value(request.metadata.clone().unwrap_or_default())
+        .map_err(|_| DomainError::Corrupt("metadata"))?;
+    let row = sqlx::query_as!(
+        PaymentRow,
+        r#"
+        WITH fence AS (
+            SELECT idem_commit($11) AS key_id
+        ), payment AS (
+            INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
+                                  capture_method, payment_method, description, metadata,
+                                  receipt_email)
+            SELECT $1, $2, fence.key_id, $3, $4, 'processing', $5, $6, $7, $8, $9 FROM fence
+            RETURNING *
+        ), audit AS (
+            INSERT INTO audit_events (account_id, object_id, action, request_id,
+                                      idempotency_key_id, detail)
+            SELECT account_id, id, 'payment.created', $10, idempotency_key_id,
+                   jsonb_build_object('amount', amount, 'currency', currency)
+              FROM payment
+        )
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+          FROM payment
+        "#,
+        id,
+        account_id,
+        request.amount,
+        request.currency,
+        request.capture_method.as_str(),
+        request.payment_method,
+        request.description,
+        metadata,
+        request.receipt_email,
+        request_id,
+        fence,
+    )
+    .fetch_one(executor)
+    .await?;
+    let key_id =
+        row.idempotency_key_id.ok_or(DomainError::Corrupt("a fenced payment without its key"))?;
+    Ok((key_id, row.try_into()?))
+}
+
+/// A payment of the account.
+pub async fn find(
+    executor: impl PgExecutor<'_>,
+    account_id: &str,
+    id: &str,
+) -> Result<Option<Payment>, DomainError> {
+    let row = sqlx::query_as!(
+        PaymentRow,
+        r#"
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+          FROM payments WHERE account_id = $1 AND id = $2
+        "#,
+        account_id,
+        id
+    )
+    .fetch_optional(executor)
+    .await?;
+    row.map(Payment::try_from).transpose()
+}
+
+/// The payment created by an idempotency key.
+pub async fn find_by_key(
+    executor: impl PgExecutor<'_>,
+    key_id: i64,
+) -> Result<Option<Payment>, DomainError> {
+    let row = sqlx::query_as!(
+        PaymentRow,
+        r#"
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+          FROM payments WHERE idempotency_key_id = $1
+        "#,
+        key_id
+    )
+    .fetch_optional(executor)
+    .await?;
+    row.map(Payment::try_from).transpose()
+}
+
+/// Whether payment `id` exists (of any account), and the idempotency key that creates it (`None`
+/// for one created without). For news from the processor, which knows our ids, not our accounts.
+pub async fn creation_key(
+    executor: impl PgExecutor<'_>,
+    id: &str,
+) -> Result<Option<Option<i64>>, DomainError> {
+    let row = sqlx::query!("SELECT idempotency_key_id FROM payments WHERE id = $1", id)
+        .fetch_optional(executor)
+        .await?;
+    Ok(row.map(|r| r.idempotency_key_id))
+}
+
+/// A payment of the account, locked until the transaction ends.
+pub async fn lock(
+    conn: &mut PgConnection,
+    account_id: &str,
+    id: &str,
+) -> Result<Option<Payment>, DomainError> {
+    let row = sqlx::query_as!(
+        PaymentRow,
+        r#"
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+          FROM payments WHERE account_id = $1 AND id = $2
+           FOR UPDATE
+        "#,
+        account_id,
+        id
+    )
+    .fetch_optional(conn)
+    .await?;
+    row.map(Payment::try_from).transpose()
+}
+
+/// The changes a phase makes to a payment; `None` leaves a column as it is.
+#[derive(Debug, Default)]
+pub struct Changes<'a> {
+    /// New status.
+    pub status: Option<PaymentStatus>,
+    /// New captured amount.
+    pub amount_captured: Option<i64>,
+    /// Added to the refunded amount (negative to give a reservation back).
+    pub refunded_delta: i64,
+    /// The processor's charge.
+    pub processor_charge_id: Option<&'a str>,
+    /// Decline code.
+    pub failure_code: Option<&'a str>,
+    /// Decline message.
+    pub failure_message: Option<&'a str>,
+    /// Cancel reason.
+    pub cancellation_reason: Option<&'a str>,
+    /// New description: `Some(None)` removes it.
+    pub description: Option<Option<&'a str>>,
+    /// New metadata.
+    pub metadata: Option<&'a BTreeMap<String, String>>,
+}
+
+/// Applies `changes` and returns the payment as it now is; with `audit`, writes that audit
+/// record in the same statement.
+pub async fn update(
+    conn: &mut PgConnection,
+    id: &str,
+    changes: &Changes<'_>,
+    audit: Option<&AuditEvent<'_>>,
+) -> Result<Payment, DomainError> {
+    let metadata = changes
+        .metadata
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|_| DomainError::Corrupt("metadata"))?;
+    let row = sqlx::query_as!(
+        PaymentRow,
+        r#"
+        WITH updated AS (
+        UPDATE payments
+           SET status = coalesce($2, status),
+               amount_captured = coalesce($3, amount_captured),
+               amount_refunded = amount_refunded + $4,
+               processor_charge_id = coalesce($5, processor_charge_id),
+               failure_code = coalesce($6, failure_code),
+               failure_message = coalesce($7, failure_message),
+               cancellation_reason = coalesce($8, cancellation_reason),
+               description = CASE WHEN $9 THEN $10 ELSE description END,
+               metadata = coalesce($11, metadata),
+               updated_at = now()
+         WHERE id = $1
+        RETURNING *
+        ), audit AS (
+            INSERT INTO audit_events (account_id, object_id, action, request_id,
+                                      idempotency_key_id, detail)
+            SELECT account_id, id, $12, $13, $14, $15 FROM updated WHERE $12::text IS NOT NULL
+        )
+        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
+               amount_captured, amount_refunded, payment_method, description, metadata,
+               receipt_email, processor_charge_id, failure_code, failure_message,
+               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+          FROM updated
+        "#,
+        id,
+        changes.status.map(PaymentStatus::as_str),
+        changes.amount_captured,
+        changes.refunded_delta,
+        changes.processor_charge_id,
+        changes.failure_code,
+        changes.failure_message,
+        changes.cancellation_reason,
+        changes.description.is_some(),
+        changes.description.flatten(),
+        metadata,
+        audit.map(|event| event.action),
+        audit.map(|event| event.request_id),
+        audit.map(|event| event.idempotency_key_id),
+        audit.map(|event| &event.detail),
+    )
+    .fetch_one(conn)
+    .await?;
+    row.try_into()
+}
+
+/// Which side of a cursor a page lies on.
+#[derive(Debug, Clone)]
+pub enum Cursor {
+    /// Older than this id.
+    After(String),
+    /// Newer than this id.
+    Before(String),
+}
+
+/// A page of the account's payments, newest first, and whether more lie beyond it. `None` when
+/// the cursor names no payment of the account.
+pub async fn list(
+    executor: impl PgExecutor<'_>,
+    account_id: &str,
+    limit: i64,
+    cursor: Option<&Cursor>,
+) -> Result<Option<(Vec<Payment>, bool)>, DomainError> {
+    let (after, before) = match cursor {
+        None => (None, None),
+        Some(Cursor::After(id)) => (Some(id.as_str()), None),
+        Some(Cursor::Before(id)) => (None, Some(id.as_str())),
+    };
+    // One statement: the cursor's position, whether it exists, and the page (one extra row tells
+    // whether there is more), ordered by (created_at, seq). Each direction is its own branch, a
+    // walk of (account_id, created_at DESC, seq DESC) from the cursor that stops at `limit + 1`
+    // rows; the branches not asked for are switched off by a one-time filter on the parameters
+    // (no `ORDER BY CASE`, which would sort the whole account). The cursor's position is given
+    // as scalar subqueries, so that it becomes the index scan's start rather than a join filter
+    // over every newer row. Going backwards reads ascending and is turned around below.
+    let rows = sqlx::query!(
+        r#"
+        WITH cursor AS (
+            SELECT created_at, seq FROM payments
+             WHERE account_id = $1 AND id = coalesce($3, $4)
+        )
+        SELECT p.seq AS "seq?",
+               (extract(epoch FROM p.created_at) * 1000000)::bigint AS "created_us?",
+               p.id AS "id?", p.account_id AS "account_id?", p.idempotency_key_id,
+               p.amount AS "amount?",
+               p.currency AS "currency?", p.status AS "status?", p.capture_method AS "capture_method?",
+               p.amount_captured AS "amount_captured?", p.amount_refunded AS "amount_refunded?",
+               p.payment_method AS "payment_method?", p.description, p.metadata AS "metadata?",
+               p.receipt_email, p.processor_charge_id, p.failure_code, p.failure_message,
+               p.cancellation_reason,
+               extract(epoch FROM p.created_at)::bigint AS "created?",
+               (coalesce($3, $4) IS NULL OR EXISTS (SELECT 1 FROM cursor)) AS "cursor_found!"
+          FROM (SELECT 1) one
+          LEFT JOIN LATERAL (
+              (SELECT * FROM payments
+                WHERE $3::text IS NULL AND $4::text IS NULL AND account_id = $1
+                ORDER BY created_at DESC, seq DESC
+                LIMIT $2::bigint + 1)
+              UNION ALL
+              (SELECT q.* FROM payments q
+                WHERE $3::text IS NOT NULL AND q.account_id = $1
+                  AND (q.created_at, q.seq)
+                      < ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
+                ORDER BY q.created_at DESC, q.seq DESC
+                LIMIT $2::bigint + 1)
+              UNION ALL
+              (SELECT q.* FROM payments q
+                WHERE $4::text IS NOT NULL AND q.account_id = $1
+                  AND (q.created_at, q.seq)
+                      > ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
+                ORDER BY q.created_at, q.seq
+                LIMIT $2::bigint + 1)
+          ) p ON true
+        "#,
+        account_id,
+        limit,
+        after,
+        before,
+    )
+    .fetch_all(executor)
+    .await?;
+    if !rows.first().is_some_and(|r| r.cursor_found) {
+        return Ok(None);
+    }
+    let mut payments = Vec::with_capacity(rows.len());
+    let mut positions = Vec::with_capacity(rows.len());
+    for r in rows {
+        let (
+            Some(id),
+            Some(account_id),
+            Some(amount),
+            Some(currency),
+            Some(status),
+            Some(capture_method),
+        ) = (r.id, r.account_id, r.amount, r.currency, r.status, r.capture_method)
+        else {
+            continue; // the LEFT JOIN's empty row: no payments on this page
+        };
+        positions.push((r.created_us.unwrap_or_default(), r.seq.unwrap_or_default()));
+        payments.push(Payment::try_from(PaymentRow {
+            id,
+            account_id,
+            idempotency_key_id: r.idempotency_key_id,
+            amount,
+            currency,
+            status,
+            capture_method,
+            amount_captured: r.amount_captured.unwrap_or_default(),
+            amount_refunded: r.amount_refunded.unwrap_or_default(),
+            payment_method: r.payment_method.unwrap_or_default(),
+            description: r.description,
+            metadata: r.metadata.unwrap_or_default(),
+            receipt_email: r.receipt_email,
+            processor_charge_id: r.processor_charge_id,
+            failure_code: r.failure_code,
+            failure_message: r.failure_message,
+            cancellation_reason: r.cancellation_reason,
+            created: r.created.unwrap_or_default(),
+        })?);
+    }
+    let payments = in_walk_order(payments, positions, before.is_some());
+    Ok(Some(finish_page(payments, limit, before.is_some())))
+}
+
+/// Rows in the order their branch walked them (newest first; oldest first going backwards):
+/// the order of a `UNION ALL` is not promised, so it is restored from each row's position.
+pub(crate) fn in_walk_order<T>(
+    items: Vec<T>,
+    positions: Vec<(i64, i64)>,
+    backwards: bool,
+) -> Vec<T> {
+    let mut keyed: Vec<_> = positions.into_iter().zip(items).collect();
+    keyed.sort_by(|(a, _), (b, _)| if backwards { a.cmp(b) } else { b.cmp(a) });
+    keyed.into_iter().map(|(_, item)| item).collect()
+}
+
+/// A page read with one row more than `limit`: trimmed, with whether there is more, newest
+/// first (a page read backwards, oldest first, is turned around).
+pub(crate) fn finish_page<T>(mut items: Vec<T>, limit: i64, backwards: bool) -> (Vec<T>, bool) {
+    let limit = usize::try_from(limit).unwrap_or(0);
+    let has_more = items.len() > limit;
+    items.truncate(limit);
+    if backwards {
+        items.reverse();
+    }
+    (items, has_more)
+}
