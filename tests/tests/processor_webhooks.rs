@@ -256,6 +256,38 @@ async fn a_pushed_decline_for_a_later_generation_of_the_key_is_referred_to_a_per
     assert_eq!(count(&pool, flagged).await, 1);
 }
 
+/// A webhook that reports a charge under the key's first generation after the key moved on to
+/// the second: the call under the second would charge again, so a person decides.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_pushed_charge_of_an_earlier_generation_stops_the_call_under_a_later_one(pool: PgPool) {
+    let s =
+        setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let payment_id = waiting_key(&s, &pool).await;
+    // As if a lookup that found nothing had moved the call to the key's second generation.
+    let second = "UPDATE idempotency_keys \
+                  SET planned_call = jsonb_set(planned_call, '{key}', to_jsonb((planned_call->>'key') || '/2'))";
+    sqlx::query(second).execute(&pool).await.unwrap();
+    let mut event: Value =
+        serde_json::from_slice(&declined(&payment_id, &format!("{payment_id}/charge"))).unwrap();
+    event["id"] = json!("evt_charged");
+    event["type"] = json!("charge.succeeded");
+    let charge = &mut event["data"]["object"];
+    charge["id"] = json!("ch_first");
+    charge["paid"] = json!(true);
+    charge["captured"] = json!(true);
+    charge["status"] = json!("succeeded");
+    charge["amount_captured"] = json!(500);
+    charge["failure_code"] = Value::Null;
+    let answer = deliver(&s, &serde_json::to_vec(&event).unwrap(), unix_now()).await;
+    assert_eq!(json(answer).await["outcome"], "recorded");
+    s.set_faults(&FaultConfig::default()).await;
+    let requests = s.stats().await["requests"].clone();
+    let report = complete(&s.worker(s.client())).await;
+    assert_eq!((report.completed, report.flagged), (0, 1), "{report:?}");
+    assert_eq!(s.stats().await["requests"], requests, "no call under the second generation");
+    assert_eq!(payment_row(&pool).await.1, "processing");
+}
+
 /// The real client, whose charge call waits, mid-call, until the processor's webhook has been
 /// received, and then reports its answer lost.
 struct AnswerLostAfterTheWebhook {

@@ -243,6 +243,26 @@ pub async fn charge_for_key(
         .map_err(|_| DomainError::Corrupt("processor_events.charge"))
 }
 
+/// A successful charge the processor reported for `payment_id` under a downstream key other
+/// than `downstream_key` (an earlier generation of it), as `(charge id, that key)`.
+pub async fn paid_under_another_key(
+    executor: impl PgExecutor<'_>,
+    payment_id: &str,
+    downstream_key: &str,
+) -> Result<Option<(String, String)>, DomainError> {
+    let row = sqlx::query!(
+        r#"SELECT charge_id, downstream_key AS "downstream_key!" FROM processor_events
+            WHERE payment_id = $1 AND type = 'charge.succeeded'
+              AND downstream_key IS NOT NULL AND downstream_key <> $2
+            ORDER BY created, received_at LIMIT 1"#,
+        payment_id,
+        downstream_key,
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|r| (r.charge_id, r.downstream_key)))
+}
+
 /// How many events were received (for tests and the inspector).
 pub async fn count(executor: impl PgExecutor<'_>) -> Result<i64, DomainError> {
     let row = sqlx::query!(r#"SELECT count(*) AS "count!" FROM processor_events"#)

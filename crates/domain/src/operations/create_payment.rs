@@ -113,6 +113,23 @@ impl<P: CardProcessor> CreatePayment<P> {
         payment: &Payment,
         key: &DownstreamKey,
     ) -> Result<Option<Charge>, Interrupted> {
+        // A later generation is called only once lookups trusted that the earlier ones made
+        // nothing. A webhook saying otherwise means one charge may already exist, and the call
+        // under this key would make another: not for an automatic retry to decide.
+        if key.generation_number() > 1
+            && let Some((charge_id, earlier)) =
+                processor_events::paid_under_another_key(&self.ctx.pool, &payment.id, key.as_str())
+                    .await
+                    .map_err(internal)?
+        {
+            return Err(Interrupted::NeedsHuman {
+                reason: format!(
+                    "the processor reported {charge_id} for {} under {earlier}, an earlier \
+                     generation than {key}: a charge may already exist",
+                    payment.id
+                ),
+            });
+        }
         let found = processor_events::charge_for_key(&self.ctx.pool, key.as_str())
             .await
             .map_err(internal)?;
@@ -246,9 +263,10 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                     charge_request(&payment.id, &self.params.request, metadata)
                 })
                 .await?;
-                // A key's first run made no call under it before: nothing can have been pushed.
-                let pushed = match lease.attempts() {
-                    1 => None,
+                // A key's first run made no call under it before: nothing can have been pushed,
+                // unless an earlier generation of the key was called.
+                let pushed = match (lease.attempts(), request.key.generation_number()) {
+                    (1, 1) => None,
                     _ => self.pushed_charge(&payment, &request.key).await?,
                 };
                 let outcome = match pushed {
