@@ -4,6 +4,7 @@
 
 use payments_domain::payments::{self, Cursor};
 use payments_domain::refunds;
+use payments_domain::{AccountId, PaymentId};
 use payments_tests::{TestApp, json};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
@@ -42,17 +43,18 @@ async fn rows_read(conn: &mut PgConnection) -> i64 {
 async fn cost_of_page(
     pool: &PgPool,
     account_id: &str,
-    cursor: Option<Cursor>,
+    cursor: Option<Cursor<PaymentId>>,
 ) -> (i64, Vec<String>) {
     let mut tx = pool.begin().await.unwrap();
     let before = rows_read(&mut tx).await;
+    let account_id = AccountId::parse(account_id).unwrap();
     let (page, has_more) =
-        payments::list(&mut *tx, account_id, 10, cursor.as_ref()).await.unwrap().unwrap();
+        payments::list(&mut *tx, &account_id, 10, cursor.as_ref()).await.unwrap().unwrap();
     let read = rows_read(&mut tx).await - before;
     tx.rollback().await.unwrap();
     assert!(has_more);
     assert_eq!(page.len(), 10);
-    (read, page.into_iter().map(|p| p.id).collect())
+    (read, page.into_iter().map(|p| p.id.into()).collect())
 }
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
@@ -65,11 +67,11 @@ async fn a_page_of_a_large_account_reads_a_few_dozen_rows_in_every_direction(poo
     let expected: Vec<String> = (1..=10).map(|i| format!("pay_bulk{i}")).collect();
     assert_eq!(first, expected, "newest first");
 
-    let after = Cursor::After("pay_bulk5000".into());
+    let after = Cursor::After(PaymentId::parse("pay_bulk5000").unwrap());
     let (after_cost, older) = cost_of_page(&pool, &account_id, Some(after)).await;
     assert_eq!(older.first().map(String::as_str), Some("pay_bulk5001"));
 
-    let before = Cursor::Before("pay_bulk5000".into());
+    let before = Cursor::Before(PaymentId::parse("pay_bulk5000").unwrap());
     let (before_cost, newer) = cost_of_page(&pool, &account_id, Some(before)).await;
     assert_eq!(newer.last().map(String::as_str), Some("pay_bulk4999"));
     assert_eq!(newer.first().map(String::as_str), Some("pay_bulk4990"));
@@ -174,7 +176,8 @@ async fn lists_follow_created_even_when_insertion_order_disagrees(pool: PgPool) 
 
     // The domain functions agree with the walk (the refund list has the same shape).
     let mut conn = pool.acquire().await.unwrap();
-    let (page, _) = refunds::list(&mut *conn, "pay_o1", 100, None).await.unwrap().unwrap();
+    let payment = PaymentId::parse("pay_o1").unwrap();
+    let (page, _) = refunds::list(&mut *conn, &payment, 100, None).await.unwrap().unwrap();
     let created: Vec<i64> = page.iter().map(|r| r.created).collect();
     assert!(created.windows(2).all(|w| w[0] >= w[1]), "{created:?}");
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use payments_domain::jobs::Work;
 use payments_tests::{TestApp, assert_problem, json, spawn_with_sim, test_settings};
 use payments_worker::Worker;
 use payments_worker::jobs::LogMailer;
@@ -193,7 +194,7 @@ async fn a_change_that_rolls_back_leaves_no_event_and_no_delivery(pool: PgPool) 
     let object = br#"{"id":"pay_x","object":"payment"}"#;
     payments_domain::events::record(
         &mut tx,
-        &account,
+        &account.parse().expect("an account id"),
         payments_domain::events::EventType::PaymentSucceeded,
         object,
     )
@@ -443,7 +444,7 @@ async fn a_delivery_abandoned_mid_flight_is_delivered_by_the_next_runner(pool: P
     // taken and never finished, as after SIGKILL).
     let claimed = payments_worker::jobs::claim(&pool, 1).await.expect("a claim");
     assert_eq!(claimed.len(), 1);
-    assert_eq!(claimed[0].kind, "webhook");
+    assert!(matches!(claimed[0].work, Ok(Work::Webhook(_))), "{claimed:?}");
     let worker = worker(&pool, &sim, &[]);
     pass(&worker).await;
     assert_eq!(faults.seen.load(Ordering::SeqCst), 0, "the claim hides the job until it runs out");

@@ -4,7 +4,7 @@
 //! can capture it; everything else goes to standard error.
 
 use clap::{Parser, Subcommand};
-use payments_domain::{ApiKeyId, accounts};
+use payments_domain::{AccountId, ApiKeyId, accounts};
 use payments_settings::ExposeSecret as _;
 
 use crate::app::{self, Application};
@@ -49,12 +49,12 @@ enum KeysCommand {
     Create {
         /// The account, `acct_…`.
         #[arg(long)]
-        account: String,
+        account: AccountId,
     },
     /// Revoke a key by its id (`key_…`); requests with it are refused from now on.
     Revoke {
         /// The key's id, `key_…` (not the secret).
-        key_id: String,
+        key_id: ApiKeyId,
     },
     /// List idempotency keys that wait for a person (flagged by the worker), oldest first.
     Stuck {
@@ -130,7 +130,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Keys(KeysCommand::Revoke { key_id }) => {
             let pool = connect(&settings).await?;
-            accounts::revoke_key(&pool, &ApiKeyId::new(key_id.clone())).await?;
+            accounts::revoke_key(&pool, &key_id).await?;
             eprintln!("revoked key {key_id}");
             Ok(())
         }

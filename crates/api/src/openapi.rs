@@ -761,8 +761,7 @@ fn parameters(param: Param) -> Vec<utoipa::openapi::path::Parameter> {
                 ObjectBuilder::new()
                     .schema_type(Type::String)
                     .enum_values(Some(
-                        payments_domain::events::EventType::ALL
-                            .map(payments_domain::events::EventType::as_str),
+                        payments_domain::events::EventType::ALL.map(|t| t.to_string()),
                     ))
                     .build(),
             ),
@@ -830,8 +829,7 @@ fn parameters(param: Param) -> Vec<utoipa::openapi::path::Parameter> {
 
 /// A Stripe event about a charge, as the processor sends it (members beyond these are ignored).
 fn processor_event() -> Schema {
-    let kinds = payments_domain::processor_events::ChargeEventType::ALL
-        .map(payments_domain::processor_events::ChargeEventType::as_str);
+    let kinds = payments_domain::processor_events::ChargeEventType::ALL.map(|t| t.to_string());
     Schema::Object(
         ObjectBuilder::new()
             .schema_type(Type::Object)

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use sqlx::PgExecutor;
 
 use crate::DomainError;
-use crate::ids::new_id;
+pub use crate::ids::{AccountId, ApiKeyId};
 
 /// The prefix of every secret key this server issues (test mode only, for now).
 pub const SECRET_KEY_PREFIX: &str = "sk_test_";
@@ -21,52 +21,6 @@ pub const SECRET_KEY_PREFIX: &str = "sk_test_";
 const SECRET_KEY_RANDOM_CHARS: usize = 32;
 /// The longest account name accepted (the database checks it too).
 pub const ACCOUNT_NAME_MAX_CHARS: usize = 200;
-
-/// An account id, `acct_…`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(transparent)]
-pub struct AccountId(String);
-
-impl AccountId {
-    /// Wraps an id read from a trusted place (the database).
-    pub fn from_trusted(id: String) -> Self {
-        Self(id)
-    }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for AccountId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// An API key's id, `key_…`: names a key without revealing it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(transparent)]
-pub struct ApiKeyId(String);
-
-impl ApiKeyId {
-    /// Wraps an id given by an operator or read from the database.
-    pub fn new(id: impl Into<String>) -> Self {
-        Self(id.into())
-    }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for ApiKeyId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 /// A plaintext secret key. It exists only between its creation and the moment it is shown, and
 /// it never prints through `Debug`, so it cannot end up in a log by accident.
@@ -139,11 +93,11 @@ pub async fn create_account(
             message: format!("an account name is 1 to {ACCOUNT_NAME_MAX_CHARS} characters"),
         });
     }
-    let account = Account { id: AccountId(new_id("acct")), name: name.to_owned() };
+    let account = Account { id: AccountId::generate(), name: name.to_owned() };
     let mut tx = pool.begin().await?;
     sqlx::query!(
         "INSERT INTO accounts (id, name) VALUES ($1, $2)",
-        account.id.as_str(),
+        &account.id as &AccountId,
         account.name
     )
     .execute(&mut *tx)
@@ -156,13 +110,16 @@ pub async fn create_account(
 /// Issues another secret key for an existing account.
 pub async fn create_key(
     executor: impl PgExecutor<'_> + Copy,
-    account_id: &str,
+    account_id: &AccountId,
 ) -> Result<(ApiKey, SecretKey), DomainError> {
-    let account = sqlx::query_scalar!("SELECT id FROM accounts WHERE id = $1", account_id)
-        .fetch_optional(executor)
-        .await?
-        .ok_or(DomainError::NotFound("account"))?;
-    insert_key(executor, &AccountId(account)).await
+    let account = sqlx::query_scalar!(
+        r#"SELECT id AS "id: AccountId" FROM accounts WHERE id = $1"#,
+        account_id as &AccountId
+    )
+    .fetch_optional(executor)
+    .await?
+    .ok_or(DomainError::NotFound("account"))?;
+    insert_key(executor, &account).await
 }
 
 async fn insert_key(
@@ -171,14 +128,14 @@ async fn insert_key(
 ) -> Result<(ApiKey, SecretKey), DomainError> {
     let secret = SecretKey::generate();
     let key = ApiKey {
-        id: ApiKeyId(new_id("key")),
+        id: ApiKeyId::generate(),
         account_id: account_id.clone(),
         last4: secret.last4().to_owned(),
     };
     sqlx::query!(
         "INSERT INTO api_keys (id, account_id, key_hash, last4) VALUES ($1, $2, $3, $4)",
-        key.id.as_str(),
-        account_id.as_str(),
+        &key.id as &ApiKeyId,
+        account_id as &AccountId,
         &key_digest(secret.expose())[..],
         key.last4,
     )
@@ -195,7 +152,7 @@ pub async fn revoke_key(
 ) -> Result<(), DomainError> {
     let found = sqlx::query_scalar!(
         "UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1 RETURNING id",
-        key_id.as_str()
+        key_id as &ApiKeyId
     )
     .fetch_optional(executor)
     .await?;
@@ -216,12 +173,13 @@ pub async fn authenticate_digest(
     digest: &[u8; 32],
 ) -> Result<Option<AccountId>, DomainError> {
     let account = sqlx::query_scalar!(
-        "SELECT account_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+        r#"SELECT account_id AS "account_id: AccountId" FROM api_keys
+            WHERE key_hash = $1 AND revoked_at IS NULL"#,
         &digest[..]
     )
     .fetch_optional(executor)
     .await?;
-    Ok(account.map(AccountId))
+    Ok(account)
 }
 
 /// The first `limit` accounts by name (then id), for an operator's overview.
@@ -229,18 +187,22 @@ pub async fn first_by_name(
     executor: impl PgExecutor<'_>,
     limit: i64,
 ) -> Result<Vec<Account>, DomainError> {
-    let rows = sqlx::query!("SELECT id, name FROM accounts ORDER BY name, id LIMIT $1", limit)
-        .fetch_all(executor)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| Account { id: AccountId::from_trusted(r.id), name: r.name })
-        .collect())
+    let accounts = sqlx::query_as!(
+        Account,
+        r#"SELECT id AS "id: AccountId", name FROM accounts ORDER BY name, id LIMIT $1"#,
+        limit
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(accounts)
 }
 
 /// The name of account `id`, if it exists.
-pub async fn name(executor: impl PgExecutor<'_>, id: &str) -> Result<Option<String>, DomainError> {
-    let name = sqlx::query_scalar!("SELECT name FROM accounts WHERE id = $1", id)
+pub async fn name(
+    executor: impl PgExecutor<'_>,
+    id: &AccountId,
+) -> Result<Option<String>, DomainError> {
+    let name = sqlx::query_scalar!("SELECT name FROM accounts WHERE id = $1", id as &AccountId)
         .fetch_optional(executor)
         .await?;
     Ok(name)

@@ -7,33 +7,56 @@
 //! `<event>:<endpoint>`), so the fan-out commits with the event and the worker's staged-job
 //! runner delivers it at least once (see [`crate::webhooks`]).
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
-use crate::ids;
+use crate::ids::{AccountId, EventId};
+use crate::jobs::JobKind;
 use crate::payments::Cursor;
+use crate::stored::{from_name, text_enum};
 
-/// What happened. The names are the public `type` of an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What happened. The names are the public `type` of an event, and the stored one.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Encode, sqlx::Decode,
+)]
 pub enum EventType {
     /// A payment was charged and captured at once.
+    #[serde(rename = "payment.succeeded")]
+    #[sqlx(rename = "payment.succeeded")]
     PaymentSucceeded,
     /// A payment was authorized; a capture is due.
+    #[serde(rename = "payment.requires_capture")]
+    #[sqlx(rename = "payment.requires_capture")]
     PaymentRequiresCapture,
     /// A payment failed (declined, refused by the processor).
+    #[serde(rename = "payment.failed")]
+    #[sqlx(rename = "payment.failed")]
     PaymentFailed,
     /// An authorized payment was captured.
+    #[serde(rename = "payment.captured")]
+    #[sqlx(rename = "payment.captured")]
     PaymentCaptured,
     /// An authorized payment was released.
+    #[serde(rename = "payment.canceled")]
+    #[sqlx(rename = "payment.canceled")]
     PaymentCanceled,
     /// A payment's description or metadata changed (`PATCH`).
+    #[serde(rename = "payment.updated")]
+    #[sqlx(rename = "payment.updated")]
     PaymentUpdated,
     /// A refund moved the money back.
+    #[serde(rename = "refund.succeeded")]
+    #[sqlx(rename = "refund.succeeded")]
     RefundSucceeded,
     /// A refund was refused; the reservation was given back.
+    #[serde(rename = "refund.failed")]
+    #[sqlx(rename = "refund.failed")]
     RefundFailed,
 }
+
+text_enum!(EventType);
 
 impl EventType {
     /// Every type, in the documented order.
@@ -48,23 +71,10 @@ impl EventType {
         Self::RefundFailed,
     ];
 
-    /// The public name, such as `payment.succeeded`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::PaymentSucceeded => "payment.succeeded",
-            Self::PaymentRequiresCapture => "payment.requires_capture",
-            Self::PaymentFailed => "payment.failed",
-            Self::PaymentCaptured => "payment.captured",
-            Self::PaymentCanceled => "payment.canceled",
-            Self::PaymentUpdated => "payment.updated",
-            Self::RefundSucceeded => "refund.succeeded",
-            Self::RefundFailed => "refund.failed",
-        }
-    }
-
-    /// The type of this name; `None` for a name no event has.
+    /// The type of this public name, such as `payment.succeeded`; `None` for a name no event
+    /// has.
     pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.as_str() == name)
+        from_name(name)
     }
 }
 
@@ -72,9 +82,9 @@ impl EventType {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     /// `evt_…`
-    pub id: String,
+    pub id: EventId,
     /// The account whose object changed.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// What happened.
     pub event_type: EventType,
     /// The object as the API showed it when the change committed.
@@ -89,7 +99,7 @@ impl Event {
         json!({
             "id": self.id,
             "object": "event",
-            "type": self.event_type.as_str(),
+            "type": self.event_type,
             "created": self.created,
             "data": { "object": self.object },
             "livemode": false,
@@ -107,13 +117,16 @@ impl Event {
 /// object's representation as the API answers it. Returns the event's id.
 pub async fn record(
     conn: &mut PgConnection,
-    account_id: &str,
+    account_id: &AccountId,
     event_type: EventType,
     object: &[u8],
-) -> Result<String, DomainError> {
+) -> Result<EventId, DomainError> {
     let object: Value =
         serde_json::from_slice(object).map_err(|_| DomainError::Corrupt("an event's object"))?;
-    let id = ids::new_id("evt");
+    let id = EventId::generate();
+    // Each job's payload is a `jobs::WebhookJob` and its dedupe key `Work::dedupe_key`'s, built
+    // here in SQL so that the fan-out costs no round trip (the worker's delivery tests read
+    // them back).
     sqlx::query!(
         r#"
         WITH event AS (
@@ -121,70 +134,62 @@ pub async fn record(
             RETURNING id
         )
         INSERT INTO jobs (kind, dedupe_key, payload)
-        SELECT 'webhook', event.id || ':' || w.id,
+        SELECT $5, event.id || ':' || w.id,
                jsonb_build_object('event_id', event.id, 'endpoint_id', w.id)
           FROM event, webhook_endpoints w
          WHERE w.account_id = $2 AND w.status = 'enabled' AND w.deleted_at IS NULL
            AND ($3 = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
         ON CONFLICT (kind, dedupe_key) DO NOTHING
         "#,
-        id,
-        account_id,
-        event_type.as_str(),
+        &id as &EventId,
+        account_id as &AccountId,
+        event_type as EventType,
         object,
+        JobKind::Webhook as JobKind,
     )
     .execute(conn)
     .await?;
     Ok(id)
 }
 
-struct EventRow {
-    id: String,
-    account_id: String,
-    kind: String,
-    object: Value,
-    created: i64,
+/// A row of `events`: an unknown type is a decode error.
+pub(crate) struct EventRow {
+    pub(crate) id: EventId,
+    pub(crate) account_id: AccountId,
+    pub(crate) event_type: EventType,
+    pub(crate) object: Value,
+    pub(crate) created: i64,
 }
 
-impl Event {
-    /// An event from its stored columns; an unknown type is a corrupt record.
-    pub(crate) fn try_from_parts(
-        id: String,
-        account_id: String,
-        kind: &str,
-        object: Value,
-        created: i64,
-    ) -> Result<Self, DomainError> {
-        let event_type = EventType::parse(kind).ok_or(DomainError::Corrupt("events.type"))?;
-        Ok(Self { id, account_id, event_type, object, created })
-    }
-}
-
-impl TryFrom<EventRow> for Event {
-    type Error = DomainError;
-
-    fn try_from(row: EventRow) -> Result<Self, DomainError> {
-        Self::try_from_parts(row.id, row.account_id, &row.kind, row.object, row.created)
+impl From<EventRow> for Event {
+    fn from(row: EventRow) -> Self {
+        Self {
+            id: row.id,
+            account_id: row.account_id,
+            event_type: row.event_type,
+            object: row.object,
+            created: row.created,
+        }
     }
 }
 
 /// The account's event, if it has one of this id.
 pub async fn find(
     executor: impl PgExecutor<'_>,
-    account_id: &str,
-    id: &str,
+    account_id: &AccountId,
+    id: &EventId,
 ) -> Result<Option<Event>, DomainError> {
     let row = sqlx::query_as!(
         EventRow,
-        r#"SELECT id, account_id, type AS kind, object,
+        r#"SELECT id AS "id: _", account_id AS "account_id: _", type AS "event_type: _", object,
                   extract(epoch FROM created_at)::bigint AS "created!"
              FROM events WHERE id = $1 AND account_id = $2"#,
-        id,
-        account_id,
+        id as &EventId,
+        account_id as &AccountId,
     )
     .fetch_optional(executor)
     .await?;
-    row.map(Event::try_from).transpose()
+    Ok(row.map(Event::from))
 }
 
 /// A page of the account's events, newest first (by commit order of insertion), optionally of
@@ -192,19 +197,18 @@ pub async fn find(
 /// account.
 pub async fn list(
     conn: &mut PgConnection,
-    account_id: &str,
+    account_id: &AccountId,
     event_type: Option<EventType>,
     limit: i64,
-    cursor: Option<&Cursor>,
+    cursor: Option<&Cursor<EventId>>,
 ) -> Result<Option<(Vec<Event>, bool)>, DomainError> {
-    let kind = event_type.map(EventType::as_str);
     let position = match cursor {
         None => None,
         Some(Cursor::After(id) | Cursor::Before(id)) => {
             let seq = sqlx::query_scalar!(
                 "SELECT seq FROM events WHERE id = $1 AND account_id = $2",
-                id,
-                account_id
+                id as &EventId,
+                account_id as &AccountId
             )
             .fetch_optional(&mut *conn)
             .await?;
@@ -220,13 +224,13 @@ pub async fn list(
     let mut rows = if backwards {
         sqlx::query_as!(
             EventRow,
-            r#"SELECT id, account_id, type AS kind, object,
-                      extract(epoch FROM created_at)::bigint AS "created!"
+            r#"SELECT id AS "id: _", account_id AS "account_id: _", type AS "event_type: _",
+                      object, extract(epoch FROM created_at)::bigint AS "created!"
                  FROM events
                 WHERE account_id = $1 AND ($2::text IS NULL OR type = $2) AND seq > $3
                 ORDER BY seq LIMIT $4::bigint + 1"#,
-            account_id,
-            kind,
+            account_id as &AccountId,
+            event_type as Option<EventType>,
             position.unwrap_or(0),
             limit,
         )
@@ -235,13 +239,13 @@ pub async fn list(
     } else {
         sqlx::query_as!(
             EventRow,
-            r#"SELECT id, account_id, type AS kind, object,
-                      extract(epoch FROM created_at)::bigint AS "created!"
+            r#"SELECT id AS "id: _", account_id AS "account_id: _", type AS "event_type: _",
+                      object, extract(epoch FROM created_at)::bigint AS "created!"
                  FROM events
                 WHERE account_id = $1 AND ($2::text IS NULL OR type = $2) AND seq < $3
                 ORDER BY seq DESC LIMIT $4::bigint + 1"#,
-            account_id,
-            kind,
+            account_id as &AccountId,
+            event_type as Option<EventType>,
             position.unwrap_or(i64::MAX),
             limit,
         )
@@ -253,28 +257,31 @@ pub async fn list(
     if backwards {
         rows.reverse();
     }
-    let events = rows.into_iter().map(Event::try_from).collect::<Result<Vec<_>, _>>()?;
-    Ok(Some((events, has_more)))
+    Ok(Some((rows.into_iter().map(Event::from).collect(), has_more)))
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
     fn every_event_type_parses_from_its_own_name_and_no_other() {
         for t in EventType::ALL {
-            assert_eq!(EventType::parse(t.as_str()), Some(t));
+            assert_eq!(EventType::parse(&t.to_string()), Some(t));
         }
         assert_eq!(EventType::parse("payment.created"), None);
+        assert_eq!(EventType::parse("payment_succeeded"), None);
         assert_eq!(EventType::parse("*"), None);
+        assert_eq!(EventType::PaymentRequiresCapture.to_string(), "payment.requires_capture");
     }
 
     #[test]
     fn an_event_shows_its_object_under_data() {
         let event = Event {
-            id: "evt_1".into(),
-            account_id: "acct_1".into(),
+            id: EventId::parse("evt_1").unwrap(),
+            account_id: AccountId::parse("acct_1").unwrap(),
             event_type: EventType::PaymentCaptured,
             object: json!({"id": "pay_1", "object": "payment"}),
             created: 7,

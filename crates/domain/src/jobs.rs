@@ -8,38 +8,138 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
+use crate::ids::{EventId, PaymentId, WebhookEndpointId};
+use crate::payments::Payment;
+use crate::stored::text_enum;
+
+/// What a job is, as its `kind` column names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Encode, sqlx::Decode)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum JobKind {
+    /// Send a payment's receipt.
+    Receipt,
+    /// Deliver an event to a webhook endpoint.
+    Webhook,
+}
+
+impl JobKind {
+    /// Every kind.
+    pub const ALL: [Self; 2] = [Self::Receipt, Self::Webhook];
+}
+
+text_enum!(JobKind);
+
+/// A job's work: its kind with its input, the row's `payload`. The variants are named as
+/// [`JobKind`] names them: a row is the externally tagged form of its work split in two columns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Work {
+    /// Send a payment's receipt.
+    Receipt(ReceiptJob),
+    /// Deliver an event to an endpoint (staged by `events::record`, in SQL, in this shape).
+    Webhook(WebhookJob),
+}
+
+/// The input of a receipt job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReceiptJob {
+    /// The payment the receipt is for.
+    pub payment_id: PaymentId,
+    /// Where it goes.
+    pub email: String,
+}
+
+/// The input of a webhook delivery job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookJob {
+    /// The event delivered.
+    pub event_id: EventId,
+    /// Where to.
+    pub endpoint_id: WebhookEndpointId,
+}
+
+impl Work {
+    /// The receipt of `payment`, if it asked for one.
+    pub fn receipt(payment: &Payment) -> Option<Self> {
+        let email = payment.receipt_email.clone()?;
+        Some(Self::Receipt(ReceiptJob { payment_id: payment.id.clone(), email }))
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> JobKind {
+        match self {
+            Self::Receipt(_) => JobKind::Receipt,
+            Self::Webhook(_) => JobKind::Webhook,
+        }
+    }
+
+    /// What makes staging it twice a no-op: one receipt per payment, one delivery per event and
+    /// endpoint.
+    pub fn dedupe_key(&self) -> String {
+        match self {
+            Self::Receipt(job) => job.payment_id.to_string(),
+            Self::Webhook(job) => format!("{}:{}", job.event_id, job.endpoint_id),
+        }
+    }
+
+    /// The input, as the `payload` column holds it.
+    fn payload(&self) -> Result<Value, serde_json::Error> {
+        match self {
+            Self::Receipt(job) => serde_json::to_value(job),
+            Self::Webhook(job) => serde_json::to_value(job),
+        }
+    }
+
+    /// The work a row's `kind` and `payload` name; an error for a kind this code does not know
+    /// or a payload that is not that kind's input.
+    fn from_stored(kind: &str, payload: Value) -> Result<Self, UnreadableJob> {
+        let tagged = Value::Object([(kind.to_owned(), payload)].into_iter().collect());
+        serde_json::from_value(tagged)
+            .map_err(|err| UnreadableJob { kind: kind.to_owned(), reason: err.to_string() })
+    }
+}
+
+/// A stored job this code cannot run: a kind it does not know (staged by a newer release, say)
+/// or a payload that is not that kind's input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the job of kind `{kind}` does not parse: {reason}")]
+pub struct UnreadableJob {
+    /// The stored kind.
+    pub kind: String,
+    /// What serde said.
+    pub reason: String,
+}
 
 /// A claimed job.
 #[derive(Debug)]
 pub struct Job {
     /// Its id.
     pub id: i64,
-    /// What kind (`receipt`, `webhook`).
-    pub kind: String,
-    /// Its input.
-    pub payload: Value,
+    /// What to do. A job this code cannot read is claimed all the same, and the runner fails it
+    /// like any job, so it is retried (a newer release may know it) and then dead-lettered for a
+    /// person: never dropped, and never in the way of the jobs behind it.
+    pub work: Result<Work, UnreadableJob>,
     /// Attempts so far, this one included.
     pub attempts: i32,
 }
 
 /// Stages a job to run after the commit of the current transaction; staging the same job twice
 /// is a no-op.
-pub async fn stage(
-    conn: &mut PgConnection,
-    kind: &str,
-    dedupe_key: &str,
-    payload: Value,
-) -> Result<(), DomainError> {
+pub async fn stage(conn: &mut PgConnection, work: &Work) -> Result<(), DomainError> {
+    let payload = work.payload().map_err(|_| DomainError::Corrupt("a job's payload"))?;
     sqlx::query!(
         "INSERT INTO jobs (kind, dedupe_key, payload) VALUES ($1, $2, $3)
          ON CONFLICT (kind, dedupe_key) DO NOTHING",
-        kind,
-        dedupe_key,
-        payload,
+        work.kind() as JobKind,
+        work.dedupe_key(),
+        Json(payload) as Json<Value>,
     )
     .execute(conn)
     .await?;
@@ -52,8 +152,7 @@ pub async fn claim(
     limit: u32,
     claim: Duration,
 ) -> Result<Vec<Job>, DomainError> {
-    let jobs = sqlx::query_as!(
-        Job,
+    let rows = sqlx::query!(
         r#"
         WITH due AS (
             SELECT id FROM jobs
@@ -73,7 +172,16 @@ pub async fn claim(
     )
     .fetch_all(executor)
     .await?;
-    Ok(jobs)
+    // The kind is read as text, not as a `JobKind`: a row this code cannot read must fail as its
+    // own job, not as the claim of every job beside it.
+    Ok(rows
+        .into_iter()
+        .map(|r| Job {
+            id: r.id,
+            work: Work::from_stored(&r.kind, r.payload),
+            attempts: r.attempts,
+        })
+        .collect())
 }
 
 /// Marks a job done, if the claim that ran it (`attempt`) is still the job's last one. False when
@@ -131,7 +239,7 @@ pub async fn failed(
 pub struct PendingJob {
     /// Its id.
     pub id: i64,
-    /// What kind.
+    /// What kind, as stored: an operator sees a kind this code does not know as it is.
     pub kind: String,
     /// What it is for (`pay_…`, `evt_…:we_…`).
     pub dedupe_key: String,

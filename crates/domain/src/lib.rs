@@ -15,10 +15,12 @@ pub mod problems;
 pub mod processor_events;
 pub mod receipts;
 pub mod refunds;
+pub mod stored;
 pub mod updates;
 pub mod webhooks;
 
-pub use accounts::{Account, AccountId, ApiKey, ApiKeyId, SecretKey};
+pub use accounts::{Account, ApiKey, SecretKey};
+pub use ids::{AccountId, ApiKeyId, EventId, PaymentId, RefundId, WebhookEndpointId};
 
 /// Everything that can go wrong in the domain layer.
 #[derive(Debug, thiserror::Error)]

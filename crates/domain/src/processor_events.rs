@@ -18,46 +18,48 @@ use std::time::Duration;
 
 use provider::Charge;
 use provider::signature::{self, SignatureError};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::{PgExecutor, PgPool};
 
 use crate::DomainError;
+use crate::ids::PaymentId;
 use crate::payments;
+use crate::stored::{from_name, text_enum};
 
 /// The header the processor's signature travels in.
 pub use provider::signature::STRIPE_SIGNATURE_HEADER as SIGNATURE_HEADER;
 
-/// What the processor tells us about a charge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the processor tells us about a charge, by the processor's names (stored as they are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Encode, sqlx::Decode)]
 pub enum ChargeEventType {
     /// A charge was made and authorized (captured at once or not).
+    #[serde(rename = "charge.succeeded")]
+    #[sqlx(rename = "charge.succeeded")]
     Succeeded,
     /// A charge was made and declined.
+    #[serde(rename = "charge.failed")]
+    #[sqlx(rename = "charge.failed")]
     Failed,
     /// An authorized charge was captured.
+    #[serde(rename = "charge.captured")]
+    #[sqlx(rename = "charge.captured")]
     Captured,
     /// A charge was refunded, or its authorization released.
+    #[serde(rename = "charge.refunded")]
+    #[sqlx(rename = "charge.refunded")]
     Refunded,
 }
 
-impl ChargeEventType {
-    /// Every type accepted, as the processor names them.
-    pub const ALL: [Self; 4] = [Self::Succeeded, Self::Failed, Self::Captured, Self::Refunded];
+text_enum!(ChargeEventType);
 
-    /// The processor's name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Succeeded => "charge.succeeded",
-            Self::Failed => "charge.failed",
-            Self::Captured => "charge.captured",
-            Self::Refunded => "charge.refunded",
-        }
-    }
+impl ChargeEventType {
+    /// Every type accepted.
+    pub const ALL: [Self; 4] = [Self::Succeeded, Self::Failed, Self::Captured, Self::Refunded];
 
     /// The type of this name; `None` for one we do not take.
     pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.as_str() == name)
+        from_name(name)
     }
 
     /// Whether the event reports the charge's creation, which the create-payment operation's
@@ -169,7 +171,7 @@ pub enum Received {
     /// now due for the completer.
     Recorded {
         /// The payment.
-        payment_id: String,
+        payment_id: PaymentId,
         /// Whether the creating key was brought forward.
         woke: bool,
     },
@@ -183,8 +185,10 @@ pub enum Received {
 /// recorded and changes nothing.
 pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, DomainError> {
     let mut tx = pool.begin().await?;
-    let payment_id = event.charge.metadata.get("payment_id");
-    let creation = match payment_id {
+    // An id that is not one of ours in shape names none of our payments.
+    let payment_id =
+        event.charge.metadata.get("payment_id").and_then(|id| PaymentId::parse(id).ok());
+    let creation = match &payment_id {
         Some(id) => payments::creation_key(&mut *tx, id).await?,
         None => None,
     };
@@ -197,9 +201,9 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
            VALUES ($1, $2, $3, $4, $5, $6, $7)
            ON CONFLICT (id) DO NOTHING"#,
         event.id,
-        event.event_type.as_str(),
+        event.event_type as ChargeEventType,
         event.charge.id,
-        known,
+        known.as_ref() as Option<&PaymentId>,
         event.downstream_key,
         event.object,
         event.created,
@@ -213,11 +217,9 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
     let received = match (known, creation.flatten()) {
         (Some(payment_id), Some(key_id)) => {
             let woke = event.event_type.creates() && idem::wake(&mut *tx, key_id).await?;
-            Received::Recorded { payment_id: payment_id.clone(), woke }
+            Received::Recorded { payment_id, woke }
         }
-        (Some(payment_id), None) => {
-            Received::Recorded { payment_id: payment_id.clone(), woke: false }
-        }
+        (Some(payment_id), None) => Received::Recorded { payment_id, woke: false },
         (None, _) => Received::Unmatched,
     };
     tx.commit().await?;
@@ -247,7 +249,7 @@ pub async fn charge_for_key(
 /// than `downstream_key` (an earlier generation of it), as `(charge id, that key)`.
 pub async fn paid_under_another_key(
     executor: impl PgExecutor<'_>,
-    payment_id: &str,
+    payment_id: &PaymentId,
     downstream_key: &str,
 ) -> Result<Option<(String, String)>, DomainError> {
     let row = sqlx::query!(
@@ -255,7 +257,7 @@ pub async fn paid_under_another_key(
             WHERE payment_id = $1 AND type = 'charge.succeeded'
               AND downstream_key IS NOT NULL AND downstream_key <> $2
             ORDER BY created, received_at LIMIT 1"#,
-        payment_id,
+        payment_id as &PaymentId,
         downstream_key,
     )
     .fetch_optional(executor)

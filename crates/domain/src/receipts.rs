@@ -4,16 +4,18 @@
 use sqlx::PgExecutor;
 
 use crate::DomainError;
+use crate::ids::{AccountId, PaymentId};
+use crate::money::{Amount, Currency};
 
 /// What a receipt says about its payment.
 #[derive(Debug, Clone)]
 pub struct ReceiptFacts {
     /// The payment's account.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// In minor units.
-    pub amount: i64,
+    pub amount: Amount,
     /// ISO code, lower case.
-    pub currency: String,
+    pub currency: Currency,
     /// The merchant's description.
     pub description: Option<String>,
     /// The processor's charge.
@@ -25,13 +27,14 @@ pub struct ReceiptFacts {
 // (issue #18); it moves there after.
 pub async fn facts(
     executor: impl PgExecutor<'_>,
-    payment_id: &str,
+    payment_id: &PaymentId,
 ) -> Result<Option<ReceiptFacts>, DomainError> {
     let facts = sqlx::query_as!(
         ReceiptFacts,
-        "SELECT account_id, amount, currency, description, processor_charge_id \
-         FROM payments WHERE id = $1",
-        payment_id
+        r#"SELECT account_id AS "account_id: _", amount AS "amount: _",
+                  currency AS "currency: _", description, processor_charge_id
+             FROM payments WHERE id = $1"#,
+        payment_id as &PaymentId
     )
     .fetch_optional(executor)
     .await?;
@@ -42,8 +45,8 @@ pub async fn facts(
 /// second run of the job finds the first one's receipt through the primary key).
 pub async fn record(
     executor: impl PgExecutor<'_>,
-    payment_id: &str,
-    account_id: &str,
+    payment_id: &PaymentId,
+    account_id: &AccountId,
     email: &str,
     body: &str,
 ) -> Result<bool, DomainError> {
@@ -59,8 +62,8 @@ pub async fn record(
         SELECT sent_at IS NOT NULL FROM receipts
          WHERE payment_id = $1 AND NOT EXISTS (SELECT 1 FROM recorded)
         "#,
-        payment_id,
-        account_id,
+        payment_id as &PaymentId,
+        account_id as &AccountId,
         email,
         body,
     )
@@ -70,10 +73,13 @@ pub async fn record(
 }
 
 /// Marks the receipt of a payment sent.
-pub async fn mark_sent(executor: impl PgExecutor<'_>, payment_id: &str) -> Result<(), DomainError> {
+pub async fn mark_sent(
+    executor: impl PgExecutor<'_>,
+    payment_id: &PaymentId,
+) -> Result<(), DomainError> {
     sqlx::query!(
         "UPDATE receipts SET sent_at = now() WHERE payment_id = $1 AND sent_at IS NULL",
-        payment_id
+        payment_id as &PaymentId
     )
     .execute(executor)
     .await?;
@@ -84,9 +90,9 @@ pub async fn mark_sent(executor: impl PgExecutor<'_>, payment_id: &str) -> Resul
 #[derive(Debug, Clone)]
 pub struct ReceiptLine {
     /// The payment.
-    pub payment_id: String,
+    pub payment_id: PaymentId,
     /// Its account.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// Where it went.
     pub email: String,
     /// When it was recorded (UTC).
@@ -103,7 +109,7 @@ pub async fn recent(
     let receipts = sqlx::query_as!(
         ReceiptLine,
         r#"
-        SELECT payment_id, account_id, email,
+        SELECT payment_id AS "payment_id: _", account_id AS "account_id: _", email,
                to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') AS "created!",
                to_char(sent_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') AS sent
           FROM receipts ORDER BY created_at DESC LIMIT $1

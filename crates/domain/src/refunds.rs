@@ -3,15 +3,30 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
-use crate::money::AMOUNT_MAX;
-use crate::payments::{Cursor, finish_page, in_walk_order, validate_metadata};
+use crate::ids::{AccountId, PaymentId, RefundId};
+use crate::money::{AMOUNT_MAX, Amount, Currency};
+use crate::payments::{Cursor, finish_page, in_walk_order, null_as_empty, validate_metadata};
+use crate::stored::text_enum;
 
 /// Why a refund was made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    sqlx::Encode,
+    sqlx::Decode,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
 pub enum RefundReason {
     /// A duplicate charge.
     Duplicate,
@@ -22,15 +37,29 @@ pub enum RefundReason {
 }
 
 impl RefundReason {
-    /// The stored and sent name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Duplicate => "duplicate",
-            Self::Fraudulent => "fraudulent",
-            Self::RequestedByCustomer => "requested_by_customer",
-        }
-    }
+    /// Every reason.
+    pub const ALL: [Self; 3] = [Self::Duplicate, Self::Fraudulent, Self::RequestedByCustomer];
 }
+
+/// Where a refund is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Encode, sqlx::Decode)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum RefundStatus {
+    /// Reserved against the payment; the processor has not answered yet.
+    Pending,
+    /// The money moved back.
+    Succeeded,
+    /// The processor refused it; the reservation was given back.
+    Failed,
+}
+
+impl RefundStatus {
+    /// Every status.
+    pub const ALL: [Self; 3] = [Self::Pending, Self::Succeeded, Self::Failed];
+}
+
+text_enum!(RefundReason, RefundStatus);
 
 /// `POST /v1/payments/{id}/refunds`, as the client sends it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -49,21 +78,40 @@ pub struct CreateRefundRequest {
 }
 
 impl CreateRefundRequest {
-    /// The rules that need no payment to check.
-    pub fn validate(&self) -> Result<(), DomainError> {
-        if let Some(amount) = self.amount
-            && !(1..=AMOUNT_MAX).contains(&amount)
-        {
-            return Err(DomainError::Invalid {
-                param: "amount",
-                message: format!("`amount` must be an integer from 1 to {AMOUNT_MAX}."),
-            });
-        }
+    /// The rules that need no payment to check, and what they parsed.
+    pub fn validate(&self) -> Result<NewRefund, DomainError> {
+        let amount = self
+            .amount
+            .map(|amount| {
+                Amount::new(amount).ok_or_else(|| DomainError::Invalid {
+                    param: "amount",
+                    message: format!("`amount` must be an integer from 1 to {AMOUNT_MAX}."),
+                })
+            })
+            .transpose()?;
         if let Some(metadata) = &self.metadata {
             validate_metadata(metadata)?;
         }
-        Ok(())
+        Ok(NewRefund {
+            amount,
+            reason: self.reason,
+            metadata: self.metadata.clone().unwrap_or_default(),
+        })
     }
+}
+
+/// A refund to make: the request as [`CreateRefundRequest::validate`] parsed it, and as the key
+/// stores it for the completer (the members and their JSON are the request's, so that a key
+/// stored by an earlier release, which stored the request itself, reads back).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NewRefund {
+    /// Default: what remains refundable.
+    pub amount: Option<Amount>,
+    /// Why.
+    pub reason: Option<RefundReason>,
+    /// String pairs (none when the request had none).
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A refund as the API shows it (the OpenAPI document's `Refund` is derived from this).
@@ -71,19 +119,24 @@ impl CreateRefundRequest {
 #[schema(as = Refund)]
 pub struct Representation<'a> {
     /// `re_…`
-    #[schema(pattern = "^re_")]
-    id: &'a str,
+    #[schema(value_type = String, pattern = "^re_")]
+    id: &'a RefundId,
     /// Always `refund`.
     #[schema(pattern = "^refund$")]
     object: &'static str,
     /// The refunded payment, `pay_…`.
-    payment: &'a str,
+    #[schema(value_type = String)]
+    payment: &'a PaymentId,
     /// In the currency's minor unit.
-    amount: i64,
-    currency: &'a str,
+    #[schema(value_type = i64)]
+    amount: Amount,
+    #[schema(value_type = String)]
+    currency: Currency,
     /// `pending`, `succeeded` or `failed`.
-    status: &'a str,
-    reason: Option<&'a str>,
+    #[schema(value_type = String)]
+    status: RefundStatus,
+    #[schema(value_type = Option<String>)]
+    reason: Option<RefundReason>,
     #[schema(value_type = BTreeMap<String, String>)]
     metadata: &'a BTreeMap<String, String>,
     /// The processor's refund, `re_…`.
@@ -96,19 +149,19 @@ pub struct Representation<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refund {
     /// `re_…`
-    pub id: String,
+    pub id: RefundId,
     /// The owner.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// The refunded payment.
-    pub payment_id: String,
+    pub payment_id: PaymentId,
     /// Minor units.
-    pub amount: i64,
-    /// ISO 4217.
-    pub currency: String,
-    /// `pending`, `succeeded`, `failed`.
-    pub status: String,
+    pub amount: Amount,
+    /// The payment's currency.
+    pub currency: Currency,
+    /// Where it is.
+    pub status: RefundStatus,
     /// Why.
-    pub reason: Option<String>,
+    pub reason: Option<RefundReason>,
     /// String pairs.
     pub metadata: BTreeMap<String, String>,
     /// `re_…` at the processor.
@@ -125,9 +178,9 @@ impl Refund {
             object: "refund",
             payment: &self.payment_id,
             amount: self.amount,
-            currency: &self.currency,
-            status: &self.status,
-            reason: self.reason.as_deref(),
+            currency: self.currency,
+            status: self.status,
+            reason: self.reason,
             metadata: &self.metadata,
             processor_refund_id: self.processor_refund_id.as_deref(),
             created: self.created,
@@ -136,24 +189,24 @@ impl Refund {
     }
 }
 
+/// A row of `refunds` as the queries below read it: every column decoded to its type, so an
+/// unknown status, reason or currency is a decode error there.
 struct RefundRow {
-    id: String,
-    account_id: String,
-    payment_id: String,
-    amount: i64,
-    currency: String,
-    status: String,
-    reason: Option<String>,
-    metadata: serde_json::Value,
+    id: RefundId,
+    account_id: AccountId,
+    payment_id: PaymentId,
+    amount: Amount,
+    currency: Currency,
+    status: RefundStatus,
+    reason: Option<RefundReason>,
+    metadata: Json<BTreeMap<String, String>>,
     processor_refund_id: Option<String>,
     created: i64,
 }
 
-impl TryFrom<RefundRow> for Refund {
-    type Error = DomainError;
-
-    fn try_from(row: RefundRow) -> Result<Self, DomainError> {
-        Ok(Self {
+impl From<RefundRow> for Refund {
+    fn from(row: RefundRow) -> Self {
+        Self {
             id: row.id,
             account_id: row.account_id,
             payment_id: row.payment_id,
@@ -161,29 +214,28 @@ impl TryFrom<RefundRow> for Refund {
             currency: row.currency,
             status: row.status,
             reason: row.reason,
-            metadata: serde_json::from_value(row.metadata)
-                .map_err(|_| DomainError::Corrupt("refund metadata is not string pairs"))?,
+            metadata: row.metadata.0,
             processor_refund_id: row.processor_refund_id,
             created: row.created,
-        })
+        }
     }
 }
 
-/// The values of a new refund.
+/// The values of a new refund, reserved against its payment.
 #[derive(Debug)]
-pub struct NewRefund<'a> {
+pub struct PendingRefund<'a> {
     /// `re_…`
-    pub id: &'a str,
+    pub id: &'a RefundId,
     /// The owner.
-    pub account_id: &'a str,
+    pub account_id: &'a AccountId,
     /// The payment.
-    pub payment_id: &'a str,
+    pub payment_id: &'a PaymentId,
     /// The creating key.
     pub key_id: i64,
     /// Minor units.
-    pub amount: i64,
-    /// ISO 4217.
-    pub currency: &'a str,
+    pub amount: Amount,
+    /// The payment's currency.
+    pub currency: Currency,
     /// Why.
     pub reason: Option<RefundReason>,
     /// String pairs.
@@ -191,77 +243,86 @@ pub struct NewRefund<'a> {
 }
 
 /// Inserts a `pending` refund.
-pub async fn insert(conn: &mut PgConnection, new: &NewRefund<'_>) -> Result<Refund, DomainError> {
-    let metadata =
-        serde_json::to_value(new.metadata).map_err(|_| DomainError::Corrupt("metadata"))?;
+pub async fn insert(
+    conn: &mut PgConnection,
+    new: &PendingRefund<'_>,
+) -> Result<Refund, DomainError> {
     let row = sqlx::query_as!(
         RefundRow,
         r#"
         INSERT INTO refunds (id, account_id, payment_id, idempotency_key_id, amount, currency,
                              status, reason, metadata)
-        VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8)
-        RETURNING id, account_id, payment_id, amount, currency, status, reason, metadata,
-                  processor_refund_id, extract(epoch FROM created_at)::bigint AS "created!"
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+        RETURNING id AS "id: _", account_id AS "account_id: _", payment_id AS "payment_id: _",
+                  amount AS "amount: _", currency AS "currency: _", status AS "status: _",
+                  reason AS "reason: _", metadata AS "metadata: _", processor_refund_id,
+                  extract(epoch FROM created_at)::bigint AS "created!"
         "#,
-        new.id,
-        new.account_id,
-        new.payment_id,
+        new.id as &RefundId,
+        new.account_id as &AccountId,
+        new.payment_id as &PaymentId,
         new.key_id,
-        new.amount,
-        new.currency,
-        new.reason.map(RefundReason::as_str),
-        metadata,
+        new.amount as Amount,
+        new.currency as Currency,
+        RefundStatus::Pending as RefundStatus,
+        new.reason as Option<RefundReason>,
+        Json(new.metadata) as Json<&BTreeMap<String, String>>,
     )
     .fetch_one(conn)
     .await?;
-    row.try_into()
+    Ok(row.into())
 }
 
 /// Marks a refund `succeeded` (with the processor's id) or `failed`.
 pub async fn settle(
     conn: &mut PgConnection,
-    id: &str,
+    id: &RefundId,
     processor_refund_id: Option<&str>,
     failure_code: Option<&str>,
 ) -> Result<Refund, DomainError> {
-    let status = if failure_code.is_some() { "failed" } else { "succeeded" };
+    let status =
+        if failure_code.is_some() { RefundStatus::Failed } else { RefundStatus::Succeeded };
     let row = sqlx::query_as!(
         RefundRow,
         r#"
         UPDATE refunds SET status = $2, processor_refund_id = $3, failure_code = $4
          WHERE id = $1
-        RETURNING id, account_id, payment_id, amount, currency, status, reason, metadata,
-                  processor_refund_id, extract(epoch FROM created_at)::bigint AS "created!"
+        RETURNING id AS "id: _", account_id AS "account_id: _", payment_id AS "payment_id: _",
+                  amount AS "amount: _", currency AS "currency: _", status AS "status: _",
+                  reason AS "reason: _", metadata AS "metadata: _", processor_refund_id,
+                  extract(epoch FROM created_at)::bigint AS "created!"
         "#,
-        id,
-        status,
+        id as &RefundId,
+        status as RefundStatus,
         processor_refund_id,
         failure_code,
     )
     .fetch_one(conn)
     .await?;
-    row.try_into()
+    Ok(row.into())
 }
 
 /// A refund of the account.
 pub async fn find(
     executor: impl PgExecutor<'_>,
-    account_id: &str,
-    id: &str,
+    account_id: &AccountId,
+    id: &RefundId,
 ) -> Result<Option<Refund>, DomainError> {
     let row = sqlx::query_as!(
         RefundRow,
         r#"
-        SELECT id, account_id, payment_id, amount, currency, status, reason, metadata,
-               processor_refund_id, extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id AS "id: _", account_id AS "account_id: _", payment_id AS "payment_id: _",
+               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
+               reason AS "reason: _", metadata AS "metadata: _", processor_refund_id,
+               extract(epoch FROM created_at)::bigint AS "created!"
           FROM refunds WHERE account_id = $1 AND id = $2
         "#,
-        account_id,
-        id
+        account_id as &AccountId,
+        id as &RefundId
     )
     .fetch_optional(executor)
     .await?;
-    row.map(Refund::try_from).transpose()
+    Ok(row.map(Refund::from))
 }
 
 /// The refund created by an idempotency key.
@@ -272,29 +333,27 @@ pub async fn find_by_key(
     let row = sqlx::query_as!(
         RefundRow,
         r#"
-        SELECT id, account_id, payment_id, amount, currency, status, reason, metadata,
-               processor_refund_id, extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id AS "id: _", account_id AS "account_id: _", payment_id AS "payment_id: _",
+               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
+               reason AS "reason: _", metadata AS "metadata: _", processor_refund_id,
+               extract(epoch FROM created_at)::bigint AS "created!"
           FROM refunds WHERE idempotency_key_id = $1
         "#,
         key_id
     )
     .fetch_optional(executor)
     .await?;
-    row.map(Refund::try_from).transpose()
+    Ok(row.map(Refund::from))
 }
 
 /// A page of a payment's refunds, newest first. `None` when the cursor names no refund of it.
 pub async fn list(
     executor: impl PgExecutor<'_>,
-    payment_id: &str,
+    payment_id: &PaymentId,
     limit: i64,
-    cursor: Option<&Cursor>,
+    cursor: Option<&Cursor<RefundId>>,
 ) -> Result<Option<(Vec<Refund>, bool)>, DomainError> {
-    let (after, before) = match cursor {
-        None => (None, None),
-        Some(Cursor::After(id)) => (Some(id.as_str()), None),
-        Some(Cursor::Before(id)) => (None, Some(id.as_str())),
-    };
+    let (after, before) = Cursor::sides(cursor);
     let rows = sqlx::query!(
         r#"
         WITH cursor AS (
@@ -302,9 +361,11 @@ pub async fn list(
         )
         SELECT r.seq AS "seq?",
                (extract(epoch FROM r.created_at) * 1000000)::bigint AS "created_us?",
-               r.id AS "id?", r.account_id AS "account_id?", r.payment_id AS "payment_id?",
-               r.amount AS "amount?", r.currency AS "currency?", r.status AS "status?", r.reason,
-               r.metadata AS "metadata?", r.processor_refund_id,
+               r.id AS "id?: RefundId", r.account_id AS "account_id?: AccountId",
+               r.payment_id AS "payment_id?: PaymentId", r.amount AS "amount?: Amount",
+               r.currency AS "currency?: Currency", r.status AS "status?: RefundStatus",
+               r.reason AS "reason?: RefundReason",
+               r.metadata AS "metadata?: Json<BTreeMap<String, String>>", r.processor_refund_id,
                extract(epoch FROM r.created_at)::bigint AS "created?",
                (coalesce($3, $4) IS NULL OR EXISTS (SELECT 1 FROM cursor)) AS "cursor_found!"
           FROM (SELECT 1) one
@@ -329,10 +390,10 @@ pub async fn list(
                 LIMIT $2::bigint + 1)
           ) r ON true
         "#,
-        payment_id,
+        payment_id as &PaymentId,
         limit,
-        after,
-        before,
+        after as Option<&RefundId>,
+        before as Option<&RefundId>,
     )
     .fetch_all(executor)
     .await?;
@@ -349,12 +410,13 @@ pub async fn list(
             Some(amount),
             Some(currency),
             Some(status),
-        ) = (r.id, r.account_id, r.payment_id, r.amount, r.currency, r.status)
+            Some(metadata),
+        ) = (r.id, r.account_id, r.payment_id, r.amount, r.currency, r.status, r.metadata)
         else {
-            continue;
+            continue; // the LEFT JOIN's empty row: no refunds on this page
         };
         positions.push((r.created_us.unwrap_or_default(), r.seq.unwrap_or_default()));
-        refunds.push(Refund::try_from(RefundRow {
+        refunds.push(Refund::from(RefundRow {
             id,
             account_id,
             payment_id,
@@ -362,10 +424,10 @@ pub async fn list(
             currency,
             status,
             reason: r.reason,
-            metadata: r.metadata.unwrap_or_default(),
+            metadata,
             processor_refund_id: r.processor_refund_id,
             created: r.created.unwrap_or_default(),
-        })?);
+        }));
     }
     let refunds = in_walk_order(refunds, positions, before.is_some());
     Ok(Some(finish_page(refunds, limit, before.is_some())))

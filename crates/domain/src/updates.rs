@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 
 use idem::{Interrupted, Lease, Operation, PhaseError, RecoveryPoint, Step, StoredResponse, boxed};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use sqlx::PgConnection;
 
 use crate::DomainError;
 use crate::events::{self, EventType};
+use crate::ids::{AccountId, PaymentId};
 use crate::operations::{Context, PaymentOperation};
 use crate::payments::{self, Changes, Payment};
 use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
@@ -22,15 +22,16 @@ use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
 /// The stored name of the operation, for the completer.
 pub const UPDATE_PAYMENT: &str = "payments.update";
 
-/// The body of `PATCH /v1/payments/{id}`.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+/// The body of `PATCH /v1/payments/{id}`, and as the key stores it: a member absent stays
+/// absent, and a `null` stays `null`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PaymentPatch {
     /// `null` removes it.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
     pub description: Option<Option<String>>,
     /// Members with `null` are removed; the whole `null` removes all.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Option<BTreeMap<String, Option<String>>>>,
 }
 
@@ -77,8 +78,8 @@ pub enum Patched {
 /// transaction. The merged metadata is checked here (at most 50 pairs).
 pub async fn apply(
     tx: &mut PgConnection,
-    account_id: &str,
-    id: &str,
+    account_id: &AccountId,
+    id: &PaymentId,
     patch: &PaymentPatch,
     if_match: Option<&str>,
 ) -> Result<Patched, DomainError> {
@@ -131,14 +132,14 @@ pub fn missing_problem(id: &str) -> Problem {
 }
 
 /// The stored input of a keyed PATCH.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UpdateParams {
     /// The account.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// The payment.
-    pub payment_id: String,
-    /// The merge patch as sent (validated before the claim).
-    pub patch: Value,
+    pub payment_id: PaymentId,
+    /// The merge patch (validated before the claim).
+    pub patch: PaymentPatch,
     /// `If-Match`, when sent: checked under the payment's lock, in the phase.
     pub if_match: Option<String>,
 }
@@ -205,13 +206,7 @@ impl Operation for UpdatePayment {
 
     async fn step(&self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
         let UpdatePoint::Started = at;
-        let patch: PaymentPatch =
-            serde_json::from_value(self.params.patch.clone()).map_err(|err| {
-                Interrupted::Transient {
-                    kind: idem::TransientKind::Internal,
-                    detail: format!("stored patch does not parse: {err}"),
-                }
-            })?;
+        let patch = &self.params.patch;
         let request_id = lease.request_id().to_owned();
         lease
             .phase(|tx| {

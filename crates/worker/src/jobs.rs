@@ -14,10 +14,9 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use payments_domain::DomainError;
-use payments_domain::jobs::{self, Job};
-use payments_domain::receipts;
-use serde_json::Value;
+use payments_domain::jobs::{self, Job, ReceiptJob};
+use payments_domain::money::{Amount, Currency};
+use payments_domain::{DomainError, PaymentId, receipts};
 use sqlx::PgPool;
 
 /// The longest one send may take, the whole SMTP conversation included; a send cut off here
@@ -39,7 +38,7 @@ pub fn message_id(payment_id: &str, domain: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Receipt {
     /// The payment.
-    pub payment_id: String,
+    pub payment_id: PaymentId,
     /// Where it goes.
     pub email: String,
     /// The subject line.
@@ -122,22 +121,21 @@ pub async fn claim(pool: &PgPool, limit: u32) -> Result<Vec<Job>, DomainError> {
 pub async fn send_receipt(
     pool: &PgPool,
     mailer: &dyn Mailer,
-    payload: &Value,
+    job: &ReceiptJob,
 ) -> Result<bool, String> {
-    let payment_id = payload["payment_id"].as_str().ok_or("the job has no payment_id")?;
-    let email = payload["email"].as_str().ok_or("the job has no email")?;
+    let ReceiptJob { payment_id, email } = job;
     let payment = receipts::facts(pool, payment_id)
         .await
         .map_err(|err| err.to_string())?
         .ok_or("the payment does not exist")?;
     let receipt = Receipt {
-        payment_id: payment_id.to_owned(),
-        email: email.to_owned(),
+        payment_id: payment_id.clone(),
+        email: email.clone(),
         subject: format!("Your receipt for payment {payment_id}"),
         body: format!(
             "Thank you for your payment.\n\nPayment: {payment_id}\nAmount: {} {}\nDescription: {}\nCharge: {}\n",
-            format_amount(payment.amount, &payment.currency),
-            payment.currency.to_uppercase(),
+            format_amount(payment.amount, payment.currency),
+            payment.currency.as_str().to_uppercase(),
             payment.description.as_deref().unwrap_or("-"),
             payment.processor_charge_id.as_deref().unwrap_or("-"),
         ),
@@ -154,8 +152,9 @@ pub async fn send_receipt(
 }
 
 /// `1234` `usd` → `12.34`; zero-decimal currencies have no minor unit.
-fn format_amount(amount: i64, currency: &str) -> String {
-    if currency == "jpy" {
+fn format_amount(amount: Amount, currency: Currency) -> String {
+    let amount = amount.get();
+    if currency.as_str() == "jpy" {
         amount.to_string()
     } else {
         format!("{}.{:02}", amount / 100, amount % 100)
@@ -168,8 +167,12 @@ mod tests {
 
     #[test]
     fn amounts_are_written_in_major_units() {
-        assert_eq!(format_amount(1234, "usd"), "12.34");
-        assert_eq!(format_amount(5, "eur"), "0.05");
-        assert_eq!(format_amount(500, "jpy"), "500");
+        let written = |amount, code| {
+            let (amount, currency) = (Amount::new(amount), Currency::new(code));
+            amount.zip(currency).map(|(amount, currency)| format_amount(amount, currency))
+        };
+        assert_eq!(written(1234, "usd").as_deref(), Some("12.34"));
+        assert_eq!(written(5, "eur").as_deref(), Some("0.05"));
+        assert_eq!(written(500, "jpy").as_deref(), Some("500"));
     }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use idem::{Due, Engine, Interrupted, NoObserver};
 use payments_backoff::{Backoff, Jitter};
-use payments_domain::jobs as queue;
+use payments_domain::jobs::{self as queue, Job, WebhookJob, Work};
 use payments_domain::operations::{self, Context};
 use payments_settings::{Settings, WorkerSettings};
 use provider::{CardProcessor, ProcessorClient};
@@ -255,51 +255,27 @@ impl<P: CardProcessor> Worker<P> {
                 break;
             }
             let Some(job) = jobs::claim(&self.ctx.pool, 1).await?.pop() else { break };
-            let span = tracing::info_span!("job", job_id = job.id, kind = %job.kind, attempt = job.attempts);
-            if job.kind == "webhook" {
-                // Its own schedule (back-off to a horizon) and its own log; see `webhooks`.
-                let delivered = tracing::Instrument::instrument(
-                    self.deliverer.run(&self.ctx.pool, &job),
-                    span.clone(),
-                )
-                .await;
-                match delivered {
-                    Ok(Delivered::Done) => report.jobs_done += 1,
-                    Ok(Delivered::Retrying) => report.jobs_retried += 1,
-                    Ok(Delivered::Dead) => {
-                        tracing::error!(parent: &span, "webhook delivery dead-lettered");
-                        report.jobs_dead += 1;
-                    }
-                    Ok(Delivered::Lost) => {
-                        tracing::warn!(parent: &span, "another runner claimed the delivery meanwhile; its run decides");
-                    }
-                    // The job could not be run at all (the database failed, or its payload names
-                    // no event): retried like any job, and dead-lettered after the same bound.
-                    Err(error) => {
-                        let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
-                            >= self.settings.job_max_attempts;
-                        let delay = self.deliverer.backoff(job.attempts);
-                        queue::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead)
-                            .await?;
-                        tracing::warn!(parent: &span, error, dead, "webhook job failed");
-                        if dead {
-                            report.jobs_dead += 1;
-                        } else {
-                            report.jobs_retried += 1;
-                        }
-                    }
+            let kind = match &job.work {
+                Ok(work) => work.kind().to_string(),
+                Err(unreadable) => unreadable.kind.clone(),
+            };
+            let span = tracing::info_span!("job", job_id = job.id, %kind, attempt = job.attempts);
+            let outcome = match &job.work {
+                Ok(Work::Webhook(delivery)) => {
+                    // Its own schedule (back-off to a horizon) and its own log; see `webhooks`.
+                    self.deliver(&job, delivery, &span, report).await?;
+                    continue;
                 }
-                continue;
-            }
-            let outcome = match job.kind.as_str() {
-                "receipt" => {
+                Ok(Work::Receipt(receipt)) => {
                     tracing::Instrument::instrument(
-                        jobs::send_receipt(&self.ctx.pool, self.mailer.as_ref(), &job.payload),
+                        jobs::send_receipt(&self.ctx.pool, self.mailer.as_ref(), receipt),
                         span.clone(),
                     )
                     .await
                 }
-                other => Err(format!("unknown job kind `{other}`")),
+                // A kind this release does not know, or a payload that is not its input: failed
+                // like any job, so a newer release may still run it before it is dead-lettered.
+                Err(unreadable) => Err(unreadable.to_string()),
             };
             match outcome {
                 Ok(_) => {
@@ -324,6 +300,47 @@ impl<P: CardProcessor> Worker<P> {
                         tracing::warn!(parent: &span, error, retry_in_ms = delay.as_millis() as u64, "job failed; will retry");
                         report.jobs_retried += 1;
                     }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a claimed `webhook` job, the delivery `work`, and counts what came of it.
+    async fn deliver(
+        &self,
+        job: &Job,
+        work: &WebhookJob,
+        span: &tracing::Span,
+        report: &mut PassReport,
+    ) -> anyhow::Result<()> {
+        let delivered = tracing::Instrument::instrument(
+            self.deliverer.run(&self.ctx.pool, job, work),
+            span.clone(),
+        )
+        .await;
+        match delivered {
+            Ok(Delivered::Done) => report.jobs_done += 1,
+            Ok(Delivered::Retrying) => report.jobs_retried += 1,
+            Ok(Delivered::Dead) => {
+                tracing::error!(parent: span, "webhook delivery dead-lettered");
+                report.jobs_dead += 1;
+            }
+            Ok(Delivered::Lost) => {
+                tracing::warn!(parent: span, "another runner claimed the delivery meanwhile; its run decides");
+            }
+            // The job could not be run at all (the database failed, or it names no event):
+            // retried like any job, and dead-lettered after the same bound.
+            Err(error) => {
+                let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
+                    >= self.settings.job_max_attempts;
+                let delay = self.deliverer.backoff(job.attempts);
+                queue::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead).await?;
+                tracing::warn!(parent: span, error, dead, "webhook job failed");
+                if dead {
+                    report.jobs_dead += 1;
+                } else {
+                    report.jobs_retried += 1;
                 }
             }
         }

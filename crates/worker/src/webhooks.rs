@@ -19,10 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payments_backoff::{Backoff, Jitter};
-use payments_domain::jobs::{self, Job};
+use payments_domain::jobs::{self, Job, WebhookJob};
 use payments_domain::webhooks::{self, AddressRule, Attempt, Outcome, SIGNATURE_HEADER};
 use payments_settings::WebhookSettings;
-use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::jobs::SEND_TIMEOUT;
@@ -104,10 +103,14 @@ impl Deliverer {
         backoff.delay(u32::try_from(attempt).unwrap_or(0))
     }
 
-    /// Runs one claimed `webhook` job.
-    pub async fn run(&self, pool: &PgPool, job: &Job) -> Result<Delivered, String> {
-        let event_id = field(&job.payload, "event_id")?;
-        let endpoint_id = field(&job.payload, "endpoint_id")?;
+    /// Runs one claimed `webhook` job, the delivery `work`.
+    pub async fn run(
+        &self,
+        pool: &PgPool,
+        job: &Job,
+        work: &WebhookJob,
+    ) -> Result<Delivered, String> {
+        let WebhookJob { event_id, endpoint_id } = work;
         let found =
             webhooks::delivery(pool, event_id, endpoint_id).await.map_err(|err| err.to_string())?;
         let Some((event, endpoint, age_ms)) = found else {
@@ -193,10 +196,6 @@ async fn finish(pool: &PgPool, job: &Job, done: bool, error: &str) -> Result<Del
         (true, true) => Delivered::Done,
         (true, false) => Delivered::Dead,
     })
-}
-
-fn field<'a>(payload: &'a Value, name: &str) -> Result<&'a str, String> {
-    payload[name].as_str().ok_or_else(|| format!("the job has no {name}"))
 }
 
 fn unix_now() -> i64 {

@@ -11,12 +11,14 @@ use idem::{
     Claim, ClaimRequest, Engine, Fingerprint, IdempotencyKey, NoObserver, Operation, RecoveryPoint,
     RequestParts,
 };
+use payments_domain::money::{Amount, Currency};
 use payments_domain::operations::{
     self, CancelParams, CancelPayment, CaptureParams, CapturePayment, Context, CreatePayment,
     CreatePaymentParams, CreateRefundOp, RefundParams,
 };
-use payments_domain::payments::{CaptureMethod, CreatePaymentRequest};
-use payments_domain::refunds::CreateRefundRequest;
+use payments_domain::payments::{CaptureMethod, NewPayment};
+use payments_domain::refunds::NewRefund;
+use payments_domain::{AccountId, PaymentId};
 use payments_settings::Settings;
 use payments_worker::jobs::{Mailer, Receipt, SmtpMailer};
 use payments_worker::{PassReport, Worker};
@@ -52,7 +54,7 @@ struct Harness {
     engine: Engine,
     settings: Settings,
     mailer: Arc<CountingMailer>,
-    account: String,
+    account: AccountId,
 }
 
 async fn harness(pool: PgPool) -> Harness {
@@ -78,15 +80,7 @@ async fn harness_with(pool: PgPool, overrides: &[(&str, &str)]) -> Harness {
     let ctx = Context::new(pool.clone(), Arc::new(processor), "http://test".into());
     let engine = Engine::new(pool.clone(), settings.engine_config(), Arc::new(NoObserver));
     let (account, _, _) = payments_domain::accounts::create_account(&pool, "shop").await.unwrap();
-    Harness {
-        pool,
-        sim,
-        ctx,
-        engine,
-        settings,
-        mailer: Arc::default(),
-        account: account.id.to_string(),
-    }
+    Harness { pool, sim, ctx, engine, settings, mailer: Arc::default(), account: account.id }
 }
 
 impl Harness {
@@ -166,20 +160,20 @@ impl Harness {
     ) -> CreatePaymentParams {
         CreatePaymentParams {
             account_id: self.account.clone(),
-            request: CreatePaymentRequest {
-                amount: 1000,
-                currency: "usd".into(),
+            request: NewPayment {
+                amount: Amount::new(1000).unwrap(),
+                currency: Currency::new("usd").unwrap(),
                 payment_method: "pm_card_visa".into(),
                 capture_method,
                 description: None,
-                metadata: None,
+                metadata: Default::default(),
                 receipt_email: email.map(str::to_owned),
             },
         }
     }
 
     /// A payment made in one go; returns its id.
-    async fn paid(&self, key: &str, capture_method: CaptureMethod) -> String {
+    async fn paid(&self, key: &str, capture_method: CaptureMethod) -> PaymentId {
         let params = self.create_params(capture_method, None);
         let Claim::Acquired(lease) = self
             .claim(key, operations::CREATE_PAYMENT, &serde_json::to_value(&params).unwrap())
@@ -190,7 +184,7 @@ impl Harness {
         let answer =
             idem::drive(&CreatePayment::new(self.ctx.clone(), params), lease).await.unwrap();
         let body: Value = serde_json::from_slice(&answer.body).unwrap();
-        body["id"].as_str().unwrap().to_owned()
+        PaymentId::parse(body["id"].as_str().unwrap()).unwrap()
     }
 
     async fn stats(&self) -> Value {
@@ -307,7 +301,7 @@ async fn captures_cancels_and_refunds_abandoned_at_each_point_are_finished_once(
     }
     for (n, point) in points(&["started", "refund_created"]).into_iter().enumerate() {
         let payment_id = h.paid(&format!("pay-r{n}"), CaptureMethod::Automatic).await;
-        let request = CreateRefundRequest { amount: Some(400), ..CreateRefundRequest::default() };
+        let request = NewRefund { amount: Amount::new(400), ..NewRefund::default() };
         let params = RefundParams { account_id: h.account.clone(), payment_id, request };
         let value = serde_json::to_value(&params).unwrap();
         let key = format!("refund-{n}");

@@ -32,7 +32,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use idem::inspect;
 use maud::Markup;
-use payments_domain::{accounts, audit, jobs, receipts, webhooks};
+use payments_domain::{AccountId, accounts, audit, jobs, receipts, webhooks};
 use payments_settings::ExposeSecret as _;
 use sha2::{Digest, Sha256};
 
@@ -135,7 +135,11 @@ async fn key_page(
     };
     let pool = &state.pool;
     let key = inspect::key_detail(pool, id).await.map_err(unavailable)?.ok_or_else(not_found)?;
-    let account_name = accounts::name(pool, &key.account_id).await.map_err(unavailable)?;
+    // The engine stores its keys' accounts as text; one that is no account id names no account.
+    let account_name = match AccountId::parse(&key.account_id) {
+        Ok(account) => accounts::name(pool, &account).await.map_err(unavailable)?,
+        Err(_) => None,
+    };
     let attempts = inspect::attempts(pool, id).await.map_err(unavailable)?;
     let events = audit::for_key(pool, id).await.map_err(unavailable)?;
     let page = templates::key_page(&templates::KeyPage {

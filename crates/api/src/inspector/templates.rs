@@ -10,7 +10,7 @@ use payments_domain::Account;
 use payments_domain::audit::AuditLine;
 use payments_domain::jobs::PendingJob;
 use payments_domain::receipts::ReceiptLine;
-use payments_domain::webhooks::DeliveryLine;
+use payments_domain::webhooks::{DeliveryLine, Outcome};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -201,7 +201,7 @@ fn deliveries(deliveries: &[DeliveryLine]) -> Markup {
                     td { code { (d.endpoint_id) } " " (d.url) } td { code { (d.event_id) } }
                     td { (d.attempt) }
                     td { @if let Some(code) = d.status_code { (code) } @else { "none" } }
-                    td { @if d.outcome == "dead" { span.bad { "dead" } } @else { (d.outcome) } }
+                    td { @if d.outcome == Outcome::Dead { span.bad { "dead" } } @else { (d.outcome) } }
                     td { (d.duration_ms) } td { (d.error.as_deref().unwrap_or("")) }
                 }
             }

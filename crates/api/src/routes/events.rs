@@ -7,7 +7,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
 use payments_domain::events::{self, Event, EventType};
-use payments_domain::ids;
+use payments_domain::ids::EventId;
 use serde::{Deserialize, Serialize};
 
 use crate::app::AppState;
@@ -62,14 +62,11 @@ fn no_such_event(id: &str) -> ApiError {
 pub async fn retrieve(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(path): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    if !ids::is_well_formed(&id, "evt") {
-        return Err(no_such_event(&id));
-    }
-    let event = events::find(&state.pool, account.as_str(), &id)
-        .await?
-        .ok_or_else(|| no_such_event(&id))?;
+    let id = EventId::parse(&path).map_err(|_| no_such_event(&path))?;
+    let event =
+        events::find(&state.pool, &account, &id).await?.ok_or_else(|| no_such_event(&path))?;
     Ok(stored_response(idem::StoredResponse::json(200, event.to_json()), false))
 }
 
@@ -90,10 +87,10 @@ pub async fn list(
         starting_after: params.starting_after,
         ending_before: params.ending_before,
     }
-    .validate("evt_")?;
+    .validate::<EventId>()?;
     let mut conn = state.pool.acquire().await?;
     let (events, has_more) =
-        events::list(&mut conn, account.as_str(), event_type, page.limit, page.cursor.as_ref())
+        events::list(&mut conn, &account, event_type, page.limit, page.cursor.as_ref())
             .await?
             .ok_or_else(|| cursor_missing(&page, "event"))?;
     let data = raw_items(events.iter().map(Event::to_json))?;

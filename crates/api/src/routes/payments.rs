@@ -8,7 +8,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
-use payments_domain::ids;
+use payments_domain::ids::{self, ObjectId, PaymentId};
+use payments_domain::money::Amount;
 use payments_domain::operations::{
     self, CancelParams, CancelPayment, CancellationReason, CaptureParams, CapturePayment,
     CreatePayment, CreatePaymentParams,
@@ -41,16 +42,16 @@ pub struct ListParams {
     pub ending_before: Option<String>,
 }
 
-/// A validated page request.
+/// A validated page request over objects with ids of type `Id`.
 #[derive(Debug)]
-pub struct Page {
+pub struct Page<Id> {
     /// How many objects at most.
     pub limit: i64,
     /// Where the page starts.
-    pub cursor: Option<Cursor>,
+    pub cursor: Option<Cursor<Id>>,
 }
 
-impl Page {
+impl<Id> Page<Id> {
     /// The parameter that named the cursor, for a 404 about it.
     pub fn cursor_param(&self) -> Option<&'static str> {
         match self.cursor {
@@ -62,8 +63,8 @@ impl Page {
 }
 
 impl ListParams {
-    /// Checks the parameters; `prefix` is the id prefix of the listed objects (`pay_`).
-    pub fn validate(self, prefix: &str) -> Result<Page, ApiError> {
+    /// Checks the parameters; a cursor must be an id of the listed objects (`Id`).
+    pub fn validate<Id: ObjectId>(self) -> Result<Page<Id>, ApiError> {
         let limit = self.limit.unwrap_or(LIST_LIMIT_DEFAULT);
         if !(1..=LIST_LIMIT_MAX).contains(&limit) {
             return Err(ApiError::invalid_request(
@@ -78,27 +79,26 @@ impl ListParams {
                     "`starting_after` and `ending_before` cannot be used together.",
                 ));
             }
-            (Some(id), None) => Some(Cursor::After(check_cursor("starting_after", id, prefix)?)),
-            (None, Some(id)) => Some(Cursor::Before(check_cursor("ending_before", id, prefix)?)),
+            (Some(id), None) => Some(Cursor::After(check_cursor("starting_after", &id)?)),
+            (None, Some(id)) => Some(Cursor::Before(check_cursor("ending_before", &id)?)),
             (None, None) => None,
         };
         Ok(Page { limit: i64::from(limit), cursor })
     }
 }
 
-fn check_cursor(param: &'static str, id: String, prefix: &str) -> Result<String, ApiError> {
+fn check_cursor<Id: ObjectId>(param: &'static str, id: &str) -> Result<Id, ApiError> {
     // Checked before any query: a cursor of the wrong shape (a NUL, say) is the client's error.
-    if ids::is_well_formed(&id, prefix.trim_end_matches('_')) {
-        Ok(id)
-    } else {
-        Err(ApiError::invalid_request(
+    Id::parse(id).map_err(|_| {
+        ApiError::invalid_request(
             param,
             format!(
-                "`{param}` must be an id: `{prefix}` and up to {} letters or digits.",
+                "`{param}` must be an id: `{}_` and up to {} letters or digits.",
+                Id::PREFIX,
                 ids::ID_MAX_SUFFIX_CHARS
             ),
-        ))
-    }
+        )
+    })
 }
 
 /// The list shape every list endpoint answers with.
@@ -129,41 +129,38 @@ pub async fn create(
     State(state): State<AppState>,
     post: IdempotentPost<CreatePaymentRequest>,
 ) -> Result<Response, ApiError> {
-    post.admit(&state, post.body.value.validate()).await?;
-    let params = CreatePaymentParams {
-        account_id: post.account().to_string(),
-        request: post.body.value.clone(),
-    };
+    let request = post.admit(&state, post.body.value.validate()).await?;
+    let params = CreatePaymentParams { account_id: post.account().clone(), request };
     let operation = CreatePayment::new(state.operations.clone(), params);
     post.run(&state, operation).await
+}
+
+/// The payment a path names, if the path holds a payment's id; else the 404 for it.
+pub(crate) fn payment_id(path: &str) -> Result<PaymentId, ApiError> {
+    PaymentId::parse(path).map_err(|_| no_such_payment(path))
 }
 
 /// The payment a capture, cancel or refund acts on must exist: a 404 stores nothing.
 pub(crate) async fn require_payment<T>(
     state: &AppState,
     post: &IdempotentPost<T>,
-    id: &str,
-) -> Result<(), ApiError> {
-    if !ids::is_well_formed(id, "pay") {
-        return post.admit(state, Err(no_such_payment(id))).await;
-    }
-    let found = payments::find(&state.pool, post.account().as_str(), id).await;
-    let found = found.map_err(ApiError::from).and_then(|p| p.ok_or_else(|| no_such_payment(id)));
-    post.admit(state, found).await.map(drop)
+    path: &str,
+) -> Result<PaymentId, ApiError> {
+    let id = post.admit(state, payment_id(path)).await?;
+    let found = payments::find(&state.pool, post.account(), &id).await;
+    let found = found.map_err(ApiError::from).and_then(|p| p.ok_or_else(|| no_such_payment(path)));
+    post.admit(state, found).await.map(|_| id)
 }
 
 /// `GET /v1/payments/{id}`
 pub async fn retrieve(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(path): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    if !ids::is_well_formed(&id, "pay") {
-        return Err(no_such_payment(&id));
-    }
-    let payment = payments::find(&state.pool, account.as_str(), &id)
-        .await?
-        .ok_or_else(|| no_such_payment(&id))?;
+    let id = payment_id(&path)?;
+    let payment =
+        payments::find(&state.pool, &account, &id).await?.ok_or_else(|| no_such_payment(&path))?;
     Ok(payment_response(&payment))
 }
 
@@ -173,9 +170,9 @@ pub async fn list(
     Authenticated(account): Authenticated,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Json<List>, ApiError> {
-    let page = params.validate("pay_")?;
+    let page = params.validate::<PaymentId>()?;
     let (payments, has_more) =
-        payments::list(&state.pool, account.as_str(), page.limit, page.cursor.as_ref())
+        payments::list(&state.pool, &account, page.limit, page.cursor.as_ref())
             .await?
             .ok_or_else(|| cursor_missing(&page, "payment"))?;
     let data = raw_items(payments.iter().map(Payment::to_json))?;
@@ -193,9 +190,9 @@ pub fn raw_items(items: impl Iterator<Item = Vec<u8>>) -> Result<Vec<Box<RawValu
 }
 
 /// The 404 for a cursor that names no object of the list.
-pub fn cursor_missing(page: &Page, what: &str) -> ApiError {
+pub fn cursor_missing<Id: ObjectId>(page: &Page<Id>, what: &str) -> ApiError {
     let id = match &page.cursor {
-        Some(Cursor::After(id) | Cursor::Before(id)) => id.as_str(),
+        Some(Cursor::After(id) | Cursor::Before(id)) => id.as_ref(),
         None => "",
     };
     let error = ApiError::resource_missing(format!("No such {what}: '{id}'."));
@@ -215,7 +212,7 @@ pub use payments_domain::updates::PaymentPatch;
 pub async fn update(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(path): ApiPath<String>,
     meta: RequestMeta,
     OptionalKey(key): OptionalKey,
     headers: HeaderMap,
@@ -223,17 +220,14 @@ pub async fn update(
 ) -> Result<Response, ApiError> {
     let if_match = headers.get(header::IF_MATCH).map(|v| v.to_str().unwrap_or_default().to_owned());
     body.value.validate()?;
-    if !ids::is_well_formed(&id, "pay") {
-        return Err(no_such_payment(&id));
-    }
+    let id = payment_id(&path)?;
     let Some(key) = key else {
         let mut tx = state.pool.begin().await?;
         let patched =
-            updates::apply(&mut tx, account.as_str(), &id, &body.value, if_match.as_deref())
-                .await?;
+            updates::apply(&mut tx, &account, &id, &body.value, if_match.as_deref()).await?;
         let payment = match patched {
             Patched::Updated(payment) => payment,
-            Patched::Missing => return Err(no_such_payment(&id)),
+            Patched::Missing => return Err(no_such_payment(&path)),
             Patched::Stale { current_etag } => {
                 return Err(ApiError::from_problem(updates::stale_problem(&current_etag)));
             }
@@ -242,12 +236,9 @@ pub async fn update(
         return Ok(payment_response(&payment));
     };
     // An unknown payment stores nothing for the key, as for a capture.
-    payments::find(&state.pool, account.as_str(), &id)
-        .await?
-        .ok_or_else(|| no_such_payment(&id))?;
-    let patch: serde_json::Value = serde_json::from_slice(&body.raw)
-        .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
-    let params = UpdateParams { account_id: account.to_string(), payment_id: id, patch, if_match };
+    payments::find(&state.pool, &account, &id).await?.ok_or_else(|| no_such_payment(&path))?;
+    let patch = body.value.clone();
+    let params = UpdateParams { account_id: account.clone(), payment_id: id, patch, if_match };
     let operation = UpdatePayment::new(state.operations.public_base_url.clone(), params);
     let keyed = Keyed { account: &account, credential: None, key: &key, meta: &meta, body: &body };
     keyed.run(&state, operation).await
@@ -268,19 +259,18 @@ pub async fn capture(
     ApiPath(id): ApiPath<String>,
     post: IdempotentPost<CaptureBody>,
 ) -> Result<Response, ApiError> {
-    let amount_to_capture = post.body.value.amount_to_capture;
-    if let Some(amount) = amount_to_capture
-        && !(1..=payments_domain::money::AMOUNT_MAX).contains(&amount)
-    {
-        let invalid = ApiError::invalid_request(
-            "amount_to_capture",
-            "`amount_to_capture` must be a positive integer.",
-        );
-        return post.admit(&state, Err(invalid)).await;
-    }
-    require_payment(&state, &post, &id).await?;
+    let amount_to_capture = post.body.value.amount_to_capture.map(|amount| {
+        Amount::new(amount).ok_or_else(|| {
+            ApiError::invalid_request(
+                "amount_to_capture",
+                "`amount_to_capture` must be a positive integer.",
+            )
+        })
+    });
+    let amount_to_capture = post.admit(&state, amount_to_capture.transpose()).await?;
+    let payment_id = require_payment(&state, &post, &id).await?;
     let params =
-        CaptureParams { account_id: post.account().to_string(), payment_id: id, amount_to_capture };
+        CaptureParams { account_id: post.account().clone(), payment_id, amount_to_capture };
     let operation = CapturePayment::new(state.operations.clone(), params);
     post.run(&state, operation).await
 }
@@ -300,10 +290,10 @@ pub async fn cancel(
     ApiPath(id): ApiPath<String>,
     post: IdempotentPost<CancelBody>,
 ) -> Result<Response, ApiError> {
-    require_payment(&state, &post, &id).await?;
+    let payment_id = require_payment(&state, &post, &id).await?;
     let params = CancelParams {
-        account_id: post.account().to_string(),
-        payment_id: id,
+        account_id: post.account().clone(),
+        payment_id,
         cancellation_reason: post.body.value.cancellation_reason,
     };
     let operation = CancelPayment::new(state.operations.clone(), params);

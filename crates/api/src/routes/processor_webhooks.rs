@@ -17,6 +17,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use payments_domain::PaymentId;
 use payments_domain::processor_events::{self, Received, Refused, SIGNATURE_HEADER};
 use payments_settings::ExposeSecret;
 use serde::Serialize;
@@ -33,7 +34,8 @@ pub struct ProcessorWebhookReceipt {
     /// `duplicate` (received before; nothing changed).
     pub outcome: String,
     /// The payment the event is about, when it is one of ours.
-    pub payment: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub payment: Option<PaymentId>,
 }
 
 fn unix_now() -> i64 {
@@ -75,11 +77,11 @@ pub async fn receive(
     let received = processor_events::receive(&state.pool, &event).await?;
     let (outcome, payment) = match received {
         Received::Recorded { payment_id, woke } => {
-            tracing::info!(event_id = %event.id, event_type = event.event_type.as_str(), payment_id, woke, "processor webhook recorded");
+            tracing::info!(event_id = %event.id, event_type = %event.event_type, %payment_id, woke, "processor webhook recorded");
             ("recorded", Some(payment_id))
         }
         Received::Unmatched => {
-            tracing::info!(event_id = %event.id, event_type = event.event_type.as_str(), charge = %event.charge.id, "processor webhook about a charge that is none of ours");
+            tracing::info!(event_id = %event.id, event_type = %event.event_type, charge = %event.charge.id, "processor webhook about a charge that is none of ours");
             ("unmatched", None)
         }
         Received::Duplicate => ("duplicate", None),

@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
+use payments_domain::ids::RefundId;
 use payments_domain::operations::{CreateRefundOp, RefundParams};
 use payments_domain::payments;
 use payments_domain::refunds::{self, CreateRefundRequest};
@@ -13,7 +14,7 @@ use crate::error::ApiError;
 use crate::extract::{ApiPath, ApiQuery};
 use crate::idempotency::{IdempotentPost, stored_response};
 use crate::routes::payments::{
-    List, ListParams, cursor_missing, no_such_payment, raw_items, require_payment,
+    List, ListParams, cursor_missing, no_such_payment, payment_id, raw_items, require_payment,
 };
 
 /// `POST /v1/payments/{id}/refunds`
@@ -22,13 +23,9 @@ pub async fn create(
     ApiPath(id): ApiPath<String>,
     post: IdempotentPost<CreateRefundRequest>,
 ) -> Result<Response, ApiError> {
-    post.admit(&state, post.body.value.validate()).await?;
-    require_payment(&state, &post, &id).await?;
-    let params = RefundParams {
-        account_id: post.account().to_string(),
-        payment_id: id,
-        request: post.body.value.clone(),
-    };
+    let request = post.admit(&state, post.body.value.validate()).await?;
+    let payment_id = require_payment(&state, &post, &id).await?;
+    let params = RefundParams { account_id: post.account().clone(), payment_id, request };
     let operation = CreateRefundOp::new(state.operations.clone(), params);
     post.run(&state, operation).await
 }
@@ -37,14 +34,12 @@ pub async fn create(
 pub async fn retrieve(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(path): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let missing =
-        || ApiError::resource_missing(format!("No such refund: '{id}'.")).with_param("id");
-    if !payments_domain::ids::is_well_formed(&id, "re") {
-        return Err(missing());
-    }
-    let refund = refunds::find(&state.pool, account.as_str(), &id).await?.ok_or_else(missing)?;
+        || ApiError::resource_missing(format!("No such refund: '{path}'.")).with_param("id");
+    let id = RefundId::parse(&path).map_err(|_| missing())?;
+    let refund = refunds::find(&state.pool, &account, &id).await?.ok_or_else(missing)?;
     Ok(stored_response(idem::StoredResponse::json(200, refund.to_json()), false))
 }
 
@@ -55,16 +50,13 @@ pub async fn list(
     ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Json<List>, ApiError> {
-    let page = params.validate("re_")?;
-    if !payments_domain::ids::is_well_formed(&id, "pay") {
-        return Err(no_such_payment(&id));
-    }
-    payments::find(&state.pool, account.as_str(), &id)
-        .await?
-        .ok_or_else(|| no_such_payment(&id))?;
-    let (refunds, has_more) = refunds::list(&state.pool, &id, page.limit, page.cursor.as_ref())
-        .await?
-        .ok_or_else(|| cursor_missing(&page, "refund"))?;
+    let page = params.validate::<RefundId>()?;
+    let payment = payment_id(&id)?;
+    payments::find(&state.pool, &account, &payment).await?.ok_or_else(|| no_such_payment(&id))?;
+    let (refunds, has_more) =
+        refunds::list(&state.pool, &payment, page.limit, page.cursor.as_ref())
+            .await?
+            .ok_or_else(|| cursor_missing(&page, "refund"))?;
     let data = raw_items(refunds.iter().map(refunds::Refund::to_json))?;
     Ok(Json(List { object: "list", data, has_more, url: format!("/v1/payments/{id}/refunds") }))
 }

@@ -8,9 +8,9 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
-use payments_domain::ids;
+use payments_domain::ids::WebhookEndpointId;
 use payments_domain::webhooks::{
-    self, AddressRule, CreateEndpoint, CreateEndpointParams, EndpointStatus,
+    self, AddressRule, CreateEndpoint, CreateEndpointParams, EnabledEvents, EndpointStatus,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -68,6 +68,11 @@ fn no_such_endpoint(id: &str) -> ApiError {
     ApiError::resource_missing(format!("No such webhook endpoint: '{id}'.")).with_param("id")
 }
 
+/// The endpoint a path names, if the path holds an endpoint's id; else the 404 for it.
+fn endpoint_id(path: &str) -> Result<WebhookEndpointId, ApiError> {
+    WebhookEndpointId::parse(path).map_err(|_| no_such_endpoint(path))
+}
+
 fn rule(state: &AppState) -> AddressRule {
     AddressRule { allow_loopback: state.settings.webhooks.allow_loopback }
 }
@@ -85,18 +90,13 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     // Refusals before the claim store nothing for the key.
     let url = rule(&state).check_url(&body.value.url)?;
-    let enabled = webhooks::parse_enabled_events(&body.value.enabled_events)?;
+    let enabled_events = EnabledEvents::parse(&body.value.enabled_events)?;
     let Some(key) = key else {
         let mut conn = state.pool.acquire().await?;
-        let endpoint =
-            webhooks::create(&mut conn, account.as_str(), &url, enabled.as_deref()).await?;
+        let endpoint = webhooks::create(&mut conn, &account, &url, &enabled_events).await?;
         return Ok(stored_response(webhooks::created_answer(&endpoint), false));
     };
-    let params = CreateEndpointParams {
-        account_id: account.to_string(),
-        url: url.to_string(),
-        enabled_events: body.value.enabled_events.clone(),
-    };
+    let params = CreateEndpointParams { account_id: account.clone(), url, enabled_events };
     let operation = CreateEndpoint::new(state.operations.public_base_url.clone(), params);
     let keyed = Keyed { account: &account, credential: None, key: &key, meta: &meta, body: &body };
     keyed.run(&state, operation).await
@@ -107,7 +107,7 @@ pub async fn list(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let endpoints = webhooks::list(&state.pool, account.as_str()).await?;
+    let endpoints = webhooks::list(&state.pool, &account).await?;
     let data: Vec<_> = endpoints.iter().map(|e| e.to_value(false)).collect();
     Ok(Json(json!({
         "object": "list", "data": data, "has_more": false, "url": "/v1/webhook_endpoints"
@@ -118,14 +118,11 @@ pub async fn list(
 pub async fn retrieve(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(path): ApiPath<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    if !ids::is_well_formed(&id, "we") {
-        return Err(no_such_endpoint(&id));
-    }
-    let endpoint = webhooks::find(&state.pool, account.as_str(), &id)
-        .await?
-        .ok_or_else(|| no_such_endpoint(&id))?;
+    let id = endpoint_id(&path)?;
+    let endpoint =
+        webhooks::find(&state.pool, &account, &id).await?.ok_or_else(|| no_such_endpoint(&path))?;
     Ok(Json(endpoint.to_value(false)))
 }
 
@@ -133,17 +130,15 @@ pub async fn retrieve(
 pub async fn update(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(path): ApiPath<String>,
     body: JsonBody<UpdateWebhookEndpointRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    if !ids::is_well_formed(&id, "we") {
-        return Err(no_such_endpoint(&id));
-    }
+    let id = endpoint_id(&path)?;
     let status =
         if body.value.disabled { EndpointStatus::Disabled } else { EndpointStatus::Enabled };
-    let endpoint = webhooks::set_status(&state.pool, account.as_str(), &id, status)
+    let endpoint = webhooks::set_status(&state.pool, &account, &id, status)
         .await?
-        .ok_or_else(|| no_such_endpoint(&id))?;
+        .ok_or_else(|| no_such_endpoint(&path))?;
     Ok(Json(endpoint.to_value(false)))
 }
 
@@ -151,12 +146,11 @@ pub async fn update(
 pub async fn delete(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(path): ApiPath<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    if !ids::is_well_formed(&id, "we")
-        || !webhooks::delete(&state.pool, account.as_str(), &id).await?
-    {
-        return Err(no_such_endpoint(&id));
+    let id = endpoint_id(&path)?;
+    if !webhooks::delete(&state.pool, &account, &id).await? {
+        return Err(no_such_endpoint(&path));
     }
     Ok(Json(json!({"id": id, "object": "webhook_endpoint", "deleted": true})))
 }
@@ -165,14 +159,10 @@ pub async fn delete(
 pub async fn attempts(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(path): ApiPath<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    if !ids::is_well_formed(&id, "we") {
-        return Err(no_such_endpoint(&id));
-    }
-    webhooks::find(&state.pool, account.as_str(), &id)
-        .await?
-        .ok_or_else(|| no_such_endpoint(&id))?;
+    let id = endpoint_id(&path)?;
+    webhooks::find(&state.pool, &account, &id).await?.ok_or_else(|| no_such_endpoint(&path))?;
     let data = webhooks::attempts(&state.pool, &id, LOG_LIMIT).await?;
     Ok(Json(json!({
         "object": "list", "data": data, "has_more": false,

@@ -12,6 +12,8 @@ use sqlx::PgConnection;
 use super::reconcile::{Reconciled, adopt_or_move_on, plan_of, when_nothing_found};
 use super::{Context, LeaseInfo, current_payment, internal, problem_answer, record, unavailable};
 use crate::DomainError;
+use crate::ids::{AccountId, PaymentId};
+use crate::money::Amount;
 use crate::payments::{self, Changes, Payment, PaymentStatus};
 use crate::problems::{Problem, ProblemCode};
 
@@ -20,7 +22,7 @@ pub(super) enum Gate {
     /// The payment is now `processing`; go on. Its authorization, at the processor.
     Open {
         /// The payment.
-        payment_id: String,
+        payment_id: PaymentId,
         /// The authorized charge.
         charge_id: String,
     },
@@ -51,15 +53,15 @@ impl Gate {
 
 /// The call a capture or a cancel makes, frozen, built from the payment's id, its charge and the
 /// amount to capture.
-pub(super) type PlanCall = fn(&str, &str, Option<i64>) -> FrozenRequest;
+pub(super) type PlanCall = fn(&str, &str, Option<Amount>) -> FrozenRequest;
 
 /// The first phase of a capture or a cancel (`action`: "captured" or "canceled") of the payment
 /// `payment_id`: opens the gate ([`open_gate`]), then goes on to `next` with the call `plan`
 /// builds from the payment, its charge and `capture_amount`, frozen; or stores the refusal.
 pub(super) async fn open_phase<P: RecoveryPoint>(
     lease: &mut Lease,
-    (account_id, payment_id): (&str, &str),
-    capture_amount: Option<i64>,
+    (account_id, payment_id): (&AccountId, &PaymentId),
+    capture_amount: Option<Amount>,
     action: &'static str,
     (next, plan): (P, PlanCall),
     public_base_url: &str,
@@ -84,8 +86,8 @@ pub(super) async fn open_phase<P: RecoveryPoint>(
 /// or is being captured or canceled).
 pub(super) async fn authorized_payment<P>(
     ctx: &Context<P>,
-    account_id: &str,
-    payment_id: &str,
+    account_id: &AccountId,
+    payment_id: &PaymentId,
 ) -> Result<(Payment, String), Interrupted> {
     let payment = current_payment(&ctx.pool, account_id, payment_id).await?;
     let charge_id = payment
@@ -98,9 +100,9 @@ pub(super) async fn authorized_payment<P>(
 /// Locks the payment; refuses unless it awaits capture; marks it `processing`.
 async fn open_gate(
     tx: &mut PgConnection,
-    account_id: &str,
-    payment_id: &str,
-    capture_amount: Option<i64>,
+    account_id: &AccountId,
+    payment_id: &PaymentId,
+    capture_amount: Option<Amount>,
     action: &str,
     info: &LeaseInfo,
 ) -> Result<Gate, DomainError> {
@@ -112,7 +114,7 @@ async fn open_gate(
             ProblemCode::PaymentUnexpectedState,
             format!(
                 "The payment is `{}`; only a payment that `requires_capture` can be {action}.",
-                payment.status.as_str()
+                payment.status
             ),
         )));
     }

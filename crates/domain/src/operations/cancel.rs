@@ -12,6 +12,9 @@ use super::reconcile::{planned_call, refused_at_a_later_generation};
 use super::{LeaseInfo, payment_answer, record, refusal};
 use crate::DomainError;
 use crate::events::{self, EventType};
+use crate::ids::{AccountId, PaymentId};
+use crate::money::Amount;
+pub use crate::payments::CancellationReason;
 use crate::payments::{self, Changes, PaymentStatus};
 
 /// The stored name of a cancel.
@@ -19,45 +22,20 @@ pub const CANCEL_PAYMENT: &str = "payments.cancel";
 
 recovery_points!(CancelPoint { Started => "started", CancelStarted => "cancel_started" });
 
-/// Why a payment was canceled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum CancellationReason {
-    /// A duplicate.
-    Duplicate,
-    /// Fraud.
-    Fraudulent,
-    /// The customer asked.
-    RequestedByCustomer,
-    /// Nobody completed it.
-    Abandoned,
-}
-
-impl CancellationReason {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Duplicate => "duplicate",
-            Self::Fraudulent => "fraudulent",
-            Self::RequestedByCustomer => "requested_by_customer",
-            Self::Abandoned => "abandoned",
-        }
-    }
-}
-
 /// The stored input of a cancel.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CancelParams {
     /// The account.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// The payment.
-    pub payment_id: String,
+    pub payment_id: PaymentId,
     /// Why.
     pub cancellation_reason: Option<CancellationReason>,
 }
 
 /// The release of `charge_id`'s authorization, frozen under the payment's cancel key (a cancel
 /// has no amount: it releases the whole authorization).
-fn cancel_request(payment_id: &str, charge_id: &str, _amount: Option<i64>) -> FrozenRequest {
+fn cancel_request(payment_id: &str, charge_id: &str, _amount: Option<Amount>) -> FrozenRequest {
     RefundRequest {
         charge_id: charge_id.to_owned(),
         payment_id: payment_id.to_owned(),
@@ -79,7 +57,7 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
     async fn step(&self, lease: &mut Lease, at: CancelPoint) -> Result<(), Interrupted> {
         match at {
             CancelPoint::Started => {
-                let payment = (&*self.params.account_id, &*self.params.payment_id);
+                let payment = (&self.params.account_id, &self.params.payment_id);
                 let next = (CancelPoint::CancelStarted, cancel_request as PlanCall);
                 open_phase(lease, payment, None, "canceled", next, &self.ctx.public_base_url)
                     .await?;
@@ -112,7 +90,7 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                     other => (refused_at_a_later_generation(&request, other)?, None),
                 };
                 let problem = refusal(&outcome, &payment.id)?;
-                let reason = self.params.cancellation_reason.map(CancellationReason::as_str);
+                let reason = self.params.cancellation_reason;
                 let key = request.key.clone();
                 lease
                     .phase(|tx| {

@@ -13,6 +13,9 @@ use super::{LeaseInfo, payment_answer, record, refusal};
 use crate::DomainError;
 use crate::audit;
 use crate::events::{self, EventType};
+use crate::ids::{AccountId, PaymentId};
+use crate::jobs::Work;
+use crate::money::Amount;
 use crate::payments::{self, Changes, PaymentStatus};
 use crate::problems::{Problem, ProblemCode};
 
@@ -22,19 +25,19 @@ pub const CAPTURE_PAYMENT: &str = "payments.capture";
 recovery_points!(CapturePoint { Started => "started", CaptureStarted => "capture_started" });
 
 /// The stored input of a capture.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CaptureParams {
     /// The account.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// The payment.
-    pub payment_id: String,
+    pub payment_id: PaymentId,
     /// Default: the whole authorized amount.
-    pub amount_to_capture: Option<i64>,
+    pub amount_to_capture: Option<Amount>,
 }
 
 /// The capture of `charge_id`, frozen under the payment's capture key.
-fn capture_request(payment_id: &str, charge_id: &str, amount: Option<i64>) -> FrozenRequest {
-    FrozenRequest::capture(charge_id, amount, DownstreamKey::capture(payment_id))
+fn capture_request(payment_id: &str, charge_id: &str, amount: Option<Amount>) -> FrozenRequest {
+    FrozenRequest::capture(charge_id, amount.map(Amount::get), DownstreamKey::capture(payment_id))
 }
 
 payment_operation! {
@@ -48,7 +51,7 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
     async fn step(&self, lease: &mut Lease, at: CapturePoint) -> Result<(), Interrupted> {
         match at {
             CapturePoint::Started => {
-                let payment = (&*self.params.account_id, &*self.params.payment_id);
+                let payment = (&self.params.account_id, &self.params.payment_id);
                 let amount = self.params.amount_to_capture;
                 let next = (CapturePoint::CaptureStarted, capture_request as PlanCall);
                 open_phase(lease, payment, amount, "captured", next, &self.ctx.public_base_url)
@@ -100,8 +103,8 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                                 (Some(amount_captured), _) => {
                                     let changes = Changes { status: Some(PaymentStatus::Succeeded), amount_captured: Some(amount_captured), ..Changes::default() };
                                     let payment = payments::update(tx, &payment.id, &changes, None).await?;
-                                    if let Some(email) = &payment.receipt_email {
-                                        audit::stage_job(tx, "receipt", &payment.id, json!({"payment_id": payment.id, "email": email})).await?;
+                                    if let Some(receipt) = Work::receipt(&payment) {
+                                        audit::stage_job(tx, &receipt).await?;
                                     }
                                     record(tx, &payment.account_id, &payment.id, "payment.captured", &info, json!({"amount_captured": amount_captured, "downstream_key": key.as_str()})).await?;
                                     events::record(tx, &payment.account_id, EventType::PaymentCaptured, &payment.to_json()).await?;

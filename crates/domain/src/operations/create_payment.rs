@@ -23,8 +23,9 @@ use super::{
 use crate::DomainError;
 use crate::audit;
 use crate::events::{self, EventType};
-use crate::ids::new_id;
-use crate::payments::{self, CaptureMethod, Changes, CreatePaymentRequest, Payment, PaymentStatus};
+use crate::ids::{AccountId, PaymentId};
+use crate::jobs::Work;
+use crate::payments::{self, CaptureMethod, Changes, NewPayment, Payment, PaymentStatus};
 use crate::processor_events;
 
 /// The stored name of a payment creation.
@@ -33,12 +34,12 @@ pub const CREATE_PAYMENT: &str = "payments.create";
 recovery_points!(CreatePoint { Started => "started", PaymentCreated => "payment_created" });
 
 /// The stored input of a payment creation.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CreatePaymentParams {
     /// The account.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// The validated request.
-    pub request: CreatePaymentRequest,
+    pub request: NewPayment,
 }
 
 /// `POST /v1/payments`.
@@ -71,20 +72,25 @@ impl<P: CardProcessor> CreatePayment<P> {
 
 /// The charge request for the payment `payment_id` made of `request`, frozen under its first key.
 fn charge_request(
-    payment_id: &str,
-    request: &CreatePaymentRequest,
+    payment_id: &PaymentId,
+    request: &NewPayment,
     metadata: &BTreeMap<String, String>,
 ) -> FrozenRequest {
     ChargeRequest {
-        payment_id: payment_id.to_owned(),
-        amount: request.amount,
-        currency: request.currency.clone(),
+        payment_id: payment_id.to_string(),
+        amount: request.amount.get(),
+        currency: request.currency.to_string(),
         source: request.payment_method.clone(),
         capture: request.capture_method == CaptureMethod::Automatic,
         description: request.description.clone(),
         metadata: metadata.clone(),
     }
     .freeze(DownstreamKey::charge(payment_id))
+}
+
+/// Whether `charge` says it is the payment `payment_id`'s (`metadata[payment_id]`).
+fn is_of(charge: &Charge, payment_id: &PaymentId) -> bool {
+    charge.metadata.get("payment_id").is_some_and(|id| payment_id == id.as_str())
 }
 
 /// A charge call's outcome: what the processor answered, or what its webhook told us before we
@@ -135,9 +141,9 @@ impl<P: CardProcessor> CreatePayment<P> {
             .map_err(internal)?;
         match found {
             Some(charge)
-                if charge.metadata.get("payment_id") != Some(&payment.id)
-                    || charge.amount != payment.amount
-                    || charge.currency != payment.currency =>
+                if !is_of(&charge, &payment.id)
+                    || charge.amount != payment.amount.get()
+                    || payment.currency != charge.currency =>
             {
                 Err(Interrupted::NeedsHuman {
                     reason: format!(
@@ -178,10 +184,8 @@ impl<P: CardProcessor> CreatePayment<P> {
             .search_charges(&payment.id)
             .await
             .map_err(|err| unavailable(&err))?;
-        let ours: Vec<Charge> = found
-            .into_iter()
-            .filter(|charge| charge.metadata.get("payment_id") == Some(&payment.id))
-            .collect();
+        let ours: Vec<Charge> =
+            found.into_iter().filter(|charge| is_of(charge, &payment.id)).collect();
         let paid: Vec<&Charge> = ours.iter().filter(|charge| charge.paid).collect();
         match (paid.as_slice(), ours.first()) {
             ([charge], _) => Ok(Reconciled::Adopt((*charge).clone())),
@@ -231,7 +235,7 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
             // with the charge frozen at `payment_created`. The payment's id is made before, so
             // that the frozen charge can name it.
             CreatePoint::Started => {
-                let id = new_id("pay");
+                let id = PaymentId::generate();
                 let params = &self.params;
                 let request = charge_request(&id, &params.request, &self.ctx.charge_metadata);
                 let step = Step::Call(CreatePoint::PaymentCreated, plan_of(&request));
@@ -332,8 +336,8 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                                     }
                                     let charged = info.audit(&payment.account_id, &payment.id, "payment.charged", json!({"charge": charge.id, "downstream_key": key.as_str(), "status": status}));
                                     let payment = payments::update(tx, &payment.id, &changes, Some(&charged)).await?;
-                                    if let (PaymentStatus::Succeeded, Some(email)) = (payment.status, &payment.receipt_email) {
-                                        audit::stage_job(tx, "receipt", &payment.id, json!({"payment_id": payment.id, "email": email})).await?;
+                                    if let (PaymentStatus::Succeeded, Some(receipt)) = (payment.status, Work::receipt(&payment)) {
+                                        audit::stage_job(tx, &receipt).await?;
                                     }
                                     events::record(tx, &payment.account_id, if charge.captured { EventType::PaymentSucceeded } else { EventType::PaymentRequiresCapture }, &payment.to_json()).await?;
                                     Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(payment_answer(201, &payment, true)))

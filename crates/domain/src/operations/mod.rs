@@ -43,6 +43,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::DomainError;
 use crate::audit::{self, AuditEvent};
+use crate::ids::{AccountId, PaymentId};
 use crate::payments::{self, Payment};
 use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
 use crate::refunds::Refund;
@@ -309,8 +310,8 @@ impl LeaseInfo {
 
 async fn current_payment(
     pool: &PgPool,
-    account_id: &str,
-    payment_id: &str,
+    account_id: &AccountId,
+    payment_id: &PaymentId,
 ) -> Result<Payment, Interrupted> {
     payments::find(pool, account_id, payment_id)
         .await

@@ -2,7 +2,6 @@
 //! locks the payment and reserves the amount, so concurrent refunds under different keys can never
 //! exceed what was captured, here or at the processor.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idem::{Interrupted, Lease, Operation, PhaseError, Step, boxed};
@@ -20,10 +19,11 @@ use super::{
 };
 use crate::DomainError;
 use crate::events::{self, EventType};
-use crate::ids::new_id;
+use crate::ids::{AccountId, PaymentId, RefundId};
+use crate::money::Amount;
 use crate::payments::{self, Changes, PaymentStatus};
 use crate::problems::{Problem, ProblemCode};
-use crate::refunds::{self, CreateRefundRequest, NewRefund, Refund};
+use crate::refunds::{self, NewRefund, PendingRefund, Refund};
 
 /// The stored name of a refund.
 pub const CREATE_REFUND: &str = "refunds.create";
@@ -31,14 +31,14 @@ pub const CREATE_REFUND: &str = "refunds.create";
 recovery_points!(RefundPoint { Started => "started", RefundCreated => "refund_created" });
 
 /// The stored input of a refund.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RefundParams {
     /// The account.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// The payment.
-    pub payment_id: String,
+    pub payment_id: PaymentId,
     /// The validated request.
-    pub request: CreateRefundRequest,
+    pub request: NewRefund,
 }
 
 payment_operation! {
@@ -50,10 +50,10 @@ payment_operation! {
 fn refund_request(refund: &Refund, charge_id: &str) -> FrozenRequest {
     RefundRequest {
         charge_id: charge_id.to_owned(),
-        payment_id: refund.payment_id.clone(),
-        refund_id: Some(refund.id.clone()),
-        amount: Some(refund.amount),
-        reason: refund.reason.clone(),
+        payment_id: refund.payment_id.to_string(),
+        refund_id: Some(refund.id.to_string()),
+        amount: Some(refund.amount.get()),
+        reason: refund.reason.map(|reason| reason.to_string()),
     }
     .freeze(DownstreamKey::refund(&refund.id))
 }
@@ -72,7 +72,9 @@ impl<P: CardProcessor> CreateRefundOp<P> {
             self.ctx.processor.list_refunds(charge_id).await.map_err(|err| unavailable(&err))?;
         let mut ours: Vec<provider::Refund> = found
             .into_iter()
-            .filter(|found| found.metadata.get("refund_id") == Some(&refund.id))
+            .filter(|found| {
+                found.metadata.get("refund_id").is_some_and(|id| refund.id == id.as_str())
+            })
             .collect();
         match ours.len() {
             0 => {
@@ -109,11 +111,11 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                             if payment.status != PaymentStatus::Succeeded {
                                 return refusal(Problem::new(
                                     ProblemCode::PaymentUnexpectedState,
-                                    format!("The payment is `{}`; only a captured (`succeeded`) payment can be refunded.", payment.status.as_str()),
+                                    format!("The payment is `{}`; only a captured (`succeeded`) payment can be refunded.", payment.status),
                                 ));
                             }
                             let remaining = payment.amount_captured - payment.amount_refunded;
-                            let amount = params.request.amount.unwrap_or(remaining);
+                            let amount = params.request.amount.map_or(remaining, Amount::get);
                             if remaining == 0 || amount > remaining {
                                 return refusal(
                                     Problem::new(
@@ -124,17 +126,16 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                                 );
                             }
                             payments::update(tx, &payment.id, &Changes { refunded_delta: amount, ..Changes::default() }, None).await?;
-                            let id = new_id("re");
-                            let metadata: BTreeMap<String, String> = params.request.metadata.clone().unwrap_or_default();
-                            let refund = refunds::insert(tx, &NewRefund {
+                            let id = RefundId::generate();
+                            let refund = refunds::insert(tx, &PendingRefund {
                                 id: &id,
                                 account_id: &params.account_id,
                                 payment_id: &payment.id,
                                 key_id: info.key_id,
-                                amount,
-                                currency: &payment.currency,
+                                amount: Amount::new(amount).ok_or(DomainError::Corrupt("a refund of more than a payment can hold"))?,
+                                currency: payment.currency,
                                 reason: params.request.reason,
-                                metadata: &metadata,
+                                metadata: &params.request.metadata,
                             })
                             .await?;
                             record(tx, &params.account_id, &refund.id, "refund.created", &info, json!({"payment": payment.id, "amount": amount})).await?;
@@ -212,7 +213,7 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                                 Some((problem, code)) => {
                                     // Give the reservation back: the money did not move.
                                     let failed = refunds::settle(tx, &refund.id, None, Some(&code)).await?;
-                                    payments::update(tx, &refund.payment_id, &Changes { refunded_delta: -refund.amount, ..Changes::default() }, None).await?;
+                                    payments::update(tx, &refund.payment_id, &Changes { refunded_delta: -refund.amount.get(), ..Changes::default() }, None).await?;
                                     record(tx, &refund.account_id, &refund.id, "refund.failed", &info, json!({"detail": problem.detail})).await?;
                                     events::record(tx, &refund.account_id, EventType::RefundFailed, &failed.to_json()).await?;
                                     Step::Finish(problem_answer(&problem, &info.request_id, &base))

@@ -3,11 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::DomainError;
+use crate::ids::{AccountId, PaymentId};
 use crate::money::{AMOUNT_MAX, Amount, Currency, SUPPORTED_CURRENCIES};
+use crate::stored::text_enum;
 
 /// The payment-method tokens of test mode, as Stripe's test cards name them.
 pub const TEST_PAYMENT_METHODS: &[&str] = &[
@@ -28,8 +30,20 @@ pub const METADATA_KEY_MAX_CHARS: usize = 40;
 pub const METADATA_VALUE_MAX_CHARS: usize = 500;
 
 /// Where a payment is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    sqlx::Encode,
+    sqlx::Decode,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
 pub enum PaymentStatus {
     /// Between recovery points: a request or the completer is working on it.
     Processing,
@@ -44,28 +58,28 @@ pub enum PaymentStatus {
 }
 
 impl PaymentStatus {
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Processing => "processing",
-            Self::RequiresCapture => "requires_capture",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Canceled => "canceled",
-        }
-    }
-
-    fn parse(name: &str) -> Result<Self, DomainError> {
-        [Self::Processing, Self::RequiresCapture, Self::Succeeded, Self::Failed, Self::Canceled]
-            .into_iter()
-            .find(|s| s.as_str() == name)
-            .ok_or(DomainError::Corrupt("unknown payment status"))
-    }
+    /// Every status.
+    pub const ALL: [Self; 5] =
+        [Self::Processing, Self::RequiresCapture, Self::Succeeded, Self::Failed, Self::Canceled];
 }
 
-/// When the money moves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
+/// When the money moves. An unknown stored name is a decode error, never a default: a `manual`
+/// payment read as `automatic` would be captured with its authorization.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    Serialize,
+    Deserialize,
+    sqlx::Encode,
+    sqlx::Decode,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
 pub enum CaptureMethod {
     /// Captured with the authorization.
     #[default]
@@ -75,23 +89,43 @@ pub enum CaptureMethod {
 }
 
 impl CaptureMethod {
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Automatic => "automatic",
-            Self::Manual => "manual",
-        }
-    }
-
-    /// The method stored as `name`; an unknown name is a corrupt row, never a default (a
-    /// `manual` payment read as `automatic` would be captured with its authorization).
-    fn parse(name: &str) -> Result<Self, DomainError> {
-        [Self::Automatic, Self::Manual]
-            .into_iter()
-            .find(|m| m.as_str() == name)
-            .ok_or(DomainError::Corrupt("unknown capture method"))
-    }
+    /// Every method.
+    pub const ALL: [Self; 2] = [Self::Automatic, Self::Manual];
 }
+
+/// Why a payment was canceled.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    sqlx::Encode,
+    sqlx::Decode,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum CancellationReason {
+    /// A duplicate.
+    Duplicate,
+    /// Fraud.
+    Fraudulent,
+    /// The customer asked.
+    RequestedByCustomer,
+    /// Nobody completed it.
+    Abandoned,
+}
+
+impl CancellationReason {
+    /// Every reason.
+    pub const ALL: [Self; 4] =
+        [Self::Duplicate, Self::Fraudulent, Self::RequestedByCustomer, Self::Abandoned];
+}
+
+text_enum!(PaymentStatus, CaptureMethod, CancellationReason);
 
 /// `POST /v1/payments`, as the client sends it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -128,12 +162,13 @@ fn invalid(param: &'static str, message: impl Into<String>) -> DomainError {
 }
 
 impl CreatePaymentRequest {
-    /// Applies the rules of the API contract; the error names the parameter.
-    pub fn validate(&self) -> Result<(), DomainError> {
-        Amount::new(self.amount).ok_or_else(|| {
+    /// Applies the rules of the API contract and keeps what they parsed; the error names the
+    /// parameter.
+    pub fn validate(&self) -> Result<NewPayment, DomainError> {
+        let amount = Amount::new(self.amount).ok_or_else(|| {
             invalid("amount", format!("`amount` must be an integer from 1 to {AMOUNT_MAX}, in the currency's minor unit."))
         })?;
-        Currency::new(&self.currency).ok_or_else(|| {
+        let currency = Currency::new(&self.currency).ok_or_else(|| {
             invalid(
                 "currency",
                 format!("`currency` must be one of: {}.", SUPPORTED_CURRENCIES.join(", ")),
@@ -155,8 +190,46 @@ impl CreatePaymentRequest {
         if let Some(email) = &self.receipt_email {
             validate_email(email)?;
         }
-        Ok(())
+        Ok(NewPayment {
+            amount,
+            currency,
+            payment_method: self.payment_method.clone(),
+            capture_method: self.capture_method,
+            description: self.description.clone(),
+            metadata: self.metadata.clone().unwrap_or_default(),
+            receipt_email: self.receipt_email.clone(),
+        })
     }
+}
+
+/// A payment to create: the request as [`CreatePaymentRequest::validate`] parsed it, and as the
+/// key stores it for the completer (the members and their JSON are the request's, so that a key
+/// stored by an earlier release, which stored the request itself, reads back).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewPayment {
+    /// In the currency's minor unit.
+    pub amount: Amount,
+    /// A supported currency.
+    pub currency: Currency,
+    /// A test token.
+    pub payment_method: String,
+    /// When the money moves.
+    pub capture_method: CaptureMethod,
+    /// Free text.
+    pub description: Option<String>,
+    /// String pairs (none when the request had none).
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// Where the receipt goes once the payment succeeds.
+    pub receipt_email: Option<String>,
+}
+
+/// Metadata stored as `null` (a request without any, as an earlier release stored it) as no
+/// pairs.
+pub(crate) fn null_as_empty<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    Ok(Option::<BTreeMap<String, String>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 /// `description` is at most 1,000 characters, of text that may span lines.
@@ -255,15 +328,17 @@ fn validate_email(email: &str) -> Result<(), DomainError> {
 #[schema(as = Payment)]
 pub struct Representation<'a> {
     /// `pay_…`
-    #[schema(pattern = "^pay_")]
-    id: &'a str,
+    #[schema(value_type = String, pattern = "^pay_")]
+    id: &'a PaymentId,
     /// Always `payment`.
     #[schema(pattern = "^payment$")]
     object: &'static str,
     /// In the currency's minor unit.
-    amount: i64,
+    #[schema(value_type = i64)]
+    amount: Amount,
     /// Lower-case ISO 4217.
-    currency: &'a str,
+    #[schema(value_type = String)]
+    currency: Currency,
     status: PaymentStatus,
     capture_method: CaptureMethod,
     /// 0 until captured.
@@ -285,7 +360,8 @@ pub struct Representation<'a> {
     /// The decline message of a `failed` payment.
     failure_message: Option<&'a str>,
     /// Why a `canceled` payment was canceled.
-    cancellation_reason: Option<&'a str>,
+    #[schema(value_type = Option<String>)]
+    cancellation_reason: Option<CancellationReason>,
     /// Unix seconds.
     created: i64,
     /// Always false (test mode).
@@ -296,13 +372,13 @@ pub struct Representation<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Payment {
     /// `pay_…`
-    pub id: String,
+    pub id: PaymentId,
     /// The owner.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// Minor units.
-    pub amount: i64,
+    pub amount: Amount,
     /// ISO 4217.
-    pub currency: String,
+    pub currency: Currency,
     /// Where it is.
     pub status: PaymentStatus,
     /// When the money moves.
@@ -326,7 +402,7 @@ pub struct Payment {
     /// Decline message.
     pub failure_message: Option<String>,
     /// Why it was canceled.
-    pub cancellation_reason: Option<String>,
+    pub cancellation_reason: Option<CancellationReason>,
     /// Unix seconds.
     pub created: i64,
 }
@@ -338,7 +414,7 @@ impl Payment {
             id: &self.id,
             object: "payment",
             amount: self.amount,
-            currency: &self.currency,
+            currency: self.currency,
             status: self.status,
             capture_method: self.capture_method,
             amount_captured: self.amount_captured,
@@ -351,7 +427,7 @@ impl Payment {
             processor_charge_id: self.processor_charge_id.as_deref(),
             failure_code: self.failure_code.as_deref(),
             failure_message: self.failure_message.as_deref(),
-            cancellation_reason: self.cancellation_reason.as_deref(),
+            cancellation_reason: self.cancellation_reason,
             created: self.created,
             livemode: false,
         };
@@ -366,52 +442,51 @@ impl Payment {
     }
 }
 
+/// A row of `payments` as the queries in `store` read it: every column decoded to its type, so an
+/// unknown status, capture method, cancellation reason or currency is a decode error there.
 struct PaymentRow {
-    id: String,
-    account_id: String,
+    id: PaymentId,
+    account_id: AccountId,
     /// The key that created it: what a fenced insert checks its fence by.
     idempotency_key_id: Option<i64>,
-    amount: i64,
-    currency: String,
-    status: String,
-    capture_method: String,
+    amount: Amount,
+    currency: Currency,
+    status: PaymentStatus,
+    capture_method: CaptureMethod,
     amount_captured: i64,
     amount_refunded: i64,
     payment_method: String,
     description: Option<String>,
-    metadata: serde_json::Value,
+    metadata: sqlx::types::Json<BTreeMap<String, String>>,
     receipt_email: Option<String>,
     processor_charge_id: Option<String>,
     failure_code: Option<String>,
     failure_message: Option<String>,
-    cancellation_reason: Option<String>,
+    cancellation_reason: Option<CancellationReason>,
     created: i64,
 }
 
-impl TryFrom<PaymentRow> for Payment {
-    type Error = DomainError;
-
-    fn try_from(row: PaymentRow) -> Result<Self, DomainError> {
-        Ok(Self {
+impl From<PaymentRow> for Payment {
+    fn from(row: PaymentRow) -> Self {
+        Self {
             id: row.id,
             account_id: row.account_id,
             amount: row.amount,
             currency: row.currency,
-            status: PaymentStatus::parse(&row.status)?,
-            capture_method: CaptureMethod::parse(&row.capture_method)?,
+            status: row.status,
+            capture_method: row.capture_method,
             amount_captured: row.amount_captured,
             amount_refunded: row.amount_refunded,
             payment_method: row.payment_method,
             description: row.description,
-            metadata: serde_json::from_value(row.metadata)
-                .map_err(|_| DomainError::Corrupt("payment metadata is not string pairs"))?,
+            metadata: row.metadata.0,
             receipt_email: row.receipt_email,
             processor_charge_id: row.processor_charge_id,
             failure_code: row.failure_code,
             failure_message: row.failure_message,
             cancellation_reason: row.cancellation_reason,
             created: row.created,
-        })
+        }
     }
 }
 

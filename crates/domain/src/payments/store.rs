@@ -2,11 +2,14 @@
 
 use std::collections::BTreeMap;
 
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
 
-use super::{CreatePaymentRequest, Payment, PaymentRow, PaymentStatus};
+use super::{CancellationReason, CaptureMethod, NewPayment, Payment, PaymentRow, PaymentStatus};
 use crate::DomainError;
 use crate::audit::AuditEvent;
+use crate::ids::{AccountId, PaymentId};
+use crate::money::{Amount, Currency};
 
 /// The first phase of a new payment, as one statement that commits on its own: inserts the
 /// payment, `processing`, with its `payment.created` audit record, and ends the phase with
@@ -15,14 +18,12 @@ use crate::audit::AuditEvent;
 /// the payment.
 pub async fn insert_fenced(
     executor: impl PgExecutor<'_>,
-    id: &str,
-    account_id: &str,
+    id: &PaymentId,
+    account_id: &AccountId,
     request_id: &str,
-    request: &CreatePaymentRequest,
+    new: &NewPayment,
     fence: &serde_json::Value,
 ) -> Result<(i64, Payment), DomainError> {
-    let metadata = serde_json::to_value(request.metadata.clone().unwrap_or_default())
-        .map_err(|_| DomainError::Corrupt("metadata"))?;
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
@@ -41,21 +42,24 @@ pub async fn insert_fenced(
                    jsonb_build_object('amount', amount, 'currency', currency)
               FROM payment
         )
-        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
-               amount_captured, amount_refunded, payment_method, description, metadata,
-               receipt_email, processor_charge_id, failure_code, failure_message,
-               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
+               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
+               capture_method AS "capture_method: _", amount_captured, amount_refunded,
+               payment_method, description, metadata AS "metadata: _", receipt_email,
+               processor_charge_id, failure_code, failure_message,
+               cancellation_reason AS "cancellation_reason: _",
+               extract(epoch FROM created_at)::bigint AS "created!"
           FROM payment
         "#,
-        id,
-        account_id,
-        request.amount,
-        request.currency,
-        request.capture_method.as_str(),
-        request.payment_method,
-        request.description,
-        metadata,
-        request.receipt_email,
+        id as &PaymentId,
+        account_id as &AccountId,
+        new.amount as Amount,
+        new.currency as Currency,
+        new.capture_method as CaptureMethod,
+        new.payment_method,
+        new.description,
+        Json(&new.metadata) as Json<&BTreeMap<String, String>>,
+        new.receipt_email,
         request_id,
         fence,
     )
@@ -63,30 +67,33 @@ pub async fn insert_fenced(
     .await?;
     let key_id =
         row.idempotency_key_id.ok_or(DomainError::Corrupt("a fenced payment without its key"))?;
-    Ok((key_id, row.try_into()?))
+    Ok((key_id, row.into()))
 }
 
 /// A payment of the account.
 pub async fn find(
     executor: impl PgExecutor<'_>,
-    account_id: &str,
-    id: &str,
+    account_id: &AccountId,
+    id: &PaymentId,
 ) -> Result<Option<Payment>, DomainError> {
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
-        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
-               amount_captured, amount_refunded, payment_method, description, metadata,
-               receipt_email, processor_charge_id, failure_code, failure_message,
-               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
+               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
+               capture_method AS "capture_method: _", amount_captured, amount_refunded,
+               payment_method, description, metadata AS "metadata: _", receipt_email,
+               processor_charge_id, failure_code, failure_message,
+               cancellation_reason AS "cancellation_reason: _",
+               extract(epoch FROM created_at)::bigint AS "created!"
           FROM payments WHERE account_id = $1 AND id = $2
         "#,
-        account_id,
-        id
+        account_id as &AccountId,
+        id as &PaymentId
     )
     .fetch_optional(executor)
     .await?;
-    row.map(Payment::try_from).transpose()
+    Ok(row.map(Payment::from))
 }
 
 /// The payment created by an idempotency key.
@@ -97,53 +104,60 @@ pub async fn find_by_key(
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
-        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
-               amount_captured, amount_refunded, payment_method, description, metadata,
-               receipt_email, processor_charge_id, failure_code, failure_message,
-               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
+               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
+               capture_method AS "capture_method: _", amount_captured, amount_refunded,
+               payment_method, description, metadata AS "metadata: _", receipt_email,
+               processor_charge_id, failure_code, failure_message,
+               cancellation_reason AS "cancellation_reason: _",
+               extract(epoch FROM created_at)::bigint AS "created!"
           FROM payments WHERE idempotency_key_id = $1
         "#,
         key_id
     )
     .fetch_optional(executor)
     .await?;
-    row.map(Payment::try_from).transpose()
+    Ok(row.map(Payment::from))
 }
 
 /// Whether payment `id` exists (of any account), and the idempotency key that creates it (`None`
 /// for one created without). For news from the processor, which knows our ids, not our accounts.
 pub async fn creation_key(
     executor: impl PgExecutor<'_>,
-    id: &str,
+    id: &PaymentId,
 ) -> Result<Option<Option<i64>>, DomainError> {
-    let row = sqlx::query!("SELECT idempotency_key_id FROM payments WHERE id = $1", id)
-        .fetch_optional(executor)
-        .await?;
+    let row =
+        sqlx::query!("SELECT idempotency_key_id FROM payments WHERE id = $1", id as &PaymentId)
+            .fetch_optional(executor)
+            .await?;
     Ok(row.map(|r| r.idempotency_key_id))
 }
 
 /// A payment of the account, locked until the transaction ends.
 pub async fn lock(
     conn: &mut PgConnection,
-    account_id: &str,
-    id: &str,
+    account_id: &AccountId,
+    id: &PaymentId,
 ) -> Result<Option<Payment>, DomainError> {
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
-        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
-               amount_captured, amount_refunded, payment_method, description, metadata,
-               receipt_email, processor_charge_id, failure_code, failure_message,
-               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
+               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
+               capture_method AS "capture_method: _", amount_captured, amount_refunded,
+               payment_method, description, metadata AS "metadata: _", receipt_email,
+               processor_charge_id, failure_code, failure_message,
+               cancellation_reason AS "cancellation_reason: _",
+               extract(epoch FROM created_at)::bigint AS "created!"
           FROM payments WHERE account_id = $1 AND id = $2
            FOR UPDATE
         "#,
-        account_id,
-        id
+        account_id as &AccountId,
+        id as &PaymentId
     )
     .fetch_optional(conn)
     .await?;
-    row.map(Payment::try_from).transpose()
+    Ok(row.map(Payment::from))
 }
 
 /// The changes a phase makes to a payment; `None` leaves a column as it is.
@@ -162,7 +176,7 @@ pub struct Changes<'a> {
     /// Decline message.
     pub failure_message: Option<&'a str>,
     /// Cancel reason.
-    pub cancellation_reason: Option<&'a str>,
+    pub cancellation_reason: Option<CancellationReason>,
     /// New description: `Some(None)` removes it.
     pub description: Option<Option<&'a str>>,
     /// New metadata.
@@ -173,15 +187,10 @@ pub struct Changes<'a> {
 /// record in the same statement.
 pub async fn update(
     conn: &mut PgConnection,
-    id: &str,
+    id: &PaymentId,
     changes: &Changes<'_>,
     audit: Option<&AuditEvent<'_>>,
 ) -> Result<Payment, DomainError> {
-    let metadata = changes
-        .metadata
-        .map(serde_json::to_value)
-        .transpose()
-        .map_err(|_| DomainError::Corrupt("metadata"))?;
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
@@ -204,23 +213,26 @@ pub async fn update(
                                       idempotency_key_id, detail)
             SELECT account_id, id, $12, $13, $14, $15 FROM updated WHERE $12::text IS NOT NULL
         )
-        SELECT id, account_id, idempotency_key_id, amount, currency, status, capture_method,
-               amount_captured, amount_refunded, payment_method, description, metadata,
-               receipt_email, processor_charge_id, failure_code, failure_message,
-               cancellation_reason, extract(epoch FROM created_at)::bigint AS "created!"
+        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
+               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
+               capture_method AS "capture_method: _", amount_captured, amount_refunded,
+               payment_method, description, metadata AS "metadata: _", receipt_email,
+               processor_charge_id, failure_code, failure_message,
+               cancellation_reason AS "cancellation_reason: _",
+               extract(epoch FROM created_at)::bigint AS "created!"
           FROM updated
         "#,
-        id,
-        changes.status.map(PaymentStatus::as_str),
+        id as &PaymentId,
+        changes.status as Option<PaymentStatus>,
         changes.amount_captured,
         changes.refunded_delta,
         changes.processor_charge_id,
         changes.failure_code,
         changes.failure_message,
-        changes.cancellation_reason,
+        changes.cancellation_reason as Option<CancellationReason>,
         changes.description.is_some(),
         changes.description.flatten(),
-        metadata,
+        changes.metadata.map(Json) as Option<Json<&BTreeMap<String, String>>>,
         audit.map(|event| event.action),
         audit.map(|event| event.request_id),
         audit.map(|event| event.idempotency_key_id),
@@ -228,31 +240,38 @@ pub async fn update(
     )
     .fetch_one(conn)
     .await?;
-    row.try_into()
+    Ok(row.into())
 }
 
-/// Which side of a cursor a page lies on.
+/// Which side of a cursor a page lies on: the cursor is an object of the list, by its id.
 #[derive(Debug, Clone)]
-pub enum Cursor {
+pub enum Cursor<Id> {
     /// Older than this id.
-    After(String),
+    After(Id),
     /// Newer than this id.
-    Before(String),
+    Before(Id),
+}
+
+impl<Id> Cursor<Id> {
+    /// The id, as `(starting_after, ending_before)`.
+    pub(crate) fn sides(cursor: Option<&Self>) -> (Option<&Id>, Option<&Id>) {
+        match cursor {
+            None => (None, None),
+            Some(Cursor::After(id)) => (Some(id), None),
+            Some(Cursor::Before(id)) => (None, Some(id)),
+        }
+    }
 }
 
 /// A page of the account's payments, newest first, and whether more lie beyond it. `None` when
 /// the cursor names no payment of the account.
 pub async fn list(
     executor: impl PgExecutor<'_>,
-    account_id: &str,
+    account_id: &AccountId,
     limit: i64,
-    cursor: Option<&Cursor>,
+    cursor: Option<&Cursor<PaymentId>>,
 ) -> Result<Option<(Vec<Payment>, bool)>, DomainError> {
-    let (after, before) = match cursor {
-        None => (None, None),
-        Some(Cursor::After(id)) => (Some(id.as_str()), None),
-        Some(Cursor::Before(id)) => (None, Some(id.as_str())),
-    };
+    let (after, before) = Cursor::sides(cursor);
     // One statement: the cursor's position, whether it exists, and the page (one extra row tells
     // whether there is more), ordered by (created_at, seq). Each direction is its own branch, a
     // walk of (account_id, created_at DESC, seq DESC) from the cursor that stops at `limit + 1`
@@ -268,13 +287,15 @@ pub async fn list(
         )
         SELECT p.seq AS "seq?",
                (extract(epoch FROM p.created_at) * 1000000)::bigint AS "created_us?",
-               p.id AS "id?", p.account_id AS "account_id?", p.idempotency_key_id,
-               p.amount AS "amount?",
-               p.currency AS "currency?", p.status AS "status?", p.capture_method AS "capture_method?",
+               p.id AS "id?: PaymentId", p.account_id AS "account_id?: AccountId",
+               p.idempotency_key_id, p.amount AS "amount?: Amount",
+               p.currency AS "currency?: Currency", p.status AS "status?: PaymentStatus",
+               p.capture_method AS "capture_method?: CaptureMethod",
                p.amount_captured AS "amount_captured?", p.amount_refunded AS "amount_refunded?",
-               p.payment_method AS "payment_method?", p.description, p.metadata AS "metadata?",
+               p.payment_method AS "payment_method?", p.description,
+               p.metadata AS "metadata?: Json<BTreeMap<String, String>>",
                p.receipt_email, p.processor_charge_id, p.failure_code, p.failure_message,
-               p.cancellation_reason,
+               p.cancellation_reason AS "cancellation_reason?: CancellationReason",
                extract(epoch FROM p.created_at)::bigint AS "created?",
                (coalesce($3, $4) IS NULL OR EXISTS (SELECT 1 FROM cursor)) AS "cursor_found!"
           FROM (SELECT 1) one
@@ -299,10 +320,10 @@ pub async fn list(
                 LIMIT $2::bigint + 1)
           ) p ON true
         "#,
-        account_id,
+        account_id as &AccountId,
         limit,
-        after,
-        before,
+        after as Option<&PaymentId>,
+        before as Option<&PaymentId>,
     )
     .fetch_all(executor)
     .await?;
@@ -319,12 +340,13 @@ pub async fn list(
             Some(currency),
             Some(status),
             Some(capture_method),
-        ) = (r.id, r.account_id, r.amount, r.currency, r.status, r.capture_method)
+            Some(metadata),
+        ) = (r.id, r.account_id, r.amount, r.currency, r.status, r.capture_method, r.metadata)
         else {
             continue; // the LEFT JOIN's empty row: no payments on this page
         };
         positions.push((r.created_us.unwrap_or_default(), r.seq.unwrap_or_default()));
-        payments.push(Payment::try_from(PaymentRow {
+        payments.push(Payment::from(PaymentRow {
             id,
             account_id,
             idempotency_key_id: r.idempotency_key_id,
@@ -336,14 +358,14 @@ pub async fn list(
             amount_refunded: r.amount_refunded.unwrap_or_default(),
             payment_method: r.payment_method.unwrap_or_default(),
             description: r.description,
-            metadata: r.metadata.unwrap_or_default(),
+            metadata,
             receipt_email: r.receipt_email,
             processor_charge_id: r.processor_charge_id,
             failure_code: r.failure_code,
             failure_message: r.failure_message,
             cancellation_reason: r.cancellation_reason,
             created: r.created.unwrap_or_default(),
-        })?);
+        }));
     }
     let payments = in_walk_order(payments, positions, before.is_some());
     Ok(Some(finish_page(payments, limit, before.is_some())))

@@ -80,50 +80,19 @@ fn the_etag_follows_the_representation() {
     assert!(Payment::etag_of(b"{}").starts_with('"'));
 }
 
-fn row(capture_method: &str) -> PaymentRow {
-    PaymentRow {
-        id: "pay_1".into(),
-        account_id: "acct_1".into(),
-        idempotency_key_id: None,
-        amount: 500,
-        currency: "usd".into(),
-        status: "requires_capture".into(),
-        capture_method: capture_method.into(),
-        amount_captured: 0,
-        amount_refunded: 0,
-        payment_method: "pm_card_visa".into(),
-        description: None,
-        metadata: serde_json::json!({}),
-        receipt_email: None,
-        processor_charge_id: None,
-        failure_code: None,
-        failure_message: None,
-        cancellation_reason: None,
-        created: 0,
-    }
-}
-
 #[test]
-fn an_unknown_stored_capture_method_is_an_error_not_a_default() {
-    let manual = Payment::try_from(row("manual")).expect("a manual payment reads");
-    assert_eq!(manual.capture_method, CaptureMethod::Manual);
-    let automatic = Payment::try_from(row("automatic")).expect("an automatic payment reads");
-    assert_eq!(automatic.capture_method, CaptureMethod::Automatic);
-    for unknown in ["delayed", "", "Manual"] {
-        assert!(
-            matches!(
-                Payment::try_from(row(unknown)),
-                Err(DomainError::Corrupt("unknown capture method"))
-            ),
-            "{unknown:?}"
-        );
+fn a_valid_request_keeps_what_its_rules_parsed() {
+    let metadata = BTreeMap::from([("order".to_owned(), "42".to_owned())]);
+    let valid = CreatePaymentRequest {
+        currency: "eur".into(),
+        capture_method: CaptureMethod::Manual,
+        metadata: Some(metadata.clone()),
+        ..request()
     }
-}
-
-#[test]
-fn an_unknown_stored_status_is_an_error() {
-    assert!(matches!(
-        Payment::try_from(PaymentRow { status: "pending".into(), ..row("manual") }),
-        Err(DomainError::Corrupt("unknown payment status"))
-    ));
+    .validate()
+    .expect("the request is valid");
+    assert_eq!(valid.amount, Amount::new(500).expect("500 is an amount"));
+    assert_eq!(valid.currency, Currency::new("eur").expect("eur is supported"));
+    assert_eq!((valid.capture_method, valid.metadata), (CaptureMethod::Manual, metadata));
+    assert!(request().validate().expect("valid").metadata.is_empty());
 }

@@ -3,8 +3,9 @@
 use idem::{Interrupted, Lease, Operation, PhaseError, Step, StoredResponse, boxed};
 use serde::{Deserialize, Serialize};
 
-use super::{Endpoint, create, parse_enabled_events};
+use super::{EnabledEvents, Endpoint, create};
 use crate::DomainError;
+use crate::ids::AccountId;
 use crate::operations::{Context, PaymentOperation};
 use crate::problems::{Problem, ProblemCode};
 use crate::updates::{UpdatePoint, problem_answer};
@@ -13,14 +14,14 @@ use crate::updates::{UpdatePoint, problem_answer};
 pub const CREATE_ENDPOINT: &str = "webhook_endpoints.create";
 
 /// The stored input of a keyed `POST /v1/webhook_endpoints`, checked before the claim.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CreateEndpointParams {
     /// The account.
-    pub account_id: String,
-    /// The URL, as [`AddressRule::check_url`] accepted it.
-    pub url: String,
-    /// `enabled_events` as sent.
-    pub enabled_events: Vec<String>,
+    pub account_id: AccountId,
+    /// The URL, as [`AddressRule::check_url`](super::AddressRule::check_url) accepted it.
+    pub url: url::Url,
+    /// The types delivered.
+    pub enabled_events: EnabledEvents,
 }
 
 /// `POST /v1/webhook_endpoints` with an `Idempotency-Key`: one phase registers the endpoint and
@@ -66,12 +67,7 @@ impl Operation for CreateEndpoint {
 
     async fn step(&self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
         let UpdatePoint::Started = at;
-        let unreadable = |what: &str| Interrupted::NeedsHuman {
-            reason: format!("the stored {what} of an endpoint creation does not parse"),
-        };
-        let url = url::Url::parse(&self.params.url).map_err(|_| unreadable("url"))?;
-        let enabled = parse_enabled_events(&self.params.enabled_events)
-            .map_err(|_| unreadable("enabled_events"))?;
+        let (url, enabled) = (&self.params.url, &self.params.enabled_events);
         let request_id = lease.request_id().to_owned();
         lease
             .phase(|tx| {
@@ -79,7 +75,7 @@ impl Operation for CreateEndpoint {
                     (self.params.account_id.clone(), url.clone(), enabled.clone());
                 let (request_id, base) = (request_id.clone(), self.public_base_url.clone());
                 boxed(async move {
-                    let answer = match create(tx, &account_id, &url, enabled.as_deref()).await {
+                    let answer = match create(tx, &account_id, &url, &enabled).await {
                         Ok(endpoint) => created_answer(&endpoint),
                         // The account's bound: this key's answer.
                         Err(DomainError::Invalid { param, message }) => problem_answer(

@@ -1,13 +1,18 @@
 //! The delivery log (`webhook_attempts`): one row per attempt to deliver an event to an
 //! endpoint, appended by the worker and read by the API and the inspector.
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::PgExecutor;
 
 use crate::DomainError;
+use crate::ids::{AccountId, EventId, WebhookEndpointId};
+use crate::stored::text_enum;
 
 /// What became of a delivery after one attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Encode, sqlx::Decode)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
 pub enum Outcome {
     /// A 2xx answer: done.
     Delivered,
@@ -18,23 +23,19 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// As stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Delivered => "delivered",
-            Self::Retrying => "retrying",
-            Self::Dead => "dead",
-        }
-    }
+    /// Every outcome.
+    pub const ALL: [Self; 3] = [Self::Delivered, Self::Retrying, Self::Dead];
 }
+
+text_enum!(Outcome);
 
 /// One attempt, for the delivery log.
 #[derive(Debug, Clone)]
 pub struct Attempt<'a> {
     /// The endpoint.
-    pub endpoint_id: &'a str,
+    pub endpoint_id: &'a WebhookEndpointId,
     /// The event.
-    pub event_id: &'a str,
+    pub event_id: &'a EventId,
     /// 1 for the first attempt.
     pub attempt: i32,
     /// The receiver's status, when it answered.
@@ -56,13 +57,13 @@ pub async fn log_attempt(
         "INSERT INTO webhook_attempts
              (endpoint_id, event_id, attempt, status_code, error, duration_ms, outcome)
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        attempt.endpoint_id,
-        attempt.event_id,
+        attempt.endpoint_id as &WebhookEndpointId,
+        attempt.event_id as &EventId,
         attempt.attempt,
         attempt.status_code.map(i32::from),
         attempt.error,
         i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX),
-        attempt.outcome.as_str(),
+        attempt.outcome as Outcome,
     )
     .execute(executor)
     .await?;
@@ -73,15 +74,16 @@ pub async fn log_attempt(
 /// API shows them.
 pub async fn attempts(
     executor: impl PgExecutor<'_>,
-    endpoint_id: &str,
+    endpoint_id: &WebhookEndpointId,
     limit: i64,
 ) -> Result<Vec<Value>, DomainError> {
     let rows = sqlx::query!(
-        r#"SELECT event_id, attempt, status_code, error, duration_ms, outcome,
+        r#"SELECT event_id AS "event_id: EventId", attempt, status_code, error, duration_ms,
+                  outcome AS "outcome: Outcome",
                   extract(epoch FROM created_at)::bigint AS "created!"
              FROM webhook_attempts WHERE endpoint_id = $1
             ORDER BY seq DESC LIMIT $2"#,
-        endpoint_id,
+        endpoint_id as &WebhookEndpointId,
         limit,
     )
     .fetch_all(executor)
@@ -107,21 +109,21 @@ pub async fn attempts(
 #[derive(Debug, Clone)]
 pub struct DeliveryLine {
     /// The endpoint.
-    pub endpoint_id: String,
+    pub endpoint_id: WebhookEndpointId,
     /// The endpoint's account.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// The endpoint's URL.
     pub url: String,
     /// The event.
-    pub event_id: String,
+    pub event_id: EventId,
     /// 1 for the first attempt.
     pub attempt: i32,
     /// The receiver's status, when it answered.
     pub status_code: Option<i32>,
     /// Why it failed, when it did.
     pub error: Option<String>,
-    /// What became of the delivery (`Outcome::as_str`).
-    pub outcome: String,
+    /// What became of the delivery.
+    pub outcome: Outcome,
     /// How long it took.
     pub duration_ms: i64,
     /// When (UTC).
@@ -136,8 +138,9 @@ pub async fn recent_deliveries(
     let lines = sqlx::query_as!(
         DeliveryLine,
         r#"
-        SELECT a.endpoint_id, w.account_id, w.url, a.event_id, a.attempt, a.status_code, a.error,
-               a.outcome, a.duration_ms,
+        SELECT a.endpoint_id AS "endpoint_id: _", w.account_id AS "account_id: _", w.url,
+               a.event_id AS "event_id: _", a.attempt, a.status_code, a.error,
+               a.outcome AS "outcome: _", a.duration_ms,
                to_char(a.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') AS "at!"
           FROM webhook_attempts a JOIN webhook_endpoints w ON w.id = a.endpoint_id
          ORDER BY a.seq DESC LIMIT $1

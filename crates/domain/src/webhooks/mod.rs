@@ -8,12 +8,17 @@
 
 use std::net::IpAddr;
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Value, json};
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgValueRef};
+use sqlx::{PgConnection, PgExecutor, Postgres};
 
 use crate::DomainError;
-use crate::events::{Event, EventType};
-use crate::ids;
+use crate::events::{Event, EventRow, EventType};
+use crate::ids::{self, AccountId, EventId, WebhookEndpointId};
+use crate::stored::text_enum;
 
 mod create;
 mod log;
@@ -123,7 +128,9 @@ impl AddressRule {
 }
 
 /// Whether an endpoint receives deliveries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Encode, sqlx::Decode)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
 pub enum EndpointStatus {
     /// Events are delivered.
     Enabled,
@@ -132,20 +139,90 @@ pub enum EndpointStatus {
 }
 
 impl EndpointStatus {
-    /// As stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Enabled => "enabled",
-            Self::Disabled => "disabled",
+    /// Every status.
+    pub const ALL: [Self; 2] = [Self::Enabled, Self::Disabled];
+}
+
+text_enum!(EndpointStatus);
+
+/// The event types an endpoint receives: every type, or the ones listed. On the wire and in its
+/// column (`text[]`) it is the list of names, `["*"]` for every type; a stored list that does not
+/// parse is a decode error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnabledEvents {
+    /// Every type (`["*"]`).
+    All,
+    /// These types, each once, in the order given.
+    Only(Vec<EventType>),
+}
+
+impl EnabledEvents {
+    /// Parses `enabled_events`: `["*"]` or a non-empty list of known types.
+    pub fn parse(names: &[String]) -> Result<Self, DomainError> {
+        let invalid = |message: String| DomainError::Invalid { param: "enabled_events", message };
+        if names.is_empty() {
+            return Err(invalid("`enabled_events` must name at least one type, or `*`.".into()));
         }
+        if names.iter().any(|n| n == "*") {
+            return if names.len() == 1 {
+                Ok(Self::All)
+            } else {
+                Err(invalid("`*` stands alone in `enabled_events`.".into()))
+            };
+        }
+        let mut types = Vec::with_capacity(names.len());
+        for name in names {
+            let t = EventType::parse(name)
+                .ok_or_else(|| invalid(format!("`{name}` is not an event type.")))?;
+            if !types.contains(&t) {
+                types.push(t);
+            }
+        }
+        Ok(Self::Only(types))
     }
 
-    fn parse(text: &str) -> Result<Self, DomainError> {
-        match text {
-            "enabled" => Ok(Self::Enabled),
-            "disabled" => Ok(Self::Disabled),
-            _ => Err(DomainError::Corrupt("webhook_endpoints.status")),
+    /// The names, as sent and stored.
+    pub fn names(&self) -> Vec<String> {
+        match self {
+            Self::All => vec!["*".to_owned()],
+            Self::Only(types) => types.iter().map(EventType::to_string).collect(),
         }
+    }
+}
+
+impl Serialize for EnabledEvents {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.names().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for EnabledEvents {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let names = Vec::<String>::deserialize(deserializer)?;
+        Self::parse(&names).map_err(serde::de::Error::custom)
+    }
+}
+
+impl sqlx::Type<Postgres> for EnabledEvents {
+    fn type_info() -> PgTypeInfo {
+        <Vec<String> as sqlx::Type<Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &PgTypeInfo) -> bool {
+        <Vec<String> as sqlx::Type<Postgres>>::compatible(ty)
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for EnabledEvents {
+    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        <Vec<String> as sqlx::Encode<Postgres>>::encode(self.names(), buf)
+    }
+}
+
+impl sqlx::Decode<'_, Postgres> for EnabledEvents {
+    fn decode(value: PgValueRef<'_>) -> Result<Self, BoxDynError> {
+        let names = <Vec<String> as sqlx::Decode<Postgres>>::decode(value)?;
+        Ok(Self::parse(&names)?)
     }
 }
 
@@ -153,13 +230,13 @@ impl EndpointStatus {
 #[derive(Debug, Clone)]
 pub struct Endpoint {
     /// `we_…`
-    pub id: String,
+    pub id: WebhookEndpointId,
     /// The owner.
-    pub account_id: String,
+    pub account_id: AccountId,
     /// Where deliveries are posted.
     pub url: String,
-    /// The types delivered; `None` means every type (`["*"]`).
-    pub enabled_events: Option<Vec<EventType>>,
+    /// The types delivered.
+    pub enabled_events: EnabledEvents,
     /// `whsec_…`: shown once, at creation.
     pub secret: String,
     /// Enabled or disabled.
@@ -171,16 +248,12 @@ pub struct Endpoint {
 impl Endpoint {
     /// The public representation; the secret only when `with_secret` (the creation's answer).
     pub fn to_value(&self, with_secret: bool) -> Value {
-        let enabled: Vec<&str> = match &self.enabled_events {
-            None => vec!["*"],
-            Some(types) => types.iter().map(|t| t.as_str()).collect(),
-        };
         let mut value = json!({
             "id": self.id,
             "object": "webhook_endpoint",
             "url": self.url,
-            "enabled_events": enabled,
-            "status": self.status.as_str(),
+            "enabled_events": self.enabled_events,
+            "status": self.status,
             "created": self.created,
         });
         if with_secret {
@@ -190,88 +263,33 @@ impl Endpoint {
     }
 }
 
-/// Parses `enabled_events`: `["*"]` or a non-empty list of known types.
-pub fn parse_enabled_events(names: &[String]) -> Result<Option<Vec<EventType>>, DomainError> {
-    let invalid = |message: String| DomainError::Invalid { param: "enabled_events", message };
-    if names.is_empty() {
-        return Err(invalid("`enabled_events` must name at least one type, or `*`.".into()));
-    }
-    if names.iter().any(|n| n == "*") {
-        return if names.len() == 1 {
-            Ok(None)
-        } else {
-            Err(invalid("`*` stands alone in `enabled_events`.".into()))
-        };
-    }
-    let mut types = Vec::with_capacity(names.len());
-    for name in names {
-        let t = EventType::parse(name)
-            .ok_or_else(|| invalid(format!("`{name}` is not an event type.")))?;
-        if !types.contains(&t) {
-            types.push(t);
-        }
-    }
-    Ok(Some(types))
-}
-
-struct EndpointRow {
-    id: String,
-    account_id: String,
-    url: String,
-    enabled_events: Vec<String>,
-    secret: String,
-    status: String,
-    created: i64,
-}
-
-impl TryFrom<EndpointRow> for Endpoint {
-    type Error = DomainError;
-
-    fn try_from(row: EndpointRow) -> Result<Self, DomainError> {
-        let enabled_events = parse_enabled_events(&row.enabled_events)
-            .map_err(|_| DomainError::Corrupt("webhook_endpoints.enabled_events"))?;
-        Ok(Self {
-            id: row.id,
-            account_id: row.account_id,
-            url: row.url,
-            enabled_events,
-            secret: row.secret,
-            status: EndpointStatus::parse(&row.status)?,
-            created: row.created,
-        })
-    }
-}
-
 /// Registers an endpoint with a fresh secret. The URL must have passed [`AddressRule::check_url`].
 pub async fn create(
     conn: &mut PgConnection,
-    account_id: &str,
+    account_id: &AccountId,
     url: &url::Url,
-    enabled_events: Option<&[EventType]>,
+    enabled_events: &EnabledEvents,
 ) -> Result<Endpoint, DomainError> {
-    let names: Vec<String> = match enabled_events {
-        None => vec!["*".to_owned()],
-        Some(types) => types.iter().map(|t| t.as_str().to_owned()).collect(),
-    };
-    let id = ids::new_id("we");
+    let id = WebhookEndpointId::generate();
     let secret = ids::with_random_suffix("whsec", 32);
     // The count and the insert in one statement, under the account's row lock, so that two
     // concurrent creations cannot both pass the bound.
-    let row = sqlx::query_as!(
-        EndpointRow,
+    let endpoint = sqlx::query_as!(
+        Endpoint,
         r#"
         WITH owner AS (SELECT id FROM accounts WHERE id = $2 FOR UPDATE)
         INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret)
         SELECT $1, owner.id, $3, $4, $5 FROM owner
          WHERE (SELECT count(*) FROM webhook_endpoints
                  WHERE account_id = $2 AND deleted_at IS NULL) < $6
-        RETURNING id, account_id, url, enabled_events, secret, status,
+        RETURNING id AS "id: _", account_id AS "account_id: _", url,
+                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
                   extract(epoch FROM created_at)::bigint AS "created!"
         "#,
-        id,
-        account_id,
+        &id as &WebhookEndpointId,
+        account_id as &AccountId,
         url.as_str(),
-        &names,
+        enabled_events as &EnabledEvents,
         secret,
         MAX_ENDPOINTS_PER_ACCOUNT,
     )
@@ -283,82 +301,85 @@ pub async fn create(
             "An account has at most {MAX_ENDPOINTS_PER_ACCOUNT} webhook endpoints; delete one first."
         ),
     })?;
-    row.try_into()
+    Ok(endpoint)
 }
 
 /// The account's endpoint of this id, unless deleted.
 pub async fn find(
     executor: impl PgExecutor<'_>,
-    account_id: &str,
-    id: &str,
+    account_id: &AccountId,
+    id: &WebhookEndpointId,
 ) -> Result<Option<Endpoint>, DomainError> {
-    let row = sqlx::query_as!(
-        EndpointRow,
-        r#"SELECT id, account_id, url, enabled_events, secret, status,
+    let endpoint = sqlx::query_as!(
+        Endpoint,
+        r#"SELECT id AS "id: _", account_id AS "account_id: _", url,
+                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
                   extract(epoch FROM created_at)::bigint AS "created!"
              FROM webhook_endpoints
             WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL"#,
-        id,
-        account_id,
+        id as &WebhookEndpointId,
+        account_id as &AccountId,
     )
     .fetch_optional(executor)
     .await?;
-    row.map(Endpoint::try_from).transpose()
+    Ok(endpoint)
 }
 
 /// The account's endpoints, newest first (at most [`MAX_ENDPOINTS_PER_ACCOUNT`]).
 pub async fn list(
     executor: impl PgExecutor<'_>,
-    account_id: &str,
+    account_id: &AccountId,
 ) -> Result<Vec<Endpoint>, DomainError> {
-    let rows = sqlx::query_as!(
-        EndpointRow,
-        r#"SELECT id, account_id, url, enabled_events, secret, status,
+    let endpoints = sqlx::query_as!(
+        Endpoint,
+        r#"SELECT id AS "id: _", account_id AS "account_id: _", url,
+                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
                   extract(epoch FROM created_at)::bigint AS "created!"
              FROM webhook_endpoints
             WHERE account_id = $1 AND deleted_at IS NULL
             ORDER BY seq DESC"#,
-        account_id,
+        account_id as &AccountId,
     )
     .fetch_all(executor)
     .await?;
-    rows.into_iter().map(Endpoint::try_from).collect()
+    Ok(endpoints)
 }
 
 /// Sets an endpoint's status; `None` when the account has no such endpoint.
 pub async fn set_status(
     executor: impl PgExecutor<'_>,
-    account_id: &str,
-    id: &str,
+    account_id: &AccountId,
+    id: &WebhookEndpointId,
     status: EndpointStatus,
 ) -> Result<Option<Endpoint>, DomainError> {
-    let row = sqlx::query_as!(
-        EndpointRow,
+    let endpoint = sqlx::query_as!(
+        Endpoint,
         r#"UPDATE webhook_endpoints SET status = $3
             WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
-        RETURNING id, account_id, url, enabled_events, secret, status,
+        RETURNING id AS "id: _", account_id AS "account_id: _", url,
+                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
                   extract(epoch FROM created_at)::bigint AS "created!""#,
-        id,
-        account_id,
-        status.as_str(),
+        id as &WebhookEndpointId,
+        account_id as &AccountId,
+        status as EndpointStatus,
     )
     .fetch_optional(executor)
     .await?;
-    row.map(Endpoint::try_from).transpose()
+    Ok(endpoint)
 }
 
 /// Deletes an endpoint (kept for its delivery log, never delivered to again); false when the
 /// account has no such endpoint.
 pub async fn delete(
     executor: impl PgExecutor<'_>,
-    account_id: &str,
-    id: &str,
+    account_id: &AccountId,
+    id: &WebhookEndpointId,
 ) -> Result<bool, DomainError> {
     let deleted = sqlx::query!(
         "UPDATE webhook_endpoints SET deleted_at = now()
           WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL",
-        id,
-        account_id,
+        id as &WebhookEndpointId,
+        account_id as &AccountId,
     )
     .execute(executor)
     .await?
@@ -370,42 +391,48 @@ pub async fn delete(
 /// deleted or disabled since the event: nothing is delivered then).
 pub async fn delivery(
     executor: impl PgExecutor<'_>,
-    event_id: &str,
-    endpoint_id: &str,
+    event_id: &EventId,
+    endpoint_id: &WebhookEndpointId,
 ) -> Result<Option<(Event, Option<Endpoint>, i64)>, DomainError> {
     let row = sqlx::query!(
-        r#"SELECT e.id, e.account_id, e.type AS kind, e.object,
+        r#"SELECT e.id AS "id: EventId", e.account_id AS "account_id: AccountId",
+                  e.type AS "event_type: EventType", e.object,
                   extract(epoch FROM e.created_at)::bigint AS "created!",
                   (extract(epoch FROM now() - e.created_at) * 1000)::bigint AS "age_ms!",
-                  w.id AS "endpoint_id?", w.url AS "url?", w.enabled_events AS "enabled_events?",
-                  w.secret AS "secret?", w.status AS "status?",
+                  w.id AS "endpoint_id?: WebhookEndpointId", w.url AS "url?",
+                  w.enabled_events AS "enabled_events?: EnabledEvents",
+                  w.secret AS "secret?", w.status AS "status?: EndpointStatus",
                   extract(epoch FROM w.created_at)::bigint AS "endpoint_created?"
              FROM events e
              LEFT JOIN webhook_endpoints w
                ON w.id = $2 AND w.account_id = e.account_id AND w.deleted_at IS NULL
               AND w.status = 'enabled'
             WHERE e.id = $1"#,
-        event_id,
-        endpoint_id,
+        event_id as &EventId,
+        endpoint_id as &WebhookEndpointId,
     )
     .fetch_optional(executor)
     .await?;
     let Some(r) = row else { return Ok(None) };
     let endpoint = match (r.endpoint_id, r.url, r.enabled_events, r.secret, r.status) {
-        (Some(id), Some(url), Some(enabled_events), Some(secret), Some(status)) => {
-            Some(Endpoint::try_from(EndpointRow {
-                id,
-                account_id: r.account_id.clone(),
-                url,
-                enabled_events,
-                secret,
-                status,
-                created: r.endpoint_created.unwrap_or_default(),
-            })?)
-        }
+        (Some(id), Some(url), Some(enabled_events), Some(secret), Some(status)) => Some(Endpoint {
+            id,
+            account_id: r.account_id.clone(),
+            url,
+            enabled_events,
+            secret,
+            status,
+            created: r.endpoint_created.unwrap_or_default(),
+        }),
         _ => None,
     };
-    let event = Event::try_from_parts(r.id, r.account_id, &r.kind, r.object, r.created)?;
+    let event = Event::from(EventRow {
+        id: r.id,
+        account_id: r.account_id,
+        event_type: r.event_type,
+        object: r.object,
+        created: r.created,
+    });
     Ok(Some((event, endpoint, r.age_ms)))
 }
 
@@ -477,11 +504,23 @@ mod tests {
 
     #[test]
     fn enabled_events_are_a_star_alone_or_known_types() {
-        assert_eq!(parse_enabled_events(&["*".into()]).ok(), Some(None));
-        assert!(parse_enabled_events(&[]).is_err());
-        assert!(parse_enabled_events(&["*".into(), "payment.failed".into()]).is_err());
-        assert!(parse_enabled_events(&["payment.nope".into()]).is_err());
-        let parsed = parse_enabled_events(&["payment.failed".into(), "payment.failed".into()]);
-        assert_eq!(parsed.ok(), Some(Some(vec![EventType::PaymentFailed])));
+        assert_eq!(EnabledEvents::parse(&["*".into()]).ok(), Some(EnabledEvents::All));
+        assert!(EnabledEvents::parse(&[]).is_err());
+        assert!(EnabledEvents::parse(&["*".into(), "payment.failed".into()]).is_err());
+        assert!(EnabledEvents::parse(&["payment.nope".into()]).is_err());
+        let parsed = EnabledEvents::parse(&["payment.failed".into(), "payment.failed".into()]);
+        assert_eq!(parsed.ok(), Some(EnabledEvents::Only(vec![EventType::PaymentFailed])));
+    }
+
+    #[test]
+    fn enabled_events_are_their_names_in_json() {
+        let only = EnabledEvents::Only(vec![EventType::RefundFailed, EventType::PaymentFailed]);
+        for (events, json) in
+            [(EnabledEvents::All, r#"["*"]"#), (only, r#"["refund.failed","payment.failed"]"#)]
+        {
+            assert_eq!(serde_json::to_string(&events).ok().as_deref(), Some(json));
+            assert_eq!(serde_json::from_str::<EnabledEvents>(json).ok(), Some(events));
+        }
+        assert!(serde_json::from_str::<EnabledEvents>(r#"["payment.nope"]"#).is_err());
     }
 }
