@@ -22,8 +22,9 @@ use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
 /// The stored name of the operation, for the completer.
 pub const UPDATE_PAYMENT: &str = "payments.update";
 
-/// The body of `PATCH /v1/payments/{id}`, and as the key stores it: a member absent stays
-/// absent, and a `null` stays `null`.
+// Also the patch as a key stores it: a member absent stays absent, and a `null` stays `null`.
+// (Not a doc comment: the doc is the OpenAPI document's description.)
+/// The body of `PATCH /v1/payments/{id}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PaymentPatch {

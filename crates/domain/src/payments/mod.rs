@@ -63,8 +63,10 @@ impl PaymentStatus {
         [Self::Processing, Self::RequiresCapture, Self::Succeeded, Self::Failed, Self::Canceled];
 }
 
-/// When the money moves. An unknown stored name is a decode error, never a default: a `manual`
-/// payment read as `automatic` would be captured with its authorization.
+// An unknown stored name is a decode error, never a default: a `manual` payment read as
+// `automatic` would be captured with its authorization. (Not a doc comment: the doc is the
+// OpenAPI document's description.)
+/// When the money moves.
 #[derive(
     Debug,
     Clone,
