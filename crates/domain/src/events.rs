@@ -7,7 +7,6 @@
 //! `<event>:<endpoint>`), so the fan-out commits with the event and the worker's staged-job
 //! runner delivers it at least once (see [`crate::webhooks`]).
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgExecutor};
 
@@ -17,60 +16,29 @@ use crate::jobs::JobKind;
 use crate::payments::Cursor;
 use crate::stored::{from_name, text_enum};
 
-/// What happened. The names are the public `type` of an event, and the stored one.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Encode, sqlx::Decode,
-)]
-pub enum EventType {
-    /// A payment was charged and captured at once.
-    #[serde(rename = "payment.succeeded")]
-    #[sqlx(rename = "payment.succeeded")]
-    PaymentSucceeded,
-    /// A payment was authorized; a capture is due.
-    #[serde(rename = "payment.requires_capture")]
-    #[sqlx(rename = "payment.requires_capture")]
-    PaymentRequiresCapture,
-    /// A payment failed (declined, refused by the processor).
-    #[serde(rename = "payment.failed")]
-    #[sqlx(rename = "payment.failed")]
-    PaymentFailed,
-    /// An authorized payment was captured.
-    #[serde(rename = "payment.captured")]
-    #[sqlx(rename = "payment.captured")]
-    PaymentCaptured,
-    /// An authorized payment was released.
-    #[serde(rename = "payment.canceled")]
-    #[sqlx(rename = "payment.canceled")]
-    PaymentCanceled,
-    /// A payment's description or metadata changed (`PATCH`).
-    #[serde(rename = "payment.updated")]
-    #[sqlx(rename = "payment.updated")]
-    PaymentUpdated,
-    /// A refund moved the money back.
-    #[serde(rename = "refund.succeeded")]
-    #[sqlx(rename = "refund.succeeded")]
-    RefundSucceeded,
-    /// A refund was refused; the reservation was given back.
-    #[serde(rename = "refund.failed")]
-    #[sqlx(rename = "refund.failed")]
-    RefundFailed,
+text_enum! {
+    /// What happened. The names are the public `type` of an event, and the stored one.
+    pub enum EventType {
+        /// A payment was charged and captured at once.
+        PaymentSucceeded = "payment.succeeded",
+        /// A payment was authorized; a capture is due.
+        PaymentRequiresCapture = "payment.requires_capture",
+        /// A payment failed (declined, refused by the processor).
+        PaymentFailed = "payment.failed",
+        /// An authorized payment was captured.
+        PaymentCaptured = "payment.captured",
+        /// An authorized payment was released.
+        PaymentCanceled = "payment.canceled",
+        /// A payment's description or metadata changed (`PATCH`).
+        PaymentUpdated = "payment.updated",
+        /// A refund moved the money back.
+        RefundSucceeded = "refund.succeeded",
+        /// A refund was refused; the reservation was given back.
+        RefundFailed = "refund.failed",
+    }
 }
 
-text_enum!(EventType);
-
 impl EventType {
-    /// Every type, in the documented order.
-    pub const ALL: [Self; 8] = [
-        Self::PaymentSucceeded,
-        Self::PaymentRequiresCapture,
-        Self::PaymentFailed,
-        Self::PaymentCaptured,
-        Self::PaymentCanceled,
-        Self::PaymentUpdated,
-        Self::RefundSucceeded,
-        Self::RefundFailed,
-    ];
-
     /// The type of this public name, such as `payment.succeeded`; `None` for a name no event
     /// has.
     pub fn parse(name: &str) -> Option<Self> {

@@ -18,23 +18,15 @@ use crate::ids::{EventId, PaymentId, WebhookEndpointId};
 use crate::payments::Payment;
 use crate::stored::text_enum;
 
-/// What a job is, as its `kind` column names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Encode, sqlx::Decode)]
-#[serde(rename_all = "snake_case")]
-#[sqlx(rename_all = "snake_case")]
-pub enum JobKind {
-    /// Send a payment's receipt.
-    Receipt,
-    /// Deliver an event to a webhook endpoint.
-    Webhook,
+text_enum! {
+    /// What a job is, as its `kind` column names it.
+    pub enum JobKind {
+        /// Send a payment's receipt.
+        Receipt,
+        /// Deliver an event to a webhook endpoint.
+        Webhook,
+    }
 }
-
-impl JobKind {
-    /// Every kind.
-    pub const ALL: [Self; 2] = [Self::Receipt, Self::Webhook];
-}
-
-text_enum!(JobKind);
 
 /// A job's work: its kind with its input, the row's `payload`. The variants are named as
 /// [`JobKind`] names them: a row is the externally tagged form of its work split in two columns.

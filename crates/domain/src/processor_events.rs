@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use provider::Charge;
 use provider::signature::{self, SignatureError};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 use sqlx::{PgExecutor, PgPool};
 
@@ -30,33 +30,21 @@ use crate::stored::{from_name, text_enum};
 /// The header the processor's signature travels in.
 pub use provider::signature::STRIPE_SIGNATURE_HEADER as SIGNATURE_HEADER;
 
-/// What the processor tells us about a charge, by the processor's names (stored as they are).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Encode, sqlx::Decode)]
-pub enum ChargeEventType {
-    /// A charge was made and authorized (captured at once or not).
-    #[serde(rename = "charge.succeeded")]
-    #[sqlx(rename = "charge.succeeded")]
-    Succeeded,
-    /// A charge was made and declined.
-    #[serde(rename = "charge.failed")]
-    #[sqlx(rename = "charge.failed")]
-    Failed,
-    /// An authorized charge was captured.
-    #[serde(rename = "charge.captured")]
-    #[sqlx(rename = "charge.captured")]
-    Captured,
-    /// A charge was refunded, or its authorization released.
-    #[serde(rename = "charge.refunded")]
-    #[sqlx(rename = "charge.refunded")]
-    Refunded,
+text_enum! {
+    /// What the processor tells us about a charge, by the processor's names (stored as they are).
+    pub enum ChargeEventType {
+        /// A charge was made and authorized (captured at once or not).
+        Succeeded = "charge.succeeded",
+        /// A charge was made and declined.
+        Failed = "charge.failed",
+        /// An authorized charge was captured.
+        Captured = "charge.captured",
+        /// A charge was refunded, or its authorization released.
+        Refunded = "charge.refunded",
+    }
 }
 
-text_enum!(ChargeEventType);
-
 impl ChargeEventType {
-    /// Every type accepted.
-    pub const ALL: [Self; 4] = [Self::Succeeded, Self::Failed, Self::Captured, Self::Refunded];
-
     /// The type of this name; `None` for one we do not take.
     pub fn parse(name: &str) -> Option<Self> {
         from_name(name)

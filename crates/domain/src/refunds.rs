@@ -12,54 +12,30 @@ use crate::money::{AMOUNT_MAX, Amount, Currency};
 use crate::payments::{Cursor, finish_page, in_walk_order, null_as_empty, validate_metadata};
 use crate::stored::text_enum;
 
-/// Why a refund was made.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    sqlx::Encode,
-    sqlx::Decode,
-    utoipa::ToSchema,
-)]
-#[serde(rename_all = "snake_case")]
-#[sqlx(rename_all = "snake_case")]
-pub enum RefundReason {
-    /// A duplicate charge.
-    Duplicate,
-    /// Fraud.
-    Fraudulent,
-    /// The customer asked.
-    RequestedByCustomer,
+text_enum! {
+    /// Why a refund was made.
+    #[derive(utoipa::ToSchema)]
+    pub enum RefundReason {
+        /// A duplicate charge.
+        Duplicate,
+        /// Fraud.
+        Fraudulent,
+        /// The customer asked.
+        RequestedByCustomer,
+    }
 }
 
-impl RefundReason {
-    /// Every reason.
-    pub const ALL: [Self; 3] = [Self::Duplicate, Self::Fraudulent, Self::RequestedByCustomer];
+text_enum! {
+    /// Where a refund is.
+    pub enum RefundStatus {
+        /// Reserved against the payment; the processor has not answered yet.
+        Pending,
+        /// The money moved back.
+        Succeeded,
+        /// The processor refused it; the reservation was given back.
+        Failed,
+    }
 }
-
-/// Where a refund is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Encode, sqlx::Decode)]
-#[serde(rename_all = "snake_case")]
-#[sqlx(rename_all = "snake_case")]
-pub enum RefundStatus {
-    /// Reserved against the payment; the processor has not answered yet.
-    Pending,
-    /// The money moved back.
-    Succeeded,
-    /// The processor refused it; the reservation was given back.
-    Failed,
-}
-
-impl RefundStatus {
-    /// Every status.
-    pub const ALL: [Self; 3] = [Self::Pending, Self::Succeeded, Self::Failed];
-}
-
-text_enum!(RefundReason, RefundStatus);
 
 /// `POST /v1/payments/{id}/refunds`, as the client sends it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -1,10 +1,9 @@
 //! How the domain's enums are stored: as `text`, under the names serde gives them on the wire.
 //!
-//! Each stored enum derives serde's `Serialize`/`Deserialize` and sqlx's `Encode`/`Decode` with
-//! the same renaming, so a value has one name in the public JSON and in its column, and a test
-//! per enum holds the two together. A name this code does not know, read from a column, is a
-//! decode error, never a default. [`text_enum!`] gives each enum its column type and a
-//! `Display` by that name.
+//! Each stored enum is declared with [`text_enum!`], which derives serde's `Serialize` and
+//! `Deserialize` and sqlx's `Encode` and `Decode` with the same renaming, so a value has one name
+//! in the public JSON and in its column (a test holds the two together for every value). A name
+//! this code does not know, read from a column, is a decode error, never a default.
 //!
 //! (sqlx's `derive(Type)` with `type_name = "text"` would name the type instead of pointing at
 //! Postgres' builtin one, so sqlx would look its oid up, once per connection, before the first
@@ -13,27 +12,61 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-/// Gives enums that derive sqlx's `Encode` and `Decode` the column type `text` (Postgres'
-/// builtin type, so binding one costs no lookup), and a `Display` by their stored name.
+/// Declares an enum stored as text: its derives (serde's and sqlx's, with one renaming, so the
+/// public name is the stored one), `ALL` (every value, in the order declared), the column type
+/// `text` (Postgres' builtin type, so binding one costs no lookup) and a `Display` by its name.
+/// Names are snake case; `Variant = "name"` names a variant otherwise. Further derives (such as
+/// `utoipa::ToSchema`) go with the enum's other attributes.
 macro_rules! text_enum {
-    ($($ty:ty),+ $(,)?) => {
-        $(
-            impl sqlx::Type<sqlx::Postgres> for $ty {
-                fn type_info() -> sqlx::postgres::PgTypeInfo {
-                    <str as sqlx::Type<sqlx::Postgres>>::type_info()
-                }
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $( $(#[$variant_meta:meta])* $variant:ident $(= $text:literal)? ),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(
+            Debug,
+            Clone,
+            Copy,
+            PartialEq,
+            Eq,
+            Hash,
+            serde::Serialize,
+            serde::Deserialize,
+            sqlx::Encode,
+            sqlx::Decode,
+        )]
+        #[serde(rename_all = "snake_case")]
+        #[sqlx(rename_all = "snake_case")]
+        pub enum $name {
+            $(
+                $(#[$variant_meta])*
+                $( #[serde(rename = $text)] #[sqlx(rename = $text)] )?
+                $variant,
+            )+
+        }
 
-                fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
-                    <str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
-                }
+        impl $name {
+            /// Every value, in the order declared.
+            pub const ALL: [Self; [$(stringify!($variant)),+].len()] = [$(Self::$variant),+];
+        }
+
+        impl sqlx::Type<sqlx::Postgres> for $name {
+            fn type_info() -> sqlx::postgres::PgTypeInfo {
+                <str as sqlx::Type<sqlx::Postgres>>::type_info()
             }
 
-            impl std::fmt::Display for $ty {
-                fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str(&$crate::stored::name_of(self))
-                }
+            fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+                <str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
             }
-        )+
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&$crate::stored::name_of(self))
+            }
+        }
     };
 }
 pub(crate) use text_enum;

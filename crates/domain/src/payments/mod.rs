@@ -29,105 +29,52 @@ pub const METADATA_KEY_MAX_CHARS: usize = 40;
 /// A metadata value's longest length.
 pub const METADATA_VALUE_MAX_CHARS: usize = 500;
 
-/// Where a payment is in its life.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    sqlx::Encode,
-    sqlx::Decode,
-    utoipa::ToSchema,
-)]
-#[serde(rename_all = "snake_case")]
-#[sqlx(rename_all = "snake_case")]
-pub enum PaymentStatus {
-    /// Between recovery points: a request or the completer is working on it.
-    Processing,
-    /// Authorized; waits for a capture or a cancel.
-    RequiresCapture,
-    /// Captured.
-    Succeeded,
-    /// Declined or refused by the processor.
-    Failed,
-    /// The authorization was released.
-    Canceled,
-}
-
-impl PaymentStatus {
-    /// Every status.
-    pub const ALL: [Self; 5] =
-        [Self::Processing, Self::RequiresCapture, Self::Succeeded, Self::Failed, Self::Canceled];
+text_enum! {
+    /// Where a payment is in its life.
+    #[derive(utoipa::ToSchema)]
+    pub enum PaymentStatus {
+        /// Between recovery points: a request or the completer is working on it.
+        Processing,
+        /// Authorized; waits for a capture or a cancel.
+        RequiresCapture,
+        /// Captured.
+        Succeeded,
+        /// Declined or refused by the processor.
+        Failed,
+        /// The authorization was released.
+        Canceled,
+    }
 }
 
 // An unknown stored name is a decode error, never a default: a `manual` payment read as
 // `automatic` would be captured with its authorization. (Not a doc comment: the doc is the
 // OpenAPI document's description.)
-/// When the money moves.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    Serialize,
-    Deserialize,
-    sqlx::Encode,
-    sqlx::Decode,
-    utoipa::ToSchema,
-)]
-#[serde(rename_all = "snake_case")]
-#[sqlx(rename_all = "snake_case")]
-pub enum CaptureMethod {
-    /// Captured with the authorization.
-    #[default]
-    Automatic,
-    /// Authorized now, captured by a later `capture`.
-    Manual,
+text_enum! {
+    /// When the money moves.
+    #[derive(Default, utoipa::ToSchema)]
+    pub enum CaptureMethod {
+        /// Captured with the authorization.
+        #[default]
+        Automatic,
+        /// Authorized now, captured by a later `capture`.
+        Manual,
+    }
 }
 
-impl CaptureMethod {
-    /// Every method.
-    pub const ALL: [Self; 2] = [Self::Automatic, Self::Manual];
+text_enum! {
+    /// Why a payment was canceled.
+    #[derive(utoipa::ToSchema)]
+    pub enum CancellationReason {
+        /// A duplicate.
+        Duplicate,
+        /// Fraud.
+        Fraudulent,
+        /// The customer asked.
+        RequestedByCustomer,
+        /// Nobody completed it.
+        Abandoned,
+    }
 }
-
-/// Why a payment was canceled.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Serialize,
-    Deserialize,
-    sqlx::Encode,
-    sqlx::Decode,
-    utoipa::ToSchema,
-)]
-#[serde(rename_all = "snake_case")]
-#[sqlx(rename_all = "snake_case")]
-pub enum CancellationReason {
-    /// A duplicate.
-    Duplicate,
-    /// Fraud.
-    Fraudulent,
-    /// The customer asked.
-    RequestedByCustomer,
-    /// Nobody completed it.
-    Abandoned,
-}
-
-impl CancellationReason {
-    /// Every reason.
-    pub const ALL: [Self; 4] =
-        [Self::Duplicate, Self::Fraudulent, Self::RequestedByCustomer, Self::Abandoned];
-}
-
-text_enum!(PaymentStatus, CaptureMethod, CancellationReason);
 
 /// `POST /v1/payments`, as the client sends it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -1,7 +1,6 @@
 //! The delivery log (`webhook_attempts`): one row per attempt to deliver an event to an
 //! endpoint, appended by the worker and read by the API and the inspector.
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::PgExecutor;
 
@@ -9,25 +8,17 @@ use crate::DomainError;
 use crate::ids::{AccountId, EventId, WebhookEndpointId};
 use crate::stored::text_enum;
 
-/// What became of a delivery after one attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Encode, sqlx::Decode)]
-#[serde(rename_all = "snake_case")]
-#[sqlx(rename_all = "snake_case")]
-pub enum Outcome {
-    /// A 2xx answer: done.
-    Delivered,
-    /// Failed; another attempt is scheduled.
-    Retrying,
-    /// Failed past the horizon (or refused by the address rule): dead-lettered.
-    Dead,
+text_enum! {
+    /// What became of a delivery after one attempt.
+    pub enum Outcome {
+        /// A 2xx answer: done.
+        Delivered,
+        /// Failed; another attempt is scheduled.
+        Retrying,
+        /// Failed past the horizon (or refused by the address rule): dead-lettered.
+        Dead,
+    }
 }
-
-impl Outcome {
-    /// Every outcome.
-    pub const ALL: [Self; 3] = [Self::Delivered, Self::Retrying, Self::Dead];
-}
-
-text_enum!(Outcome);
 
 /// One attempt, for the delivery log.
 #[derive(Debug, Clone)]

@@ -127,23 +127,15 @@ impl AddressRule {
     }
 }
 
-/// Whether an endpoint receives deliveries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Encode, sqlx::Decode)]
-#[serde(rename_all = "snake_case")]
-#[sqlx(rename_all = "snake_case")]
-pub enum EndpointStatus {
-    /// Events are delivered.
-    Enabled,
-    /// Nothing is delivered; deliveries already due are dropped.
-    Disabled,
+text_enum! {
+    /// Whether an endpoint receives deliveries.
+    pub enum EndpointStatus {
+        /// Events are delivered.
+        Enabled,
+        /// Nothing is delivered; deliveries already due are dropped.
+        Disabled,
+    }
 }
-
-impl EndpointStatus {
-    /// Every status.
-    pub const ALL: [Self; 2] = [Self::Enabled, Self::Disabled];
-}
-
-text_enum!(EndpointStatus);
 
 /// The event types an endpoint receives: every type, or the ones listed. On the wire and in its
 /// column (`text[]`) it is the list of names, `["*"]` for every type; a stored list that does not
