@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
@@ -131,7 +130,7 @@ pub async fn stage(conn: &mut PgConnection, work: &Work) -> Result<(), DomainErr
          ON CONFLICT (kind, dedupe_key) DO NOTHING",
         work.kind() as JobKind,
         work.dedupe_key(),
-        Json(payload) as Json<Value>,
+        payload,
     )
     .execute(conn)
     .await?;
