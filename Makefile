@@ -23,7 +23,7 @@ run:
 test:
 	@scripts/test.sh
 
-# docs/crash-demo.md: a payment killed at a failpoint after the processor charged, the key in the
+# docs/watching-it.md: a payment killed at a failpoint after the processor charged, the key in the
 # inspector at its recovery point, the retry finishing it with one charge. Builds with failpoints.
 demo-crash:
 	@scripts/demo-crash.sh
