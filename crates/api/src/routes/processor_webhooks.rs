@@ -78,6 +78,11 @@ pub async fn receive(
             tracing::info!(event_id = %event.id, event_type = event.event_type.as_str(), payment_id, woke, "processor webhook recorded");
             ("recorded", Some(payment_id))
         }
+        // Logged and audited as an error by `receive`; the event itself is recorded.
+        Received::ExtraCharge { payment_id, charge_id } => {
+            tracing::warn!(event_id = %event.id, payment_id, charge = %charge_id, "processor webhook reports a second charge for a payment");
+            ("recorded", Some(payment_id))
+        }
         Received::Unmatched => {
             tracing::info!(event_id = %event.id, event_type = event.event_type.as_str(), charge = %event.charge.id, "processor webhook about a charge that is none of ours");
             ("unmatched", None)

@@ -24,7 +24,9 @@ use crate::DomainError;
 use crate::audit;
 use crate::events::{self, EventType};
 use crate::ids::new_id;
-use crate::payments::{self, CaptureMethod, Changes, CreatePaymentRequest, Payment, PaymentStatus};
+use crate::payments::{
+    self, CaptureMethod, Changes, ChargeRecord, CreatePaymentRequest, Payment, PaymentStatus,
+};
 use crate::problems::Problem;
 use crate::processor_events;
 
@@ -403,6 +405,20 @@ impl Phase for Charged<'_> {
             json!({"charge": charge.id, "downstream_key": self.key.as_str(), "status": status});
         let audit = info.audit(&payment.account_id, &payment.id, "payment.charged", detail);
         let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
+        // The update holds the payment's row, as `processor_events::receive` does: news of
+        // another charge for it is seen here, or sees this one.
+        if let Some((other, other_key)) =
+            processor_events::other_succeeded_charge(&mut *tx, &payment.id, &charge.id).await?
+        {
+            let record = ChargeRecord {
+                account_id: payment.account_id.clone(),
+                key_id: Some(info.key_id),
+                charge_id: Some(charge.id.clone()),
+            };
+            let (extra, found_by) = ((&*other, other_key.as_deref()), ("phase", &*info.request_id));
+            processor_events::extra_charge(tx, &payment.id, &record, &charge.id, extra, found_by)
+                .await?;
+        }
         if let (PaymentStatus::Succeeded, Some(email)) = (payment.status, &payment.receipt_email) {
             let receipt = json!({"payment_id": payment.id, "email": email});
             audit::stage_job(tx, "receipt", &payment.id, receipt).await?;

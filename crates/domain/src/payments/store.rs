@@ -110,16 +110,37 @@ pub async fn find_by_key(
     row.map(Payment::try_from).transpose()
 }
 
-/// Whether payment `id` exists (of any account), and the idempotency key that creates it (`None`
-/// for one created without). For news from the processor, which knows our ids, not our accounts.
-pub async fn creation_key(
-    executor: impl PgExecutor<'_>,
+/// What news from the processor about a payment needs to know of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeRecord {
+    /// The payment's account.
+    pub account_id: String,
+    /// The idempotency key that creates it (`None` for one created without).
+    pub key_id: Option<i64>,
+    /// The processor's charge recorded for it, once a phase recorded one.
+    pub charge_id: Option<String>,
+}
+
+/// Payment `id` (of any account: the processor knows our ids, not our accounts) as news from the
+/// processor needs it, locked until the transaction ends: the phase that records a charge locks
+/// the same row, so news of a charge and the record of another one cannot pass each other
+/// unseen (`processor_events::receive`).
+pub async fn lock_for_news(
+    conn: &mut PgConnection,
     id: &str,
-) -> Result<Option<Option<i64>>, DomainError> {
-    let row = sqlx::query!("SELECT idempotency_key_id FROM payments WHERE id = $1", id)
-        .fetch_optional(executor)
-        .await?;
-    Ok(row.map(|r| r.idempotency_key_id))
+) -> Result<Option<ChargeRecord>, DomainError> {
+    let row = sqlx::query!(
+        "SELECT account_id, idempotency_key_id, processor_charge_id FROM payments WHERE id = $1
+            FOR UPDATE",
+        id
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|r| ChargeRecord {
+        account_id: r.account_id,
+        key_id: r.idempotency_key_id,
+        charge_id: r.processor_charge_id,
+    }))
 }
 
 /// A payment of the account, locked until the transaction ends.
