@@ -147,3 +147,14 @@ fn the_payment_schema_names_every_member_the_api_sends() {
         assert!(payment[&member].is_object(), "Payment lacks {member}: {payment:#}");
     }
 }
+
+#[test]
+fn an_optional_body_is_one_that_may_be_absent_not_null() {
+    let document = rendered(&defaults());
+    let capture = &document["paths"]["/v1/payments/{id}/capture"]["post"]["requestBody"];
+    assert_eq!(capture["required"], false, "{capture:#}");
+    let schema = &capture["content"]["application/json"]["schema"];
+    assert_eq!(schema["$ref"], "#/components/schemas/CaptureBody", "{schema:#}");
+    let create = &document["paths"]["/v1/payments"]["post"]["requestBody"];
+    assert_eq!(create["required"], true, "{create:#}");
+}
