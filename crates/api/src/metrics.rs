@@ -40,7 +40,9 @@ pub async fn track(request: Request, next: Next) -> Response {
     operation_id = "metrics",
     tag = "operations",
     summary = "Prometheus metrics (text exposition format)",
-    responses((status = 200, description = crate::openapi::OK, body = String, content_type = "text/plain"))
+    responses(
+        (status = 200, description = crate::openapi::OK, body = String, content_type = "text/plain")
+    )
 )]
 pub async fn render() -> Response {
     (
