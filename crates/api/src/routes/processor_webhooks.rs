@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::app::AppState;
 use crate::error::{ApiError, ProblemCode};
+use crate::openapi::{OK, Problems, ProcessorEvent, Public, code, param};
 
 /// The answer to a verified delivery.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -50,6 +51,26 @@ fn refusal(refused: &Refused) -> ApiError {
 }
 
 /// `POST /webhooks/processor`
+#[utoipa::path(
+    post,
+    path = "/webhooks/processor",
+    operation_id = "receiveProcessorWebhook",
+    tag = "webhooks",
+    summary = "The card processor's webhooks (charge.succeeded, charge.failed, charge.captured, \
+               charge.refunded), signed with Stripe-Signature; recorded once per event id",
+    params(param::StripeSignature),
+    request_body(content = ProcessorEvent, content_type = "application/json"),
+    responses(
+        (status = 200, description = OK, body = ProcessorWebhookReceipt),
+        Problems<Public, (
+            code::InvalidRequest,
+            code::ResourceMissing,
+            code::PayloadTooLarge,
+            code::InternalError,
+            code::ServiceUnavailable,
+        )>,
+    )
+)]
 pub async fn receive(
     State(state): State<AppState>,
     headers: HeaderMap,
