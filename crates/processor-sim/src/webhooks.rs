@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::Sim;
-use super::state::new_id;
+use crate::ledger::new_id;
 use provider::signature::{STRIPE_SIGNATURE_HEADER, sign};
 
 /// Attempts per delivery before the stand-in gives up on it (Stripe tries for three days).
