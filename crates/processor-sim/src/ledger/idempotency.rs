@@ -123,14 +123,7 @@ impl Answer {
              first used with. Try using a key other than '{key}' if you meant to execute a \
              different request."
         );
-        let body = json!({"error": {"type": "idempotency_error", "message": message}});
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            body,
-            replayed: false,
-            executed: false,
-            kept: false,
-        }
+        Self::refused_by_the_rules("idempotency_error", &message)
     }
 
     /// Stripe's refusal of an idempotency key longer than it keeps.
@@ -138,7 +131,13 @@ impl Answer {
         let message = format!(
             "Keys for idempotent requests can be at most {MAX_KEY_LENGTH} characters long."
         );
-        let body = json!({"error": {"type": "invalid_request_error", "message": message}});
+        Self::refused_by_the_rules("invalid_request_error", &message)
+    }
+
+    /// A 400 of the rules themselves, before the operation began: never kept, and without a
+    /// code, as Stripe sends it.
+    fn refused_by_the_rules(type_: &str, message: &str) -> Self {
+        let body = json!({"error": {"type": type_, "message": message}});
         Self {
             status: StatusCode::BAD_REQUEST,
             body,
