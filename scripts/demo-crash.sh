@@ -18,7 +18,7 @@ if [ -n "${PAYMENTS_DEMO_BIN:-}" ]; then
   BIN=$PAYMENTS_DEMO_BIN
 else
   echo "building with failpoints…" >&2
-  SQLX_OFFLINE=true cargo build --quiet -p payments-api -p provider --bins --features payments-domain/failpoints
+  SQLX_OFFLINE=true cargo build --quiet -p payments-api -p processor-sim --bins --features payments-domain/failpoints
   BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
 fi
 

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use payments_tests::{TestApp, assert_problem, json, start_sim, test_settings};
 use payments_worker::jobs::LogMailer;
 use payments_worker::{PassReport, Worker};
-use provider::sim::FaultConfig;
+use processor_sim::FaultConfig;
 use provider::{CardProcessor, Charge, FrozenRequest, ProcessorClient, ProcessorError, Refund};
 use serde_json::{Value, json};
 use sqlx::PgPool;

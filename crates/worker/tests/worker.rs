@@ -20,7 +20,7 @@ use payments_domain::refunds::CreateRefundRequest;
 use payments_settings::Settings;
 use payments_worker::jobs::{Mailer, Receipt, SmtpMailer};
 use payments_worker::{PassReport, Worker};
-use provider::sim::{FaultConfig, Simulator};
+use processor_sim::{FaultConfig, Simulator};
 use provider::{ProcessorClient, ProcessorConfig};
 use serde_json::{Value, json};
 use sqlx::PgPool;
