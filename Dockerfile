@@ -6,7 +6,7 @@ ENV SQLX_OFFLINE=true
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p payments-api -p payments-worker -p provider --bins \
+    cargo build --release --locked -p payments-api -p payments-worker -p processor-sim --bins \
  && mkdir -p /out \
  && find target/release -maxdepth 1 -type f -executable -exec cp {} /out/ \;
 

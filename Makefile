@@ -23,7 +23,7 @@ run:
 test:
 	@scripts/test.sh
 
-# docs/crash-demo.md: a payment killed at a failpoint after the processor charged, the key in the
+# docs/watching-it.md: a payment killed at a failpoint after the processor charged, the key in the
 # inspector at its recovery point, the retry finishing it with one charge. Builds with failpoints.
 demo-crash:
 	@scripts/demo-crash.sh
@@ -58,7 +58,7 @@ ha-down:
 
 proof-ha:
 	@scripts/toolchain.sh
-	SQLX_OFFLINE=true cargo build -p payments-api -p payments-worker -p provider --bin processor-sim
+	SQLX_OFFLINE=true cargo build -p payments-api -p payments-worker -p processor-sim --bins
 	SQLX_OFFLINE=true cargo test -p payments-tests --test e2e --no-run
 	@scripts/ha.sh down
 	@status=0; \
@@ -83,7 +83,7 @@ fuzz-api:
 # target/stripe-sdk-venv) against the stand-in. `make test` runs it after the tests.
 stripe-sdk:
 	@scripts/toolchain.sh
-	SQLX_OFFLINE=true cargo build -p provider --bin processor-sim
+	SQLX_OFFLINE=true cargo build -p processor-sim
 	@scripts/stripe-sdk.sh
 
 fmt:

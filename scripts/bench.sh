@@ -11,7 +11,7 @@ cd "$ROOT"
 scripts/toolchain.sh # the pinned compiler, linked if it is the installed one
 
 SQLX_OFFLINE=true cargo build --release --quiet \
-  -p payments-api -p payments-worker -p provider -p payments-bench
+  -p payments-api -p payments-worker -p processor-sim -p payments-bench
 
 if [ -z "${BENCH_DATABASE_URL:-}" ]; then
   export PAYMENTS_PG_DIR=$ROOT/target/bench-pgdata

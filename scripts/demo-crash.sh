@@ -5,10 +5,10 @@
 #
 # It builds the binaries with the failpoints compiled in (`make run` builds them without), finds
 # or starts Postgres as `make run` does, and runs its own API and stand-in processor on ports 8090
-# and 12121 (PAYMENTS_DEMO_PORT, PAYMENTS_DEMO_SIM_PORT), so it can run beside `make run`.
-# PAYMENTS_DEMO_BIN names a directory of binaries already built with failpoints (the examples
-# test passes the ones `make test` built) and skips the build. Exits non-zero if anything differs
-# from what docs/crash-demo.md says.
+# and 12121 (PAYMENTS_DEMO_PORT, PAYMENTS_DEMO_SIM_PORT) over a database of its own on that
+# server, so it can run beside `make run`. PAYMENTS_DEMO_BIN names a directory of binaries
+# already built with failpoints (the examples test passes the ones `make test` built) and skips
+# the build. Exits non-zero if anything differs from what docs/watching-it.md says.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -18,13 +18,18 @@ if [ -n "${PAYMENTS_DEMO_BIN:-}" ]; then
   BIN=$PAYMENTS_DEMO_BIN
 else
   echo "building with failpoints…" >&2
-  SQLX_OFFLINE=true cargo build --quiet -p payments-api -p provider --bins --features payments-domain/failpoints
+  SQLX_OFFLINE=true cargo build --quiet -p payments-api -p processor-sim --bins --features payments-domain/failpoints
   BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
 fi
 
 pg_env=$(scripts/postgres.sh up)
 export DATABASE_URL; DATABASE_URL=$(sed -n 's/^DATABASE_URL=//p' <<<"$pg_env")
 PG_STARTED=$(sed -n 's/^PG_STARTED=//p' <<<"$pg_env")
+# A database of its own on that server (created by `migrate` below): `make run`'s worker, on the
+# database `make run` uses, would otherwise take the demo's key over once the dead process's
+# lease ran out, and finish it against `make run`'s stand-in processor instead of the demo's.
+url=${DATABASE_URL%%\?*}
+DATABASE_URL=${url%/*}/payments_crash_demo${DATABASE_URL:${#url}}
 PORT=${PAYMENTS_DEMO_PORT:-8090}
 SIM_PORT=${PAYMENTS_DEMO_SIM_PORT:-12121}
 B=http://127.0.0.1:$PORT

@@ -22,7 +22,7 @@ trap 'exit 130' INT TERM
 
 echo "building…" >&2
 # Only the binaries: the end-to-end tests compile failpoints in, and `make run` does not want them.
-SQLX_OFFLINE=true cargo build --quiet -p payments-api -p payments-worker -p provider --bins
+SQLX_OFFLINE=true cargo build --quiet -p payments-api -p payments-worker -p processor-sim --bins
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
 
 wait_for_port() {

@@ -16,7 +16,7 @@ say() { echo "stripe-sdk: $*" >&2; }
 
 SIM=${1:-${PROCESSOR_SIM:-${CARGO_TARGET_DIR:-target}/debug/processor-sim}}
 if [ ! -x "$SIM" ]; then
-  say "no processor-sim at $SIM; build it first (cargo build -p provider --bin processor-sim)"
+  say "no processor-sim at $SIM; build it first (cargo build -p processor-sim)"
   exit 1
 fi
 

@@ -101,8 +101,8 @@ impl TestApp {
 }
 
 /// Starts the stand-in processor on a free port; returns its base URL.
-pub async fn start_sim(faults: provider::sim::FaultConfig) -> String {
-    let simulator = match provider::sim::Simulator::build("127.0.0.1:0", faults).await {
+pub async fn start_sim(faults: processor_sim::FaultConfig) -> String {
+    let simulator = match processor_sim::Simulator::build("127.0.0.1:0", faults).await {
         Ok(simulator) => simulator,
         Err(err) => panic!("the stand-in processor did not start: {err}"),
     };
@@ -113,7 +113,7 @@ pub async fn start_sim(faults: provider::sim::FaultConfig) -> String {
 
 /// Starts the API against a fresh stand-in processor; returns both.
 pub async fn spawn_with_sim(pool: PgPool, overrides: &[(&str, &str)]) -> (TestApp, String) {
-    let sim = start_sim(provider::sim::FaultConfig::default()).await;
+    let sim = start_sim(processor_sim::FaultConfig::default()).await;
     let mut all = vec![("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str())];
     all.extend_from_slice(overrides);
     (TestApp::spawn_with(pool.clone(), pool, &all).await, sim)

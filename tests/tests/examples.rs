@@ -1,19 +1,27 @@
 //! The examples of the README and the guide, run, and their links, followed: every
 //! ```` ```console ```` block of `README.md` and `docs/*.md` is a transcript, and this test types
-//! each of its commands into a shell against the real `payments-api` and `processor-sim` binaries
-//! (on free ports, over a fresh database, as `make run` starts them), then checks what the
-//! transcript says the command prints. An example that stops working fails `make test`. So does a
-//! relative link or heading anchor that leads nowhere, a file of the repository named without a
-//! link, and a Rust item named in a paragraph that links to no source file.
+//! each of its commands into a shell against the real `payments-api`, `payments-worker` and
+//! `processor-sim` binaries (on free ports, over a fresh database, as `make run` starts them), then
+//! checks what the transcript says the command prints. An example that stops working fails `make
+//! test`. So does a relative link or heading anchor that leads nowhere, a file of the repository
+//! named without a link, and a Rust item named in a paragraph that links to no source file.
 //!
 //! The transcript format, which the README's "Reading the examples" explains to readers:
 //! - `$ command` is typed into one `bash` per Markdown file (so `B=…` set in one command holds in
 //!   the next); a line ending in `\` continues on the next one. `KEY` holds a fresh account's
 //!   secret key, as `make run` prints one. `http://127.0.0.1:8080`, `127.0.0.1:12111` and
 //!   `postgres://postgres@127.0.0.1:5432/payments` are replaced by the test's API, stand-in
-//!   processor and database, and `127.0.0.1:8090` (the crash demo's API) by a free port, in
-//!   commands and output. `make demo-crash` finds the binaries `make test` built
-//!   (`PAYMENTS_DEMO_BIN`) and builds nothing.
+//!   processor and database, another database on `postgres://postgres@127.0.0.1:5432/` by that
+//!   name on the test's server, and `127.0.0.1:8090` (the crash demo's API) and `127.0.0.1:4242`
+//!   (the example webhook receiver) by free ports, in commands and output. `make demo-crash`
+//!   finds the binaries `make test` built (`PAYMENTS_DEMO_BIN`) and builds nothing; so does
+//!   `cargo run -p payments-client --example NAME`, which runs `target/debug/examples/NAME`. The
+//!   shell's `PAYMENTS_API`, `SIM_URL` and `PORT` point the client's examples at the test's
+//!   servers instead of their defaults (8080, 12111, 4242).
+//! - A command ending in `&` runs in the background until the file's last transcript ends, as a
+//!   server in another terminal would; the lines shown under it are what it prints once it is
+//!   ready, and the next command waits for them. When the file is done, everything its shell
+//!   started is killed.
 //! - A line starting with `#` between commands is narration.
 //! - Every other line is expected output. Each must match a line the command printed, in order
 //!   (lines not shown are not checked): a status line or a header matches exactly, but for `…`,
@@ -23,7 +31,8 @@
 //!   member with the same rules in every string; a bare `…` in an object or array stands for
 //!   the members or elements not shown, and without it the object has exactly the members shown.
 //! - A command that runs `curl` must show output, unless it redirects it (`>`); every command
-//!   must exit 0.
+//!   must exit 0. A command (`curl`, `psql`, `cargo run`) in a ```` ```sh ```` block or in a
+//!   paragraph's code span is refused: it would not be run.
 //!
 //! Idempotency keys are used as written: each file gets an account of its own in a fresh
 //! database, so the keys of one file never meet another's, and a key reused within a file means
@@ -33,6 +42,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use payments_tests::system::{Process, System, binary, free_port};
@@ -49,8 +59,16 @@ const API_AS_WRITTEN: &str = "http://127.0.0.1:8080";
 const SIM_AS_WRITTEN: [&str; 2] = ["127.0.0.1:12111", "localhost:12111"];
 /// The crash demo's own ports (`scripts/demo-crash.sh`), so that it runs beside `make run`.
 const DEMO_API_AS_WRITTEN: &str = "127.0.0.1:8090";
+/// The example webhook receiver's address (`crates/client/examples/webhook_receiver.rs`).
+const RECEIVER_AS_WRITTEN: &str = "127.0.0.1:4242";
 /// The database `make run` uses by default.
 const DATABASE_AS_WRITTEN: &str = "postgres://postgres@127.0.0.1:5432/payments";
+/// The server of that database, before another database's name.
+const DATABASE_SERVER_AS_WRITTEN: &str = "postgres://postgres@127.0.0.1:5432/";
+/// How a reader runs an example of the client; the test runs the binary `make test` built.
+const EXAMPLE_AS_WRITTEN: &str = "cargo run -p payments-client --example ";
+/// Commands that a ```` ```sh ```` block or a code span must not hold: they would not be run.
+const EXAMPLE_COMMANDS: [&str; 3] = ["curl ", "psql ", "cargo run "];
 /// The inspector's operator token the API runs with here.
 const INSPECTOR_TOKEN: &str = "examples-inspector-token";
 /// How long one command may run.
@@ -62,6 +80,8 @@ struct Step {
     line: usize,
     command: String,
     expected: Vec<String>,
+    /// The command ends in `&`: it runs on, and `expected` is what it prints once ready.
+    background: bool,
 }
 
 /// One ```` ```console ```` block.
@@ -116,12 +136,14 @@ fn transcripts(file: &str, text: &str) -> Result<Vec<Transcript>, String> {
         if info == "console" {
             found.push(parse_transcript(file, index + 1, &body)?);
         } else if (info == "sh" || info == "bash" || info == "shell")
-            && body.iter().any(|(_, l)| l.contains("curl "))
+            && let Some(command) =
+                EXAMPLE_COMMANDS.iter().find(|c| body.iter().any(|(_, l)| runs(l, c)))
         {
             return Err(format!(
-                "{file}:{}: a ```{info} block sends requests with curl: write it as a ```console \
-                 transcript with its expected output, so that this test runs it",
-                index + 1
+                "{file}:{}: a ```{info} block runs `{}`: write it as a ```console transcript with \
+                 its expected output, so that this test runs it",
+                index + 1,
+                command.trim()
             ));
         }
     }
@@ -138,7 +160,12 @@ fn parse_transcript(file: &str, line: usize, body: &[(usize, &str)]) -> Result<T
             step.command.push_str(text);
             continues = text.ends_with('\\');
         } else if let Some(command) = text.strip_prefix("$ ") {
-            steps.push(Step { line: *number, command: command.to_owned(), expected: Vec::new() });
+            steps.push(Step {
+                line: *number,
+                command: command.to_owned(),
+                expected: Vec::new(),
+                background: false,
+            });
             continues = command.ends_with('\\');
         } else if text.starts_with('#') || text.trim().is_empty() {
             // Narration, or a blank line.
@@ -148,7 +175,9 @@ fn parse_transcript(file: &str, line: usize, body: &[(usize, &str)]) -> Result<T
             return Err(format!("{file}:{number}: output before any `$ ` command"));
         }
     }
-    for step in &steps {
+    for step in &mut steps {
+        let command = step.command.trim_end();
+        step.background = command.ends_with('&') && !command.ends_with("&&");
         // A command that sends its output elsewhere (`>/dev/null &`) has none to show.
         if step.command.contains("curl ") && !step.command.contains('>') && step.expected.is_empty()
         {
@@ -163,6 +192,26 @@ fn parse_transcript(file: &str, line: usize, body: &[(usize, &str)]) -> Result<T
         return Err(format!("{file}:{line}: a console block without a `$ ` command"));
     }
     Ok(Transcript { file: file.to_owned(), steps })
+}
+
+/// Whether a line of shell runs `command` (`"curl "`): at its start or after a space.
+fn runs(line: &str, command: &str) -> bool {
+    let line = line.trim_start();
+    line.starts_with(command) || line.contains(&format!(" {command}"))
+}
+
+/// The code spans of a Markdown text's paragraphs that hold a command to run (`` `curl …` ``),
+/// with their line: an example there is one that no transcript runs.
+fn inline_commands(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (number, line) in prose_lines(text) {
+        for (i, piece) in line.split('`').enumerate() {
+            if i % 2 == 1 && EXAMPLE_COMMANDS.iter().any(|c| runs(piece, c)) {
+                found.push((number, piece.to_owned()));
+            }
+        }
+    }
+    found
 }
 
 /// One piece of a text pattern.
@@ -345,17 +394,35 @@ fn check_output(
     Ok(new)
 }
 
-/// A `bash` that the commands of one Markdown file are typed into.
+/// A `bash` that the commands of one Markdown file are typed into. It leads a process group of
+/// its own, so that dropping it kills whatever its commands left running in the background.
 struct Shell {
     child: Child,
     stdin: ChildStdin,
     stdout: Lines<BufReader<ChildStdout>>,
+    /// Where the output of background commands goes, removed with the shell.
+    dir: PathBuf,
+    backgrounds: usize,
+}
+
+/// A command started in the background: the file its output goes to, and the file its exit
+/// status is written to once it ends.
+struct Background {
+    output: PathBuf,
+    status: PathBuf,
 }
 
 const DONE: &str = "__EXAMPLE_COMMAND_DONE__";
 
 impl Shell {
     fn start(env: &[(&str, String)]) -> Self {
+        static SHELLS: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "payments-examples-{}-{}",
+            std::process::id(),
+            SHELLS.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("a directory for background output");
         let path = format!(
             "{}:{}",
             binary("payments-api").parent().expect("the binaries' directory").display(),
@@ -374,6 +441,7 @@ impl Shell {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
+            .process_group(0)
             .kill_on_drop(true);
         for (name, value) in env {
             command.env(name, value);
@@ -381,7 +449,7 @@ impl Shell {
         let mut child = command.spawn().expect("bash starts");
         let stdin = child.stdin.take().expect("bash's input");
         let stdout = BufReader::new(child.stdout.take().expect("bash's output")).lines();
-        Self { child, stdin, stdout }
+        Self { child, stdin, stdout, dir, backgrounds: 0 }
     }
 
     /// Types a command; returns its exit status and the lines it printed (standard error too).
@@ -408,6 +476,25 @@ impl Shell {
         Ok((status, printed))
     }
 
+    /// Starts a command that ends in `&`, its output and then its exit status going to files of
+    /// their own; `wait` still waits for it, and it runs on until the shell is dropped.
+    async fn start_background(&mut self, command: &str) -> Result<Background, String> {
+        self.backgrounds += 1;
+        let output = self.dir.join(format!("background-{}.out", self.backgrounds));
+        let status = output.with_extension("status");
+        let command = command.trim_end().strip_suffix('&').expect("a command ending in &");
+        // In a subshell of its own, so that even an `exit` in it leaves its status behind.
+        let script = format!(
+            "{{ (\n{command}\n) >'{}' 2>&1; echo \"$?\" >'{}'; }} &",
+            output.display(),
+            status.display()
+        );
+        match self.run(&script).await? {
+            (0, _) => Ok(Background { output, status }),
+            (code, printed) => Err(format!("exited with {code}: {}", printed.join("\n"))),
+        }
+    }
+
     async fn export(&mut self, name: &str, value: &str) {
         let quoted = value.replace('\'', r"'\''");
         let (status, _) = self.run(&format!("export {name}='{quoted}'")).await.expect("export");
@@ -417,16 +504,64 @@ impl Shell {
 
 impl Drop for Shell {
     fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            // The whole group: bash, and every command still running in the background. Bash's
+            // own `kill`, which is there wherever the transcripts can run.
+            let _ = std::process::Command::new("bash")
+                .args(["-c", r#"kill -KILL -- "-$0""#, &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-/// The addresses of the servers the examples run against, in place of those written.
+impl Background {
+    /// Waits until the command has printed the expected lines, checked as a command's output
+    /// is (so it may bind variables); an error if it ends or a bound passes first.
+    async fn ready(
+        &self,
+        expected: &[String],
+        bound: &HashMap<String, String>,
+    ) -> Result<HashMap<String, String>, String> {
+        let deadline = tokio::time::Instant::now() + COMMAND_TIMEOUT;
+        loop {
+            // The status before the output: a command that ended has printed all it will.
+            let ended = std::fs::read_to_string(&self.status).ok();
+            let printed: Vec<String> = std::fs::read_to_string(&self.output)
+                .unwrap_or_default()
+                .lines()
+                .map(|line| line.trim_end_matches('\r').to_owned())
+                .filter(|line| !line.trim().is_empty())
+                .collect();
+            let err = match check_output(expected, &printed, bound) {
+                Ok(binds) => return Ok(binds),
+                Err(err) => err,
+            };
+            if let Some(status) = ended {
+                return Err(format!("it ended (exit status {}) first: {err}", status.trim()));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!("not within {COMMAND_TIMEOUT:?}: {err}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The addresses of the servers the examples run against, and of the programs they run, in
+/// place of those written.
 struct Addresses {
     database: String,
+    /// The test's database server, with the `/` before a database's name.
+    database_server: String,
     api: String,
     sim: String,
     demo_api: String,
+    receiver: String,
+    /// The directory of the client's example binaries, with a `/` after it.
+    examples: String,
 }
 
 impl Addresses {
@@ -436,8 +571,23 @@ impl Addresses {
             text = text.replace(sim, self.sim.trim_start_matches("http://"));
         }
         text.replace(DEMO_API_AS_WRITTEN, &self.demo_api)
+            .replace(RECEIVER_AS_WRITTEN, &self.receiver)
             .replace(DATABASE_AS_WRITTEN, &self.database)
+            .replace(DATABASE_SERVER_AS_WRITTEN, &self.database_server)
+            .replace(EXAMPLE_AS_WRITTEN, &self.examples)
     }
+}
+
+/// The client's examples (`crates/client/examples/NAME.rs`) by name.
+fn client_examples() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root().join("crates/client/examples"))
+        .expect("crates/client/examples is readable")
+        .map(|entry| entry.expect("an examples/ entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
+        .map(|path| path.file_stem().expect("a file name").to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 /// GitHub's anchor for a heading: lower case, punctuation dropped, spaces made hyphens.
@@ -654,6 +804,51 @@ fn the_transcript_format_matches_what_it_promises() {
     assert!(transcripts("t.md", md).is_err(), "a curl without its output is refused");
     let md = "```sh\ncurl -s x\n```\n";
     assert!(transcripts("t.md", md).is_err(), "a curl outside a transcript is refused");
+    for md in ["```sh\nX=1 cargo run -p c --example e\n```\n", "```bash\npsql -c 'SELECT 1'\n```\n"]
+    {
+        assert!(transcripts("t.md", md).is_err(), "an example outside a transcript is refused");
+    }
+    let md = "```sh\nmake test\npayments-api keys stuck\n```\n";
+    assert!(transcripts("t.md", md).unwrap().is_empty(), "other commands may be listed");
+    let text = "Run `PAYMENTS_KEY=k cargo run -p c --example e`, or `curl -s x`, with `curl`.\n";
+    let spans: Vec<String> = inline_commands(text).into_iter().map(|(_, span)| span).collect();
+    assert_eq!(spans, ["PAYMENTS_KEY=k cargo run -p c --example e", "curl -s x"]);
+    let md = "```console\n$ server &\nlistening\n$ a && b\n$ c \\\n  &\n```\n";
+    let steps = &transcripts("t.md", md).unwrap()[0].steps;
+    let background: Vec<bool> = steps.iter().map(|step| step.background).collect();
+    assert_eq!(background, [true, false, true]);
+    assert_eq!(steps[0].expected, ["listening"]);
+}
+
+#[tokio::test]
+async fn a_background_command_is_waited_for_and_killed_with_its_shell() {
+    let mut shell = Shell::start(&[]);
+    let none = HashMap::new();
+    let server =
+        shell.start_background("sleep 0.2; echo \"up as $BASHPID\"; exec sleep 300 &").await;
+    let binds = server.unwrap().ready(&["up as $PID".to_owned()], &none).await.unwrap();
+    let pid = binds["PID"].clone();
+    let ended = shell.start_background("echo starting; exit 3 &").await.unwrap();
+    let err = ended.ready(&["never printed".to_owned()], &none).await.unwrap_err();
+    assert!(err.contains("exit status 3"), "{err}");
+    // Running, and not a zombie that nobody has reaped yet (where /proc tells).
+    let alive = || {
+        let running =
+            r#"kill -0 "$0" 2>/dev/null && ! grep -qs '^[0-9]* ([^)]*) Z' "/proc/$0/stat""#;
+        std::process::Command::new("bash")
+            .args(["-c", running, &pid])
+            .status()
+            .is_ok_and(|status| status.success())
+    };
+    assert!(alive(), "the background command runs on while its shell does");
+    drop(shell);
+    for _ in 0..100 {
+        if !alive() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("process {pid} outlived its shell");
 }
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
@@ -661,6 +856,13 @@ async fn every_example_of_the_readme_and_the_guide_runs_as_written(pool: PgPool)
     let mut all = Vec::new();
     for path in markdown_files() {
         let text = std::fs::read_to_string(&path).expect("a Markdown file");
+        if let Some((line, span)) = inline_commands(&text).into_iter().next() {
+            panic!(
+                "{}:{line}: `{span}` is an example in a paragraph, which no test runs: show it in \
+                 a ```console transcript with its expected output",
+                relative(&path)
+            );
+        }
         match transcripts(&relative(&path), &text) {
             Ok(found) => {
                 // A cross-check of the parser: every block opened as a transcript was read as one.
@@ -673,34 +875,52 @@ async fn every_example_of_the_readme_and_the_guide_runs_as_written(pool: PgPool)
     }
     let commands: usize = all.iter().map(|t| t.steps.len()).sum();
     assert!(
-        all.len() >= 5 && commands >= 20,
+        all.len() >= 10 && commands >= 30,
         "found only {} transcripts ({commands} commands)",
         all.len()
     );
+    // Every example program of the client is run by a transcript, from what `make test` built.
+    let examples =
+        binary("payments-api").parent().expect("the binaries' directory").join("examples");
+    for name in client_examples() {
+        let run = format!("{EXAMPLE_AS_WRITTEN}{name}");
+        assert!(
+            all.iter().flat_map(|t| &t.steps).any(|step| step.command.contains(&run)),
+            "no transcript runs `{run}`"
+        );
+        assert!(
+            examples.join(&name).exists(),
+            "{} is missing: run `cargo build --workspace --all-targets` first (make test does)",
+            examples.join(&name).display()
+        );
+    }
 
     let sys = System::start(pool).await;
-    // As `make run` serves it: the default processor timeouts, the inspector on.
-    let api: Process = sys
-        .api_with(
-            "",
-            &[
-                ("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "10000"),
-                ("PAYMENTS__PROCESSOR__MAX_RETRIES", "2"),
-                ("PAYMENTS__PROCESSOR__BACKOFF_BASE_MS", "100"),
-                ("PAYMENTS__PROCESSOR__BACKOFF_CAP_MS", "2000"),
-                ("PAYMENTS__PROCESSOR__RETRY_AFTER_CAP_MS", "5000"),
-                ("PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK", "true"),
-                ("PAYMENTS__INSPECTOR__ENABLED", "true"),
-                ("PAYMENTS__INSPECTOR__TOKEN", INSPECTOR_TOKEN),
-            ],
-        )
-        .await;
+    // As `make run` serves it: the default processor timeouts, the inspector on, and the worker
+    // beside the API (the completer, the reaper, webhook deliveries).
+    let settings = [
+        ("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "10000"),
+        ("PAYMENTS__PROCESSOR__MAX_RETRIES", "2"),
+        ("PAYMENTS__PROCESSOR__BACKOFF_BASE_MS", "100"),
+        ("PAYMENTS__PROCESSOR__BACKOFF_CAP_MS", "2000"),
+        ("PAYMENTS__PROCESSOR__RETRY_AFTER_CAP_MS", "5000"),
+        ("PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK", "true"),
+        ("PAYMENTS__INSPECTOR__ENABLED", "true"),
+        ("PAYMENTS__INSPECTOR__TOKEN", INSPECTOR_TOKEN),
+    ];
+    let api: Process = sys.api_with("", &settings).await;
+    let _worker = sys.worker(&settings);
     let demo_api_port = free_port();
+    let receiver_port = free_port();
+    let database_server = &sys.db_url[..=sys.db_url.rfind('/').expect("a database URL's path")];
     let addresses = Addresses {
         database: sys.db_url.clone(),
+        database_server: database_server.to_owned(),
         api: api.url.clone(),
         sim: sys.sim.url.clone(),
         demo_api: format!("127.0.0.1:{demo_api_port}"),
+        receiver: format!("127.0.0.1:{receiver_port}"),
+        examples: format!("{}/", examples.display()),
     };
 
     let mut by_file: Vec<(String, Vec<Transcript>)> = Vec::new();
@@ -718,25 +938,37 @@ async fn every_example_of_the_readme_and_the_guide_runs_as_written(pool: PgPool)
             ("PAYMENTS_DEMO_BIN", binary("payments-api").parent().unwrap().display().to_string()),
             ("PAYMENTS_DEMO_PORT", demo_api_port.to_string()),
             ("PAYMENTS_DEMO_SIM_PORT", free_port().to_string()),
+            // The client's examples, pointed at the servers above instead of their defaults.
+            ("PAYMENTS_API", api.url.clone()),
+            ("SIM_URL", sys.sim.url.clone()),
+            ("PORT", receiver_port.to_string()),
         ]);
         let mut bound: HashMap<String, String> = HashMap::new();
         for transcript in &transcripts {
             for step in &transcript.steps {
                 let place = format!("{}:{}", transcript.file, step.line);
                 let command = addresses.apply(&step.command);
-                let (status, printed) = match shell.run(&command).await {
-                    Ok(done) => done,
-                    Err(err) => panic!("{place}: `{command}`: {err}\n{}", api.log()),
-                };
-                assert_eq!(
-                    status,
-                    0,
-                    "{place}: `{command}` exited with {status}, printing:\n{}",
-                    printed.join("\n")
-                );
                 let expected: Vec<String> =
                     step.expected.iter().map(|l| addresses.apply(l)).collect();
-                match check_output(&expected, &printed, &bound) {
+                let checked = if step.background {
+                    match shell.start_background(&command).await {
+                        Ok(background) => background.ready(&expected, &bound).await,
+                        Err(err) => Err(err),
+                    }
+                } else {
+                    let (status, printed) = match shell.run(&command).await {
+                        Ok(done) => done,
+                        Err(err) => panic!("{place}: `{command}`: {err}\n{}", api.log()),
+                    };
+                    assert_eq!(
+                        status,
+                        0,
+                        "{place}: `{command}` exited with {status}, printing:\n{}",
+                        printed.join("\n")
+                    );
+                    check_output(&expected, &printed, &bound)
+                };
+                match checked {
                     Ok(binds) => {
                         for (name, value) in binds {
                             shell.export(&name, &value).await;

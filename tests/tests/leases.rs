@@ -246,7 +246,7 @@ async fn a_takeover_behind_a_transaction_holding_the_key_row_gives_up_in_time(po
 #[sqlx::test(migrations = "../migrations")]
 async fn a_deploy_during_slow_processor_calls_leaves_no_key_answering_409(pool: PgPool) {
     let sim =
-        start_sim(provider::sim::FaultConfig { latency_ms: 3000, ..Default::default() }).await;
+        start_sim(processor_sim::FaultConfig { latency_ms: 3000, ..Default::default() }).await;
     let overrides = [
         ("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str()),
         ("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "5000"),

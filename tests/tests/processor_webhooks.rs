@@ -3,7 +3,9 @@
 //! got no answer is finished from the event with no further processor call, whether the event
 //! lands before the completer comes or while a holder of the key is mid-call, and the event
 //! makes a key waiting out its back-off due at once; a pushed decline is the answer, unless it is
-//! for a later generation of the key; duplicate and out-of-order deliveries change nothing; a bad signature, a replayed timestamp, an unknown
+//! for a later generation of the key; a second successful charge for a payment, reported too late
+//! to stop the call, is audited for a person whichever comes second; duplicate and out-of-order
+//! deliveries change nothing; a bad signature, a replayed timestamp, an unknown
 //! type or a body that is no event is a 400 and records nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
@@ -13,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use payments_tests::{TestApp, assert_problem, json, start_sim, test_settings};
 use payments_worker::jobs::LogMailer;
 use payments_worker::{PassReport, Worker};
-use provider::sim::FaultConfig;
+use processor_sim::FaultConfig;
 use provider::{CardProcessor, Charge, FrozenRequest, ProcessorClient, ProcessorError, Refund};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -522,4 +524,126 @@ async fn without_a_secret_the_processor_webhook_route_is_off(pool: PgPool) {
         app.http.post(app.url("/webhooks/processor")).header("stripe-signature", signature);
     assert_problem(app.send(request.body(body)).await, 404, "resource_missing").await;
     assert_eq!(received(&pool).await, 0);
+}
+
+/// `charge.succeeded` for `payment_id`: the charge `charge_id`, made by the call under
+/// `downstream_key`.
+fn succeeded(event_id: &str, payment_id: &str, charge_id: &str, downstream_key: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"id": event_id, "object": "event", "type": "charge.succeeded",
+        "created": unix_now(), "request": {"id": null, "idempotency_key": downstream_key},
+        "data": {"object": {"id": charge_id, "object": "charge", "amount": 500,
+            "currency": "usd", "captured": true, "paid": true, "status": "succeeded",
+            "amount_captured": 500, "amount_refunded": 0, "refunded": false,
+            "metadata": {"payment_id": payment_id}}}}))
+    .unwrap()
+}
+
+/// The `payment.extra_charge` audit records: (the extra charge, who found it).
+async fn extra_charges(pool: &PgPool) -> Vec<(String, String)> {
+    let sql = "SELECT detail->>'extra_charge', detail->>'found_by' FROM audit_events \
+               WHERE action = 'payment.extra_charge' ORDER BY id";
+    sqlx::query_as(sql).fetch_all(pool).await.expect(sql)
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_second_successful_charge_reported_after_the_payment_recorded_its_own_is_audited_for_a_person(
+    pool: PgPool,
+) {
+    let s = setup(&pool, FaultConfig::default(), &[]).await;
+    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
+    assert_eq!(none.unwrap().status(), 200, "the deliveries are made by hand");
+    let paid = json(s.pay("order-1", "automatic").await).await;
+    let (payment_id, own) = (paid["id"].as_str().unwrap(), &paid["processor_charge_id"]);
+    let own = own.as_str().unwrap();
+
+    // The payment's own charge, reported: nothing to see.
+    let event = succeeded("evt_own", payment_id, own, &format!("{payment_id}/charge/2"));
+    assert_eq!(json(deliver(&s, &event, unix_now()).await).await["outcome"], "recorded");
+    assert_eq!(extra_charges(&pool).await, []);
+    // A charge an earlier generation of the key made, which the lookups missed, reported late:
+    // the card was charged twice.
+    let event = succeeded("evt_extra", payment_id, "ch_extra", &format!("{payment_id}/charge"));
+    let answer = json(deliver(&s, &event, unix_now()).await).await;
+    assert_eq!((&answer["outcome"], &answer["payment"]), (&json!("recorded"), &json!(payment_id)));
+    assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "webhook".to_owned())]);
+    let (_, status, charge) = payment_row(&pool).await;
+    assert_eq!(
+        (status.as_str(), charge.as_deref()),
+        ("succeeded", Some(own)),
+        "nothing else moved"
+    );
+}
+
+/// The real client, whose charge call, once made, waits until the processor's webhook about
+/// another charge for the payment (an earlier generation's) has been received, then answers.
+struct AnotherChargeReportedMidCall {
+    client: ProcessorClient,
+    http: reqwest::Client,
+    webhook_url: String,
+    pool: PgPool,
+}
+
+impl CardProcessor for AnotherChargeReportedMidCall {
+    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+        let made = self.client.create_charge(request).await?;
+        let payment_id = &made.metadata["payment_id"];
+        let event = succeeded("evt_extra", payment_id, "ch_extra", &format!("{payment_id}/charge"));
+        let signature = provider::signature::sign(SECRET, unix_now(), &event);
+        let sent = self.http.post(&self.webhook_url).header("stripe-signature", signature);
+        assert_eq!(sent.body(event).send().await.unwrap().status(), 200);
+        until_received(&self.pool, 1).await;
+        Ok(made)
+    }
+    async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+        self.client.capture_charge(request).await
+    }
+    async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
+        self.client.create_refund(request).await
+    }
+    async fn retrieve_charge(&self, charge_id: &str) -> Result<Charge, ProcessorError> {
+        self.client.retrieve_charge(charge_id).await
+    }
+    async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
+        self.client.search_charges(payment_id).await
+    }
+    async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
+        self.client.list_refunds(charge_id).await
+    }
+    fn longest_call(&self) -> Duration {
+        self.client.longest_call()
+    }
+    fn search_lag(&self) -> Duration {
+        self.client.search_lag()
+    }
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_second_successful_charge_reported_while_a_later_generation_was_called_is_audited_for_a_person(
+    pool: PgPool,
+) {
+    let s =
+        setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let payment_id = waiting_key(&s, &pool).await;
+    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
+    assert_eq!(none.unwrap().status(), 200, "the deliveries are made by hand");
+    s.set_faults(&FaultConfig::default()).await;
+    // As if a lookup that found nothing had moved the call to the key's second generation; the
+    // earlier generation's charge is reported only while the second is being made.
+    let second = "UPDATE idempotency_keys \
+                  SET planned_call = jsonb_set(planned_call, '{key}', to_jsonb((planned_call->>'key') || '/2'))";
+    sqlx::query(second).execute(&pool).await.unwrap();
+    let processor = AnotherChargeReportedMidCall {
+        client: s.client(),
+        http: s.http.clone(),
+        webhook_url: s.app.url("/webhooks/processor"),
+        pool: pool.clone(),
+    };
+    let report = complete(&s.worker(processor)).await;
+    assert_eq!(report.completed, 1, "{report:?}");
+    let (id, status, charge) = payment_row(&pool).await;
+    assert_eq!((id.as_str(), status.as_str()), (payment_id.as_str(), "succeeded"));
+    assert_ne!(charge.as_deref(), Some("ch_extra"), "the payment records the charge its call made");
+    // The event landed while the holder was mid-call, before the phase that records the charge:
+    // the phase saw it.
+    assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "phase".to_owned())]);
 }

@@ -19,7 +19,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{ConnectInfo, OriginalUri};
 use axum::http::Method;
-use axum::routing::{get, post};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -31,11 +30,16 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
+use utoipa::openapi::OpenApi;
+use utoipa_axum::routes;
 
 use crate::edge::{self, EdgeConfig, EdgeLimits};
 use crate::error::{ApiError, ProblemCode};
 use crate::idempotency::Runner;
-use crate::routes;
+use crate::openapi::ApiRouter;
+use crate::routes::{
+    events, health, payments, problems, processor_webhooks, refunds, webhook_endpoints,
+};
 use crate::settings::Settings;
 
 /// What every handler can reach. axum clones it for every request and extractor, so it is one
@@ -133,7 +137,8 @@ impl Application {
         let unknown_keys = crate::auth::UnknownKeys::new(Duration::from_millis(
             settings.rate_limit.unknown_key_cache_ms,
         ));
-        let openapi = crate::openapi::json(&settings, &edge.public_base_url).into();
+        let (api, paths) = api();
+        let openapi = crate::openapi::json(paths, &settings, &edge.public_base_url).into();
         let state = AppState(Arc::new(Services {
             pool,
             settings: Arc::new(settings),
@@ -145,7 +150,7 @@ impl Application {
             unknown_keys,
             openapi,
         }));
-        let router = edge::wrap(router(state), edge);
+        let router = edge::wrap(router(api, state), edge);
         Ok(Self {
             listener,
             router,
@@ -261,36 +266,36 @@ pub fn pool(settings: &Settings) -> anyhow::Result<PgPool> {
     Ok(settings.database.pool()?)
 }
 
-fn router(state: AppState) -> Router {
-    let api = Router::new()
-        .route("/healthz", get(routes::health::healthz))
-        .route("/readyz", get(routes::health::readyz))
-        .route("/metrics", get(crate::metrics::render))
-        .route("/openapi.json", get(crate::openapi::serve))
-        .route("/problems/{code}", get(routes::problems::show))
-        .route("/v1/payments", get(routes::payments::list).post(routes::payments::create))
-        .route("/v1/payments/{id}", get(routes::payments::retrieve).patch(routes::payments::update))
-        .route("/v1/payments/{id}/capture", post(routes::payments::capture))
-        .route("/v1/payments/{id}/cancel", post(routes::payments::cancel))
-        .route(
-            "/v1/payments/{id}/refunds",
-            get(routes::refunds::list).post(routes::refunds::create),
-        )
-        .route("/v1/refunds/{id}", get(routes::refunds::retrieve))
-        .route("/v1/events", get(routes::events::list))
-        .route("/v1/events/{id}", get(routes::events::retrieve))
-        .route(
-            "/v1/webhook_endpoints",
-            get(routes::webhook_endpoints::list).post(routes::webhook_endpoints::create),
-        )
-        .route(
-            "/v1/webhook_endpoints/{id}",
-            get(routes::webhook_endpoints::retrieve)
-                .post(routes::webhook_endpoints::update)
-                .delete(routes::webhook_endpoints::delete),
-        )
-        .route("/v1/webhook_endpoints/{id}/attempts", get(routes::webhook_endpoints::attempts))
-        .route("/webhooks/processor", post(routes::processor_webhooks::receive));
+/// The API's routes and, made by the same calls, the paths of its OpenAPI document: a route is
+/// added only with its handler's `#[utoipa::path]` (`ApiRouter`).
+pub fn api() -> (Router<AppState>, OpenApi) {
+    ApiRouter::default()
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(crate::metrics::render))
+        .routes(routes!(crate::openapi::serve))
+        .routes(routes!(problems::show))
+        .routes(routes!(payments::list, payments::create))
+        .routes(routes!(payments::retrieve, payments::update))
+        .routes(routes!(payments::capture))
+        .routes(routes!(payments::cancel))
+        .routes(routes!(refunds::list, refunds::create))
+        .routes(routes!(refunds::retrieve))
+        .routes(routes!(events::list))
+        .routes(routes!(events::retrieve))
+        .routes(routes!(webhook_endpoints::list, webhook_endpoints::create))
+        .routes(routes!(
+            webhook_endpoints::retrieve,
+            webhook_endpoints::update,
+            webhook_endpoints::delete
+        ))
+        .routes(routes!(webhook_endpoints::attempts))
+        .routes(routes!(processor_webhooks::receive))
+        .split()
+}
+
+/// The API's routes (`api`), the inspector's, and what every request passes through.
+fn router(api: Router<AppState>, state: AppState) -> Router {
     // The operator's page is not part of the API (nor of its OpenAPI document), and off by default.
     let routes =
         if state.settings.inspector.enabled { api.merge(crate::inspector::router()) } else { api };

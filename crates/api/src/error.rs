@@ -15,6 +15,19 @@ use payments_domain::problems::Problem;
 pub use payments_domain::problems::{PROBLEM_JSON, ProblemCode, ProblemDoc};
 use serde_json::Value;
 
+/// The `Retry-After` a problem of this code carries unless its raiser sets another (the OpenAPI
+/// document lists the header on the responses of these codes): the problems a retry can cure.
+pub fn retry_after_seconds(code: ProblemCode) -> Option<u32> {
+    match code {
+        ProblemCode::IdempotencyKeyInUse
+        | ProblemCode::RateLimited
+        | ProblemCode::ProcessorUnavailable
+        | ProblemCode::InternalError
+        | ProblemCode::ServiceUnavailable => Some(1),
+        _ => None,
+    }
+}
+
 /// An error answered to a client.
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -32,14 +45,7 @@ impl ApiError {
 
     /// An error that answers with `problem`.
     pub fn from_problem(problem: Problem) -> Self {
-        let retry_after_seconds = match problem.code {
-            ProblemCode::IdempotencyKeyInUse
-            | ProblemCode::RateLimited
-            | ProblemCode::ProcessorUnavailable
-            | ProblemCode::InternalError
-            | ProblemCode::ServiceUnavailable => Some(1),
-            _ => None,
-        };
+        let retry_after_seconds = retry_after_seconds(problem.code);
         Self { problem, retry_after_seconds, headers: Vec::new() }
     }
 

@@ -281,7 +281,7 @@ impl Runner {
     pub async fn run<O: Operation + 'static>(
         &self,
         attempt: Attempt<'_>,
-        operation: O,
+        mut operation: O,
     ) -> Result<Response, ApiError> {
         let fingerprint = Fingerprint::of(&RequestParts {
             method: attempt.meta.method.as_str(),
@@ -312,7 +312,7 @@ impl Runner {
                         Claim::Acquired(lease) => lease,
                         other => return Ok(Ran::Claimed(other)),
                     };
-                    match idem::drive(&operation, lease).await {
+                    match idem::drive(&mut operation, lease).await {
                         Err(Interrupted::Superseded) => {}
                         driven => return Ok(Ran::Driven(driven)),
                     }

@@ -34,6 +34,16 @@ pub async fn track(request: Request, next: Next) -> Response {
 }
 
 /// `GET /metrics`
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "operations",
+    summary = "Prometheus metrics (text exposition format)",
+    responses(
+        (status = 200, description = crate::openapi::OK, body = String, content_type = "text/plain")
+    )
+)]
 pub async fn render() -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],

@@ -1,7 +1,8 @@
 //! An idempotent webhook receiver: verifies each delivery's signature, and records its event id
 //! in its own table inside the same transaction as its effect, so a redelivery changes nothing.
 //!
-//! Run it beside `make run` (README, "Receiving webhooks locally"):
+//! Run it beside `make run` (README, "Receiving a signed webhook locally"), with a database of
+//! its own, which it creates if missing:
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/receiver WEBHOOK_SECRET=whsec_… PORT=4242 \
@@ -20,7 +21,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use payments_client::webhooks::{self, SIGNATURE_HEADER};
-use sqlx::PgPool;
+use sqlx::migrate::MigrateDatabase;
+use sqlx::{PgPool, Postgres};
 
 /// What the handler needs.
 #[derive(Debug, Clone)]
@@ -117,6 +119,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL")?;
     let secret = std::env::var("WEBHOOK_SECRET").map_err(|_| "set WEBHOOK_SECRET (whsec_…)")?;
     let port: u16 = std::env::var("PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(4242);
+    if !Postgres::database_exists(&url).await? {
+        Postgres::create_database(&url).await?;
+    }
     let pool = PgPool::connect(&url).await?;
     migrate(&pool).await?;
     let receiver = Receiver { pool, secret, tolerance: webhooks::DEFAULT_TOLERANCE };

@@ -19,10 +19,11 @@ use std::time::Duration;
 use provider::Charge;
 use provider::signature::{self, SignatureError};
 use serde::Deserialize;
-use serde_json::Value;
-use sqlx::{PgExecutor, PgPool};
+use serde_json::{Value, json};
+use sqlx::{PgConnection, PgExecutor, PgPool};
 
 use crate::DomainError;
+use crate::audit::{self, AuditEvent};
 use crate::ids::PaymentId;
 use crate::payments;
 use crate::stored::{from_name, text_enum};
@@ -163,6 +164,16 @@ pub enum Received {
         /// Whether the creating key was brought forward.
         woke: bool,
     },
+    /// Recorded against one of our payments, which has another charge recorded: the processor
+    /// charged the card twice for it (an earlier generation of the downstream key made a charge
+    /// that the lookups missed). Audited as `payment.extra_charge` for a person; nothing is
+    /// refunded automatically.
+    ExtraCharge {
+        /// The payment.
+        payment_id: PaymentId,
+        /// The charge the event reports, which the payment does not account for.
+        charge_id: String,
+    },
     /// Recorded, about a charge that is none of our payments': nothing else to do.
     Unmatched,
     /// This event id was received before: nothing changed.
@@ -176,11 +187,11 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
     // An id that is not one of ours in shape names none of our payments.
     let payment_id =
         event.charge.metadata.get("payment_id").and_then(|id| PaymentId::parse(id).ok());
-    let creation = match &payment_id {
-        Some(id) => payments::creation_key(&mut *tx, id).await?,
+    let payment = match &payment_id {
+        Some(id) => payments::lock_for_news(&mut tx, id).await?,
         None => None,
     };
-    let known = creation.is_some().then_some(payment_id).flatten();
+    let known = payment.is_some().then_some(payment_id).flatten();
     // Two deliveries of one event at once: the second waits on the first's row, then inserts
     // nothing.
     let inserted = sqlx::query!(
@@ -202,16 +213,91 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
     if inserted == 0 {
         return Ok(Received::Duplicate);
     }
-    let received = match (known, creation.flatten()) {
-        (Some(payment_id), Some(key_id)) => {
-            let woke = event.event_type.creates() && idem::wake(&mut *tx, key_id).await?;
-            Received::Recorded { payment_id, woke }
-        }
-        (Some(payment_id), None) => Received::Recorded { payment_id, woke: false },
-        (None, _) => Received::Unmatched,
+    let received = match (known, payment) {
+        (Some(payment_id), Some(payment)) => match &payment.charge_id {
+            Some(recorded)
+                if event.event_type == ChargeEventType::Succeeded
+                    && *recorded != event.charge.id =>
+            {
+                let other = (&*event.charge.id, event.downstream_key.as_deref());
+                let found_by = ("webhook", &*event.id);
+                extra_charge(&mut tx, &payment_id, &payment, recorded, other, found_by).await?;
+                Received::ExtraCharge { payment_id, charge_id: event.charge.id.clone() }
+            }
+            _ => {
+                let woke = match payment.key_id {
+                    Some(key_id) => {
+                        event.event_type.creates() && idem::wake(&mut *tx, key_id).await?
+                    }
+                    None => false,
+                };
+                Received::Recorded { payment_id, woke }
+            }
+        },
+        _ => Received::Unmatched,
     };
     tx.commit().await?;
     Ok(received)
+}
+
+/// Records, for a person, that payment `payment_id` (whose `recorded` charge is its own) has
+/// another successful charge at the processor, `(charge id, its downstream key)`, found by
+/// `found_by` (`webhook` or `phase`, and the event or request that found it): an audit record `payment.extra_charge` under the payment's creating key (the
+/// inspector shows it on that key's page), an error in the log and the counter
+/// `payments_extra_charges_total`.
+pub(crate) async fn extra_charge(
+    conn: &mut PgConnection,
+    payment_id: &PaymentId,
+    payment: &payments::ChargeRecord,
+    recorded: &str,
+    (charge_id, downstream_key): (&str, Option<&str>),
+    (found_by, request_id): (&'static str, &str),
+) -> Result<(), DomainError> {
+    tracing::error!(
+        %payment_id,
+        recorded_charge = recorded,
+        extra_charge = charge_id,
+        downstream_key,
+        found_by,
+        "the processor charged the card twice for one payment: a person must refund the extra charge"
+    );
+    metrics::counter!("payments_extra_charges_total").increment(1);
+    let Some(key_id) = payment.key_id else { return Ok(()) };
+    let detail = json!({
+        "extra_charge": charge_id,
+        "downstream_key": downstream_key,
+        "recorded_charge": recorded,
+        "found_by": found_by,
+    });
+    let event = AuditEvent {
+        account_id: &payment.account_id,
+        object_id: payment_id,
+        action: "payment.extra_charge",
+        request_id,
+        idempotency_key_id: key_id,
+        detail,
+    };
+    audit::record(conn, &event).await
+}
+
+/// A successful charge the processor reported for `payment_id` other than `charge_id`, the one
+/// the payment records, as `(charge id, its downstream key)`: for the phase that records a charge,
+/// which holds the payment's row, as [`receive`] does for news that lands afterwards.
+pub async fn other_succeeded_charge(
+    executor: impl PgExecutor<'_>,
+    payment_id: &PaymentId,
+    charge_id: &str,
+) -> Result<Option<(String, Option<String>)>, DomainError> {
+    let row = sqlx::query!(
+        r#"SELECT charge_id, downstream_key FROM processor_events
+            WHERE payment_id = $1 AND type = 'charge.succeeded' AND charge_id <> $2
+            ORDER BY created, received_at LIMIT 1"#,
+        payment_id as &PaymentId,
+        charge_id,
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(row.map(|r| (r.charge_id, r.downstream_key)))
 }
 
 /// The charge the processor says the call under `downstream_key` made, if an event told us.

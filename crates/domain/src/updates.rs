@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use idem::{Interrupted, Lease, Operation, PhaseError, RecoveryPoint, Step, StoredResponse, boxed};
+use idem::{Interrupted, Lease, Operation, Phase, PhaseError, RecoveryPoint, Step, StoredResponse};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
@@ -205,50 +205,57 @@ pub(crate) fn problem_answer(
 impl Operation for UpdatePayment {
     type Point = UpdatePoint;
 
-    async fn step(&self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
+    async fn step(&mut self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
         let UpdatePoint::Started = at;
-        let patch = &self.params.patch;
         let request_id = lease.request_id().to_owned();
+        let base = &self.public_base_url;
         lease
-            .phase(|tx| {
-                let (params, patch, request_id, base) = (
-                    self.params.clone(),
-                    patch.clone(),
-                    request_id.clone(),
-                    self.public_base_url.clone(),
-                );
-                boxed(async move {
-                    let (request_id, base) = (request_id.as_str(), &*base);
-                    let outcome = apply(
-                        tx,
-                        &params.account_id,
-                        &params.payment_id,
-                        &patch,
-                        params.if_match.as_deref(),
-                    )
-                    .await;
-                    let answer = match outcome {
-                        Ok(Patched::Updated(payment)) => {
-                            crate::operations::payment_answer(200, &payment, false)
-                        }
-                        Ok(Patched::Missing) => {
-                            problem_answer(&missing_problem(&params.payment_id), request_id, base)
-                        }
-                        Ok(Patched::Stale { current_etag }) => {
-                            problem_answer(&stale_problem(&current_etag), request_id, base)
-                        }
-                        // A rule broken only by the merge (too many pairs) is this key's answer.
-                        Err(DomainError::Invalid { param, message }) => problem_answer(
-                            &Problem::new(ProblemCode::InvalidRequest, message).with_param(param),
-                            request_id,
-                            base,
-                        ),
-                        Err(err) => return Err(PhaseError::from(err)),
-                    };
-                    Ok::<_, PhaseError<DomainError>>(Step::<UpdatePoint>::Finish(answer))
-                })
+            .phase(ApplyPatch {
+                params: &self.params,
+                patch: &self.params.patch,
+                request_id: &request_id,
+                base,
             })
             .await?;
         Ok(())
+    }
+}
+
+/// The one phase of an update: the patch applied to the payment (or refused), and the answer.
+struct ApplyPatch<'a> {
+    params: &'a UpdateParams,
+    patch: &'a PaymentPatch,
+    request_id: &'a str,
+    base: &'a str,
+}
+
+impl Phase for ApplyPatch<'_> {
+    type Point = UpdatePoint;
+    type Error = DomainError;
+
+    async fn run(
+        &mut self,
+        tx: &mut PgConnection,
+    ) -> Result<Step<UpdatePoint>, PhaseError<DomainError>> {
+        let (params, request_id, base) = (self.params, self.request_id, self.base);
+        let (account_id, payment_id) = (&params.account_id, &params.payment_id);
+        let if_match = params.if_match.as_deref();
+        let answer = match apply(tx, account_id, payment_id, self.patch, if_match).await {
+            Ok(Patched::Updated(payment)) => {
+                crate::operations::payment_answer(200, &payment, false)
+            }
+            Ok(Patched::Missing) => problem_answer(&missing_problem(payment_id), request_id, base),
+            Ok(Patched::Stale { current_etag }) => {
+                problem_answer(&stale_problem(&current_etag), request_id, base)
+            }
+            // A rule broken only by the merge (too many pairs) is this key's answer.
+            Err(DomainError::Invalid { param, message }) => problem_answer(
+                &Problem::new(ProblemCode::InvalidRequest, message).with_param(param),
+                request_id,
+                base,
+            ),
+            Err(err) => return Err(PhaseError::from(err)),
+        };
+        Ok(Step::Finish(answer))
     }
 }

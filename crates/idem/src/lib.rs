@@ -47,7 +47,8 @@
 //! same one, and the other side does the work once.
 //!
 //! ```no_run
-//! use idem::{Interrupted, Lease, Operation, PhaseError, RecoveryPoint, Step, StoredResponse, TransientKind, boxed};
+//! use idem::{Interrupted, Lease, Operation, Phase, PhaseError, RecoveryPoint, Step, StoredResponse, TransientKind};
+//! use sqlx::PgConnection;
 //!
 //! #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 //! enum Point { Started, OrderCreated }
@@ -68,38 +69,55 @@
 //! impl Operation for PlaceOrder {
 //!     type Point = Point;
 //!
-//!     async fn step(&self, lease: &mut Lease, at: Point) -> Result<(), Interrupted> {
+//!     async fn step(&mut self, lease: &mut Lease, at: Point) -> Result<(), Interrupted> {
 //!         let key_id = lease.key_id();
 //!         match at {
 //!             // Phase 1: a local record, and the point "about to call".
 //!             Point::Started => {
-//!                 lease.phase(|tx| boxed(async move {
-//!                     sqlx::query("INSERT INTO orders (idempotency_key_id) VALUES ($1)")
-//!                         .bind(key_id).execute(&mut *tx).await?;
-//!                     Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
-//!                 })).await?;
+//!                 lease.phase(CreateOrder { key_id }).await?;
 //!             }
 //!             // The foreign call, outside any transaction, with a key derived from our record;
 //!             // then phase 2 records its result and stores the final response.
 //!             Point::OrderCreated => {
 //!                 let shipment = ship(format!("order-{key_id}/ship")).await
 //!                     .map_err(|detail| Interrupted::Transient { kind: TransientKind::Processor, detail })?;
-//!                 lease.phase(|tx| {
-//!                     let shipment = shipment.clone();
-//!                     boxed(async move {
-//!                         sqlx::query("UPDATE orders SET shipment = $2 WHERE idempotency_key_id = $1")
-//!                             .bind(key_id).bind(&shipment).execute(&mut *tx).await?;
-//!                         Ok::<_, PhaseError<String>>(Step::<Point>::Finish(StoredResponse::json(201, shipment.into_bytes())))
-//!                     })
-//!                 }).await?;
+//!                 lease.phase(RecordShipment { key_id, shipment: &shipment }).await?;
 //!             }
 //!         }
 //!         Ok(())
 //!     }
 //! }
+//!
+//! // A phase is a value that borrows what it needs; `Lease::phase` runs it in a transaction with
+//! // the fence, and may run it again after a deadlock.
+//! struct CreateOrder { key_id: i64 }
+//!
+//! impl Phase for CreateOrder {
+//!     type Point = Point;
+//!     type Error = String;
+//!
+//!     async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
+//!         sqlx::query("INSERT INTO orders (idempotency_key_id) VALUES ($1)")
+//!             .bind(self.key_id).execute(&mut *tx).await?;
+//!         Ok(Step::Next(Point::OrderCreated))
+//!     }
+//! }
+//!
+//! struct RecordShipment<'a> { key_id: i64, shipment: &'a str }
+//!
+//! impl Phase for RecordShipment<'_> {
+//!     type Point = Point;
+//!     type Error = String;
+//!
+//!     async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
+//!         sqlx::query("UPDATE orders SET shipment = $2 WHERE idempotency_key_id = $1")
+//!             .bind(self.key_id).bind(self.shipment).execute(&mut *tx).await?;
+//!         Ok(Step::Finish(StoredResponse::json(201, self.shipment.as_bytes().to_vec())))
+//!     }
+//! }
 //! ```
 //!
-//! A request then claims the key and, holding it, runs `idem::drive(&PlaceOrder, lease)` on a
+//! A request then claims the key and, holding it, runs `idem::drive(&mut PlaceOrder, lease)` on a
 //! task of its own (so that a client hanging up cannot cancel it halfway); the completer runs the
 //! same `drive` on keys nobody finished.
 //!
@@ -126,8 +144,8 @@ mod response;
 mod store;
 
 pub use engine::{
-    Claim, ClaimRequest, Due, Engine, EngineConfig, FINISHED, Interrupted, Lease, Operation,
-    Reaped, RecoveryPoint, STARTED, Step, TransientKind, boxed, drive,
+    Claim, ClaimRequest, Due, Engine, EngineConfig, FINISHED, Interrupted, Lease, OneStatement,
+    Operation, Phase, Reaped, RecoveryPoint, STARTED, Step, TransientKind, drive,
 };
 pub use error::{IdemError, PhaseError, is_retryable};
 pub use failpoint::failpoint;

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use idem::{
     Claim, ClaimRequest, Engine, EngineConfig, Event, Fingerprint, IdempotencyKey, Interrupted,
-    Lease, Observer, Operation, PhaseError, RecoveryPoint, RequestParts, Step, StoredResponse,
-    TransientKind, boxed, drive,
+    Lease, Observer, Operation, Phase, PhaseError, RecoveryPoint, RequestParts, Step,
+    StoredResponse, TransientKind, drive,
 };
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 // ---------------------------------------------------------------------------------------------
 // A sample operation: `started` → (phase: insert an order) → `order_created` → (foreign call:
@@ -82,21 +82,11 @@ struct PlaceOrder {
 impl Operation for PlaceOrder {
     type Point = Point;
 
-    async fn step(&self, lease: &mut Lease, at: Point) -> Result<(), Interrupted> {
+    async fn step(&mut self, lease: &mut Lease, at: Point) -> Result<(), Interrupted> {
         let key_id = lease.key_id();
         match at {
             Point::Started => {
-                lease
-                    .phase(|tx| {
-                        boxed(async move {
-                            sqlx::query("INSERT INTO orders (key_id) VALUES ($1)")
-                                .bind(key_id)
-                                .execute(&mut *tx)
-                                .await?;
-                            Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
-                        })
-                    })
-                    .await?;
+                lease.phase(Insert::order(key_id)).await?;
             }
             Point::OrderCreated => {
                 let order_id: i64 = sqlx::query_scalar("SELECT id FROM orders WHERE key_id = $1")
@@ -110,41 +100,97 @@ impl Operation for PlaceOrder {
                 let shipment = self.shipper.ship(&format!("order_{order_id}/ship")).await.map_err(
                     |detail| Interrupted::Transient { kind: TransientKind::Processor, detail },
                 )?;
-                lease
-                    .phase(|tx| {
-                        let shipment = shipment.clone();
-                        boxed(async move {
-                            sqlx::query("UPDATE orders SET shipment = $2 WHERE key_id = $1")
-                                .bind(key_id)
-                                .bind(shipment)
-                                .execute(&mut *tx)
-                                .await?;
-                            Ok::<_, PhaseError<String>>(Step::Next(Point::Shipped))
-                        })
-                    })
-                    .await?;
+                lease.phase(RecordShipment { key_id, shipment: &shipment }).await?;
             }
             Point::Shipped => {
-                lease
-                    .phase(|tx| {
-                        boxed(async move {
-                            let (id, shipment): (i64, String) =
-                                sqlx::query_as("SELECT id, shipment FROM orders WHERE key_id = $1")
-                                    .bind(key_id)
-                                    .fetch_one(&mut *tx)
-                                    .await?;
-                            let body =
-                                json!({"order": id, "shipment": shipment}).to_string().into_bytes();
-                            Ok::<_, PhaseError<String>>(Step::<Point>::Finish(
-                                StoredResponse::json(201, body)
-                                    .with_header("location", format!("/orders/{id}")),
-                            ))
-                        })
-                    })
-                    .await?;
+                lease.phase(Answer { key_id }).await?;
             }
         }
         Ok(())
+    }
+}
+
+/// Inserts an order for the key (`shipment` set, when given), after `pause`, then moves to
+/// `order_created`, fails or hangs as `outcome` says.
+struct Insert {
+    key_id: i64,
+    shipment: Option<&'static str>,
+    pause: Duration,
+    outcome: Outcome,
+}
+
+#[derive(Clone, Copy)]
+enum Outcome {
+    Next,
+    Fail,
+    Hang,
+}
+
+impl Insert {
+    /// The sample operation's first phase.
+    fn order(key_id: i64) -> Self {
+        Self { key_id, shipment: None, pause: Duration::ZERO, outcome: Outcome::Next }
+    }
+}
+
+impl Phase for Insert {
+    type Point = Point;
+    type Error = String;
+
+    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
+        tokio::time::sleep(self.pause).await;
+        sqlx::query("INSERT INTO orders (key_id, shipment) VALUES ($1, $2)")
+            .bind(self.key_id)
+            .bind(self.shipment)
+            .execute(&mut *tx)
+            .await?;
+        match self.outcome {
+            Outcome::Next => Ok(Step::Next(Point::OrderCreated)),
+            Outcome::Fail => Err(PhaseError::Operation("something broke after a write".into())),
+            Outcome::Hang => std::future::pending().await,
+        }
+    }
+}
+
+/// The sample operation's second phase: records the shipment.
+struct RecordShipment<'a> {
+    key_id: i64,
+    shipment: &'a str,
+}
+
+impl Phase for RecordShipment<'_> {
+    type Point = Point;
+    type Error = String;
+
+    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
+        sqlx::query("UPDATE orders SET shipment = $2 WHERE key_id = $1")
+            .bind(self.key_id)
+            .bind(self.shipment)
+            .execute(&mut *tx)
+            .await?;
+        Ok(Step::Next(Point::Shipped))
+    }
+}
+
+/// The sample operation's last phase: stores the answer.
+struct Answer {
+    key_id: i64,
+}
+
+impl Phase for Answer {
+    type Point = Point;
+    type Error = String;
+
+    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
+        let (id, shipment): (i64, String) =
+            sqlx::query_as("SELECT id, shipment FROM orders WHERE key_id = $1")
+                .bind(self.key_id)
+                .fetch_one(&mut *tx)
+                .await?;
+        let body = json!({"order": id, "shipment": shipment}).to_string().into_bytes();
+        let response =
+            StoredResponse::json(201, body).with_header("location", format!("/orders/{id}"));
+        Ok(Step::Finish(response))
     }
 }
 
@@ -251,7 +297,7 @@ impl Harness {
     }
 
     async fn run(&self, lease: Lease) -> Result<StoredResponse, Interrupted> {
-        drive(&self.operation(), lease).await
+        drive(&mut self.operation(), lease).await
     }
 
     /// Moves a key's lease into the past, as if its holder had stalled that long.
@@ -481,7 +527,7 @@ async fn a_new_key_is_stored_only_by_its_first_phase_and_a_duplicate_meanwhile_s
     };
 
     // The first phase to commit stores the key with its writes.
-    let op = h.operation();
+    let mut op = h.operation();
     op.step(&mut first, Point::Started).await.unwrap();
     assert_eq!(rows().await, 1);
     assert_eq!(h.recovery_point("k1").await, "order_created");
@@ -524,18 +570,8 @@ async fn a_shutdown_waits_for_a_new_key_on_its_way_and_leaves_it_free(pool: PgPo
     // The first phase stores the key, then takes its time: the row is written, not committed,
     // when the shutdown gives up, so no release could find it yet.
     let phase = tokio::spawn(async move {
-        lease
-            .phase(|tx| {
-                boxed(async move {
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    sqlx::query("INSERT INTO orders (key_id) VALUES ($1)")
-                        .bind(key_id)
-                        .execute(&mut *tx)
-                        .await?;
-                    Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
-                })
-            })
-            .await
+        let slow = Insert { pause: Duration::from_millis(300), ..Insert::order(key_id) };
+        lease.phase(slow).await
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     h.engine.release_held("stopping").await;
@@ -589,11 +625,51 @@ async fn a_shutdown_gives_back_held_leases_and_any_granted_after_it(pool: PgPool
         let key = key(k);
         let body = json!({"item": "book"});
         match other.claim(&order_claim("acct_1", &key, &body)).await.unwrap() {
-            Claim::Acquired(lease) => drive(&h.operation(), lease).await.unwrap(),
+            Claim::Acquired(lease) => drive(&mut h.operation(), lease).await.unwrap(),
             claim => panic!("{k}: expected to resume it, got {claim:?}"),
         };
     }
     assert_eq!(h.orders().await, 2);
+}
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_shutdown_waits_for_a_takeover_on_its_way_and_leaves_the_key_free(pool: PgPool) {
+    let h = Arc::new(harness(pool).await);
+    let mut first = h.acquire("k1").await;
+    first.renew().await.unwrap();
+    first.release("let go").await;
+    // Another transaction holds the key's row, so a retry's takeover waits behind it: the
+    // database grants that lease only after the shutdown below has looked.
+    let mut blocker = h.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idempotency_keys WHERE idempotency_key = 'k1' FOR UPDATE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let claim = tokio::spawn({
+        let h = h.clone();
+        async move { h.claim("k1").await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let unblock = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        blocker.commit().await.unwrap();
+    });
+    h.engine.release_held("stopping").await;
+    // The process exits when `release_held` returns: by then the takeover has committed and
+    // given its lease back.
+    assert!(claim.is_finished(), "release_held returned while a takeover was on its way");
+    assert!(matches!(claim.await.unwrap(), Claim::InUse));
+    unblock.await.unwrap();
+
+    // Another process resumes the key at once: its lease was given back, not left to run out.
+    let other = Engine::new(h.pool.clone(), EngineConfig::default(), h.events.clone());
+    let key = key("k1");
+    let body = json!({"item": "book"});
+    match other.claim(&order_claim("acct_1", &key, &body)).await.unwrap() {
+        Claim::Acquired(lease) => drive(&mut h.operation(), lease).await.unwrap(),
+        claim => panic!("expected to resume the key, got {claim:?}"),
+    };
+    assert_eq!(h.orders().await, 1);
 }
 
 #[sqlx::test(migrations = "../../migrations")]
@@ -645,7 +721,7 @@ async fn a_key_abandoned_at_every_recovery_point_resumes_and_ships_once(pool: Pg
         let key_value = format!("k{n}");
         // Run phases until the key is at `stop_at`, then walk away holding the lease.
         let mut lease = h.acquire(&key_value).await;
-        let op = h.operation();
+        let mut op = h.operation();
         while lease.point::<Point>().unwrap() != stop_at {
             let at = lease.point::<Point>().unwrap();
             op.step(&mut lease, at).await.unwrap();
@@ -681,17 +757,7 @@ async fn a_late_commit_by_a_holder_that_lost_its_lease_is_rejected_and_leaves_no
     let fast = h.acquire("k1").await;
 
     // The slow holder wakes up and tries to commit its phase.
-    let late = slow
-        .phase(|tx| {
-            boxed(async move {
-                sqlx::query("INSERT INTO orders (key_id, shipment) VALUES ($1, 'late')")
-                    .bind(1_i64)
-                    .execute(&mut *tx)
-                    .await?;
-                Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
-            })
-        })
-        .await;
+    let late = slow.phase(Insert { shipment: Some("late"), ..Insert::order(1) }).await;
     assert!(matches!(late, Err(PhaseError::LeaseLost)));
     assert_eq!(h.orders().await, 0, "the fenced phase rolled back its own writes");
     assert_eq!(h.recovery_point("k1").await, "started");
@@ -743,16 +809,7 @@ async fn fifty_concurrent_requests_of_one_key_yield_exactly_one_holder(pool: PgP
 async fn a_phase_that_errors_rolls_back_completely_and_the_next_attempt_resumes(pool: PgPool) {
     let h = harness(pool).await;
     let mut lease = h.acquire("k1").await;
-    let failed = lease
-        .phase(|tx| {
-            boxed(async move {
-                sqlx::query("INSERT INTO orders (key_id) VALUES (1)").execute(&mut *tx).await?;
-                Err::<Step<Point>, _>(PhaseError::Operation(
-                    "something broke after a write".to_owned(),
-                ))
-            })
-        })
-        .await;
+    let failed = lease.phase(Insert { outcome: Outcome::Fail, ..Insert::order(1) }).await;
     assert!(matches!(failed, Err(PhaseError::Operation(_))));
     assert_eq!(h.orders().await, 0);
     assert_eq!(lease.point::<Point>().unwrap(), Point::Started);
@@ -769,13 +826,7 @@ async fn an_operation_dropped_mid_phase_leaves_the_key_resumable(pool: PgPool) {
     let h = harness(pool).await;
     // Dropped inside a transaction, after a write and before the commit.
     let mut lease = h.acquire("k1").await;
-    let stuck = lease.phase(|tx| {
-        boxed(async move {
-            sqlx::query("INSERT INTO orders (key_id) VALUES (1)").execute(&mut *tx).await?;
-            std::future::pending::<()>().await;
-            Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
-        })
-    });
+    let stuck = lease.phase(Insert { outcome: Outcome::Hang, ..Insert::order(1) });
     assert!(tokio::time::timeout(Duration::from_millis(200), stuck).await.is_err());
     drop(lease);
     assert_eq!(h.orders().await, 0, "the open transaction was rolled back");
@@ -799,29 +850,8 @@ async fn an_operation_dropped_mid_phase_leaves_the_key_resumable(pool: PgPool) {
 async fn serialization_failures_are_retried_not_surfaced(pool: PgPool) {
     let h = harness(pool).await;
     let mut lease = h.acquire("k1").await;
-    let runs = Arc::new(AtomicUsize::new(0));
-    let step = lease
-        .phase(|tx| {
-            let runs = runs.clone();
-            boxed(async move {
-                sqlx::query("INSERT INTO orders (key_id) VALUES (1)").execute(&mut *tx).await?;
-                // The first run fails as a serialization failure would, the second as a
-                // deadlock would: real errors from Postgres with those SQLSTATEs.
-                let code = match runs.fetch_add(1, Ordering::SeqCst) {
-                    0 => Some("40001"),
-                    1 => Some("40P01"),
-                    _ => None,
-                };
-                if let Some(code) = code {
-                    let raise = format!(
-                        "DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '{code}'; END $$"
-                    );
-                    sqlx::query(&raise).execute(&mut *tx).await?;
-                }
-                Ok::<_, PhaseError<String>>(Step::Next(Point::OrderCreated))
-            })
-        })
-        .await;
+    let runs = AtomicUsize::new(0);
+    let step = lease.phase(Flaky { runs: &runs }).await;
     assert_eq!(step.unwrap(), Step::Next(Point::OrderCreated));
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     assert_eq!(h.events.count(Event::DatabaseRetry), 2, "both SQLSTATEs were retried");
@@ -935,7 +965,7 @@ async fn random_interleavings_keep_one_answer_and_one_shipment_per_key(pool: PgP
                 }
                 Action::CrashAfter(steps) => {
                     if let Claim::Acquired(mut lease) = h.claim(&key).await {
-                        let op = h.operation();
+                        let mut op = h.operation();
                         for _ in 0..*steps {
                             let Ok(at) = lease.point::<Point>() else { break };
                             if lease.finished().is_some() || op.step(&mut lease, at).await.is_err()
@@ -1006,5 +1036,31 @@ async fn random_interleavings_keep_one_answer_and_one_shipment_per_key(pool: PgP
             other => panic!("key {key} is not finished after {actions:?}: {other:?}"),
         }
         assert_eq!(h.shipper.shipments_made() - shipments_before, 1, "{actions:?}");
+    }
+}
+
+/// Inserts an order; its first run fails as a serialization failure would, its second as a
+/// deadlock would: real errors from Postgres with those SQLSTATEs.
+struct Flaky<'a> {
+    runs: &'a AtomicUsize,
+}
+
+impl Phase for Flaky<'_> {
+    type Point = Point;
+    type Error = String;
+
+    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
+        sqlx::query("INSERT INTO orders (key_id) VALUES (1)").execute(&mut *tx).await?;
+        let code = match self.runs.fetch_add(1, Ordering::SeqCst) {
+            0 => Some("40001"),
+            1 => Some("40P01"),
+            _ => None,
+        };
+        if let Some(code) = code {
+            let raise =
+                format!("DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '{code}'; END $$");
+            sqlx::query(&raise).execute(&mut *tx).await?;
+        }
+        Ok(Step::Next(Point::OrderCreated))
     }
 }

@@ -6,16 +6,15 @@
 //!   the same key, and money-moving requests frozen before their first attempt
 //!   ([`FrozenRequest`]).
 //! - [`keys`]: the downstream idempotency keys, derived from our own record ids.
-//! - [`sim`]: the stand-in processor (`processor-sim`), with real in-memory state, Stripe's
-//!   idempotency semantics and seeded fault injection, which sends Stripe-style webhooks.
 //! - [`signature`]: Stripe's webhook signature scheme, to sign and to verify.
+//! - [`types`]: the processor's objects and the requests we send, in Stripe's wire format.
 //!
-//! This crate knows nothing of SQL or of payments' state machine.
+//! This crate knows nothing of SQL or of payments' state machine, and serves nothing: the
+//! stand-in processor it talks to in tests and demos is the `processor-sim` crate.
 
 pub mod client;
 pub mod keys;
 pub mod signature;
-pub mod sim;
 pub mod types;
 
 pub use client::{

@@ -22,7 +22,7 @@ use payments_domain::{AccountId, PaymentId};
 use payments_settings::Settings;
 use payments_worker::jobs::{Mailer, Receipt, SmtpMailer};
 use payments_worker::{PassReport, Worker};
-use provider::sim::{FaultConfig, Simulator};
+use processor_sim::{FaultConfig, Simulator};
 use provider::{ProcessorClient, ProcessorConfig};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -132,7 +132,7 @@ impl Harness {
         key: &str,
         operation: &str,
         params: &Value,
-        op: O,
+        mut op: O,
         stop_at: O::Point,
     ) {
         let Claim::Acquired(mut lease) = self.claim(key, operation, params).await else {
@@ -182,7 +182,7 @@ impl Harness {
             panic!("new key")
         };
         let answer =
-            idem::drive(&CreatePayment::new(self.ctx.clone(), params), lease).await.unwrap();
+            idem::drive(&mut CreatePayment::new(self.ctx.clone(), params), lease).await.unwrap();
         let body: Value = serde_json::from_slice(&answer.body).unwrap();
         PaymentId::parse(body["id"].as_str().unwrap()).unwrap()
     }
@@ -649,7 +649,7 @@ async fn a_failing_job_is_retried_then_dead_lettered(pool: PgPool) {
     else {
         panic!()
     };
-    idem::drive(&CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
+    idem::drive(&mut CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
 
     let mut reports = Vec::new();
     for _ in 0..3 {
@@ -679,7 +679,7 @@ async fn a_receipt_job_that_runs_twice_sends_one_receipt(pool: PgPool) {
     else {
         panic!()
     };
-    idem::drive(&CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
+    idem::drive(&mut CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
 
     assert_eq!(h.pass().await.jobs_done, 1);
     // As if the worker had died after sending and before marking the job done.
@@ -871,7 +871,7 @@ async fn a_receipt_sent_again_by_a_second_runner_carries_one_message_id(pool: Pg
     else {
         panic!()
     };
-    let answer = idem::drive(&CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
+    let answer = idem::drive(&mut CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
     let payment: Value = serde_json::from_slice(&answer.body).unwrap();
     let payment_id = payment["id"].as_str().unwrap().to_owned();
     let runner = || {

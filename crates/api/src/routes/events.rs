@@ -15,6 +15,7 @@ use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiPath, ApiQuery};
 use crate::idempotency::stored_response;
+use crate::openapi::{ApiKey, EventList, OK, Problems, code, param};
 use crate::routes::payments::{List, ListParams, cursor_missing, raw_items};
 
 /// The query of `GET /v1/events`: the page, and optionally one type.
@@ -59,6 +60,18 @@ fn no_such_event(id: &str) -> ApiError {
 }
 
 /// `GET /v1/events/{id}`
+#[utoipa::path(
+    get,
+    path = "/v1/events/{id}",
+    operation_id = "retrieveEvent",
+    tag = "events",
+    summary = "Retrieve an event",
+    params(param::EventId),
+    responses(
+        (status = 200, description = OK, body = EventDoc),
+        Problems<ApiKey, (code::ResourceMissing,)>,
+    )
+)]
 pub async fn retrieve(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
@@ -71,6 +84,18 @@ pub async fn retrieve(
 }
 
 /// `GET /v1/events`
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    operation_id = "listEvents",
+    tag = "events",
+    summary = "List events (each written in the same transaction as its change), newest first",
+    params(param::EventType, param::Page),
+    responses(
+        (status = 200, description = OK, body = EventList),
+        Problems<ApiKey, (code::InvalidRequest, code::ResourceMissing)>,
+    )
+)]
 pub async fn list(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,

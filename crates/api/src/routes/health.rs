@@ -9,16 +9,37 @@ use axum::http::StatusCode;
 use serde_json::{Value, json};
 
 use crate::app::AppState;
+use crate::openapi::OK;
 
 /// How long a readiness probe may wait for the database before it says "not ready".
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Liveness: answers as long as the process serves HTTP at all.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "operations",
+    summary = "The process is alive",
+    responses((status = 200, description = OK, body = Object))
+)]
 pub async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
 /// Readiness: 200 when the database answers and every migration this binary knows is applied.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "operations",
+    summary = "The database answers and the migrations are applied (503 otherwise)",
+    responses(
+        (status = 200, description = OK, body = Object),
+        (status = 503, description = "The database does not answer or the schema is behind",
+            body = Object),
+    )
+)]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let expected = crate::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let applied = tokio::time::timeout(READY_TIMEOUT, applied_version(&state.pool)).await;

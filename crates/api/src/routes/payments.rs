@@ -24,6 +24,7 @@ use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiPath, ApiQuery, JsonBody};
 use crate::idempotency::{IdempotentPost, Keyed, OptionalKey, RequestMeta, stored_response};
+use crate::openapi::{self, CREATED, OK, PaymentList, Problems, code, param};
 
 /// The largest page a list returns.
 pub const LIST_LIMIT_MAX: u32 = 100;
@@ -125,6 +126,24 @@ pub(crate) fn no_such_payment(id: &str) -> ApiError {
 }
 
 /// `POST /v1/payments`
+#[utoipa::path(
+    post,
+    path = "/v1/payments",
+    operation_id = "createPayment",
+    tag = "payments",
+    summary = "Create a payment and charge it (or authorize it, with capture_method=manual)",
+    params(param::IdempotencyKey),
+    request_body(content = CreatePaymentRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = CREATED, body = payments::Representation<'static>,
+            headers(("Location"), ("ETag"), ("Idempotent-Replayed"))),
+        Problems<openapi::Keyed, (
+            code::CardDeclined,
+            code::ProcessorUnavailable,
+            code::OperationNeedsReview,
+        )>,
+    )
+)]
 pub async fn create(
     State(state): State<AppState>,
     post: IdempotentPost<CreatePaymentRequest>,
@@ -153,6 +172,19 @@ pub(crate) async fn require_payment<T>(
 }
 
 /// `GET /v1/payments/{id}`
+#[utoipa::path(
+    get,
+    path = "/v1/payments/{id}",
+    operation_id = "retrievePayment",
+    tag = "payments",
+    summary = "Retrieve a payment",
+    params(param::PaymentId),
+    responses(
+        (status = 200, description = OK, body = payments::Representation<'static>,
+            headers(("ETag"))),
+        Problems<openapi::ApiKey, (code::ResourceMissing,)>,
+    )
+)]
 pub async fn retrieve(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
@@ -165,6 +197,18 @@ pub async fn retrieve(
 }
 
 /// `GET /v1/payments`
+#[utoipa::path(
+    get,
+    path = "/v1/payments",
+    operation_id = "listPayments",
+    tag = "payments",
+    summary = "List payments, newest first",
+    params(param::Page),
+    responses(
+        (status = 200, description = OK, body = PaymentList),
+        Problems<openapi::ApiKey, (code::InvalidRequest,)>,
+    )
+)]
 pub async fn list(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
@@ -208,6 +252,29 @@ pub use payments_domain::updates::PaymentPatch;
 /// `PATCH /v1/payments/{id}`. Without an `Idempotency-Key` the patch is applied at once. With
 /// one, it is claimed, stored and replayed like a POST: a merge patch retried after someone
 /// else's change would undo that change, and a replay does not.
+#[utoipa::path(
+    patch,
+    path = "/v1/payments/{id}",
+    operation_id = "updatePayment",
+    tag = "payments",
+    summary = "Change a payment's description and metadata (JSON Merge Patch, RFC 7386)",
+    params(param::PaymentId, param::IfMatch, param::PatchKey),
+    request_body(content = PaymentPatch, content_type = "application/merge-patch+json"),
+    responses(
+        (status = 200, description = OK, body = payments::Representation<'static>,
+            headers(("ETag"))),
+        Problems<openapi::ApiKey, (
+            code::IdempotencyKeyInvalid,
+            code::IdempotencyKeyInUse,
+            code::IdempotencyKeyReused,
+            code::InvalidRequest,
+            code::ResourceMissing,
+            code::PreconditionFailed,
+            code::PayloadTooLarge,
+            code::UnsupportedMediaType,
+        )>,
+    )
+)]
 #[allow(clippy::too_many_arguments)] // one extractor per part of the request, in checking order
 pub async fn update(
     State(state): State<AppState>,
@@ -254,6 +321,26 @@ pub struct CaptureBody {
 }
 
 /// `POST /v1/payments/{id}/capture`
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/capture",
+    operation_id = "capturePayment",
+    tag = "payments",
+    summary = "Capture an authorized payment",
+    params(param::PaymentId, param::IdempotencyKey),
+    request_body(content = Option<CaptureBody>, content_type = "application/json"),
+    responses(
+        (status = 200, description = OK, body = payments::Representation<'static>,
+            headers(("ETag"), ("Idempotent-Replayed"))),
+        Problems<openapi::Keyed, (
+            code::ResourceMissing,
+            code::PaymentUnexpectedState,
+            code::AmountTooLarge,
+            code::ProcessorUnavailable,
+            code::OperationNeedsReview,
+        )>,
+    )
+)]
 pub async fn capture(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -285,6 +372,25 @@ pub struct CancelBody {
 }
 
 /// `POST /v1/payments/{id}/cancel`
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/cancel",
+    operation_id = "cancelPayment",
+    tag = "payments",
+    summary = "Cancel an authorized payment, releasing the authorization",
+    params(param::PaymentId, param::IdempotencyKey),
+    request_body(content = Option<CancelBody>, content_type = "application/json"),
+    responses(
+        (status = 200, description = OK, body = payments::Representation<'static>,
+            headers(("ETag"), ("Idempotent-Replayed"))),
+        Problems<openapi::Keyed, (
+            code::ResourceMissing,
+            code::PaymentUnexpectedState,
+            code::ProcessorUnavailable,
+            code::OperationNeedsReview,
+        )>,
+    )
+)]
 pub async fn cancel(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,

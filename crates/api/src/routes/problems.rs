@@ -5,8 +5,21 @@ use axum::extract::Path;
 use axum::response::Html;
 
 use crate::error::{ApiError, ProblemCode};
+use crate::openapi::{OK, Problems, Public, code, param};
 
 /// The documentation page of one problem code.
+#[utoipa::path(
+    get,
+    path = "/problems/{code}",
+    operation_id = "problem",
+    tag = "operations",
+    summary = "The documentation page of a problem type",
+    params(param::Code),
+    responses(
+        (status = 200, description = OK, body = String, content_type = "text/html"),
+        Problems<Public, (code::ResourceMissing,)>,
+    )
+)]
 pub async fn show(Path(code): Path<String>) -> Result<Html<String>, ApiError> {
     let code = ProblemCode::parse(&code).ok_or_else(|| {
         ApiError::resource_missing(format!("No problem type is called `{code}`."))

@@ -24,6 +24,7 @@ use serde::Serialize;
 
 use crate::app::AppState;
 use crate::error::{ApiError, ProblemCode};
+use crate::openapi::{OK, Problems, ProcessorEvent, Public, code, param};
 
 /// The answer to a verified delivery.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -52,6 +53,26 @@ fn refusal(refused: &Refused) -> ApiError {
 }
 
 /// `POST /webhooks/processor`
+#[utoipa::path(
+    post,
+    path = "/webhooks/processor",
+    operation_id = "receiveProcessorWebhook",
+    tag = "webhooks",
+    summary = "The card processor's webhooks (charge.succeeded, charge.failed, charge.captured, \
+               charge.refunded), signed with Stripe-Signature; recorded once per event id",
+    params(param::StripeSignature),
+    request_body(content = ProcessorEvent, content_type = "application/json"),
+    responses(
+        (status = 200, description = OK, body = ProcessorWebhookReceipt),
+        Problems<Public, (
+            code::InvalidRequest,
+            code::ResourceMissing,
+            code::PayloadTooLarge,
+            code::InternalError,
+            code::ServiceUnavailable,
+        )>,
+    )
+)]
 pub async fn receive(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -78,6 +99,11 @@ pub async fn receive(
     let (outcome, payment) = match received {
         Received::Recorded { payment_id, woke } => {
             tracing::info!(event_id = %event.id, event_type = %event.event_type, %payment_id, woke, "processor webhook recorded");
+            ("recorded", Some(payment_id))
+        }
+        // Logged and audited as an error by `receive`; the event itself is recorded.
+        Received::ExtraCharge { payment_id, charge_id } => {
+            tracing::warn!(event_id = %event.id, %payment_id, charge = %charge_id, "processor webhook reports a second charge for a payment");
             ("recorded", Some(payment_id))
         }
         Received::Unmatched => {

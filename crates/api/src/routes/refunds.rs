@@ -13,11 +13,32 @@ use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiPath, ApiQuery};
 use crate::idempotency::{IdempotentPost, stored_response};
+use crate::openapi::{ApiKey, CREATED, Keyed, OK, Problems, RefundList, code, param};
 use crate::routes::payments::{
     List, ListParams, cursor_missing, no_such_payment, payment_id, raw_items, require_payment,
 };
 
 /// `POST /v1/payments/{id}/refunds`
+#[utoipa::path(
+    post,
+    path = "/v1/payments/{id}/refunds",
+    operation_id = "createRefund",
+    tag = "refunds",
+    summary = "Refund a captured payment, in whole or in part",
+    params(param::PaymentId, param::IdempotencyKey),
+    request_body(content = Option<CreateRefundRequest>, content_type = "application/json"),
+    responses(
+        (status = 201, description = CREATED, body = refunds::Representation<'static>,
+            headers(("Location"), ("ETag"), ("Idempotent-Replayed"))),
+        Problems<Keyed, (
+            code::ResourceMissing,
+            code::PaymentUnexpectedState,
+            code::AmountTooLarge,
+            code::ProcessorUnavailable,
+            code::OperationNeedsReview,
+        )>,
+    )
+)]
 pub async fn create(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<String>,
@@ -31,6 +52,19 @@ pub async fn create(
 }
 
 /// `GET /v1/refunds/{id}`
+#[utoipa::path(
+    get,
+    path = "/v1/refunds/{id}",
+    operation_id = "retrieveRefund",
+    tag = "refunds",
+    summary = "Retrieve a refund",
+    params(param::RefundId),
+    responses(
+        (status = 200, description = OK, body = refunds::Representation<'static>,
+            headers(("ETag"))),
+        Problems<ApiKey, (code::ResourceMissing,)>,
+    )
+)]
 pub async fn retrieve(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
@@ -44,6 +78,18 @@ pub async fn retrieve(
 }
 
 /// `GET /v1/payments/{id}/refunds`
+#[utoipa::path(
+    get,
+    path = "/v1/payments/{id}/refunds",
+    operation_id = "listRefunds",
+    tag = "refunds",
+    summary = "List a payment's refunds, newest first",
+    params(param::PaymentId, param::Page),
+    responses(
+        (status = 200, description = OK, body = RefundList),
+        Problems<ApiKey, (code::InvalidRequest, code::ResourceMissing)>,
+    )
+)]
 pub async fn list(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,

@@ -20,6 +20,7 @@ use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiPath, JsonBody};
 use crate::idempotency::{Keyed, OptionalKey, RequestMeta, stored_response};
+use crate::openapi::{ApiKey, CREATED, OK, Problems, WebhookEndpointList, code, param};
 
 /// The most attempts the delivery log shows.
 const LOG_LIMIT: i64 = 100;
@@ -81,6 +82,27 @@ fn rule(state: &AppState) -> AddressRule {
 /// operation and its answer (the secret included) is stored and replayed byte for byte, so a
 /// retry after a lost answer finds the endpoint it made; without one, each request registers an
 /// endpoint.
+#[utoipa::path(
+    post,
+    path = "/v1/webhook_endpoints",
+    operation_id = "createWebhookEndpoint",
+    tag = "webhooks",
+    summary = "Register a webhook endpoint; the answer carries its signing secret, once",
+    params(param::CreationKey),
+    request_body(content = CreateWebhookEndpointRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = CREATED, body = WebhookEndpointDoc,
+            headers(("Location"), ("Idempotent-Replayed"))),
+        Problems<ApiKey, (
+            code::IdempotencyKeyInvalid,
+            code::IdempotencyKeyInUse,
+            code::IdempotencyKeyReused,
+            code::InvalidRequest,
+            code::PayloadTooLarge,
+            code::UnsupportedMediaType,
+        )>,
+    )
+)]
 pub async fn create(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
@@ -103,6 +125,14 @@ pub async fn create(
 }
 
 /// `GET /v1/webhook_endpoints`
+#[utoipa::path(
+    get,
+    path = "/v1/webhook_endpoints",
+    operation_id = "listWebhookEndpoints",
+    tag = "webhooks",
+    summary = "List the account's webhook endpoints",
+    responses((status = 200, description = OK, body = WebhookEndpointList), Problems<ApiKey>)
+)]
 pub async fn list(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
@@ -115,6 +145,18 @@ pub async fn list(
 }
 
 /// `GET /v1/webhook_endpoints/{id}`
+#[utoipa::path(
+    get,
+    path = "/v1/webhook_endpoints/{id}",
+    operation_id = "retrieveWebhookEndpoint",
+    tag = "webhooks",
+    summary = "Retrieve a webhook endpoint (without its secret)",
+    params(param::EndpointId),
+    responses(
+        (status = 200, description = OK, body = WebhookEndpointDoc),
+        Problems<ApiKey, (code::ResourceMissing,)>,
+    )
+)]
 pub async fn retrieve(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
@@ -127,6 +169,24 @@ pub async fn retrieve(
 }
 
 /// `POST /v1/webhook_endpoints/{id}`: disable or enable.
+#[utoipa::path(
+    post,
+    path = "/v1/webhook_endpoints/{id}",
+    operation_id = "updateWebhookEndpoint",
+    tag = "webhooks",
+    summary = "Disable (or enable again) a webhook endpoint",
+    params(param::EndpointId),
+    request_body(content = UpdateWebhookEndpointRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = OK, body = WebhookEndpointDoc),
+        Problems<ApiKey, (
+            code::InvalidRequest,
+            code::ResourceMissing,
+            code::PayloadTooLarge,
+            code::UnsupportedMediaType,
+        )>,
+    )
+)]
 pub async fn update(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
@@ -143,6 +203,18 @@ pub async fn update(
 }
 
 /// `DELETE /v1/webhook_endpoints/{id}`
+#[utoipa::path(
+    delete,
+    path = "/v1/webhook_endpoints/{id}",
+    operation_id = "deleteWebhookEndpoint",
+    tag = "webhooks",
+    summary = "Delete a webhook endpoint; nothing more is delivered to it",
+    params(param::EndpointId),
+    responses(
+        (status = 200, description = OK, body = Object),
+        Problems<ApiKey, (code::ResourceMissing,)>,
+    )
+)]
 pub async fn delete(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
@@ -156,6 +228,18 @@ pub async fn delete(
 }
 
 /// `GET /v1/webhook_endpoints/{id}/attempts`: the delivery log, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/webhook_endpoints/{id}/attempts",
+    operation_id = "listWebhookAttempts",
+    tag = "webhooks",
+    summary = "The endpoint's delivery log: the latest 100 attempts, newest first",
+    params(param::EndpointId),
+    responses(
+        (status = 200, description = OK, body = Object),
+        Problems<ApiKey, (code::ResourceMissing,)>,
+    )
+)]
 pub async fn attempts(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use idem::{Interrupted, Lease, PhaseError, RecoveryPoint, Step, StoredResponse, boxed};
+use idem::{Interrupted, Lease, Phase, PhaseError, RecoveryPoint, Step, StoredResponse};
 use provider::{CardProcessor, Charge, FrozenRequest, ProcessorError};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
@@ -67,19 +67,36 @@ pub(super) async fn open_phase<P: RecoveryPoint>(
     public_base_url: &str,
 ) -> Result<(), Interrupted> {
     let info = LeaseInfo::of(lease);
-    lease
-        .phase(|tx| {
-            let (account_id, payment_id) = (account_id.to_owned(), payment_id.to_owned());
-            let (info, base) = (info.clone(), public_base_url.to_owned());
-            boxed(async move {
-                let gate =
-                    open_gate(tx, &account_id, &payment_id, capture_amount, action, &info).await?;
-                let plan = |payment: &str, charge: &str| plan(payment, charge, capture_amount);
-                Ok::<_, PhaseError<DomainError>>(gate.into_step(next, plan, &info, &base))
-            })
-        })
-        .await?;
+    let base = public_base_url;
+    let gate =
+        OpenGate { account_id, payment_id, capture_amount, action, next, plan, info: &info, base };
+    lease.phase(gate).await?;
     Ok(())
+}
+
+/// The first phase of a capture or a cancel, as [`open_phase`] describes it.
+struct OpenGate<'a, P> {
+    account_id: &'a AccountId,
+    payment_id: &'a PaymentId,
+    capture_amount: Option<Amount>,
+    action: &'static str,
+    next: P,
+    plan: PlanCall,
+    info: &'a LeaseInfo,
+    base: &'a str,
+}
+
+impl<P: RecoveryPoint> Phase for OpenGate<'_, P> {
+    type Point = P;
+    type Error = DomainError;
+
+    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<P>, PhaseError<DomainError>> {
+        let (payment_id, amount) = (self.payment_id, self.capture_amount);
+        let gate =
+            open_gate(tx, self.account_id, payment_id, amount, self.action, self.info).await?;
+        let plan = |payment: &str, charge: &str| (self.plan)(payment, charge, amount);
+        Ok(gate.into_step(self.next, plan, self.info, self.base))
+    }
 }
 
 /// The payment the operation acts on, as it is now, and its authorized charge (it awaits capture,

@@ -1,21 +1,23 @@
 //! `POST /v1/payments/{id}/cancel`: `started` → `cancel_started` → finished.
 
-use idem::{Interrupted, Lease, Operation, PhaseError, Step, boxed};
+use idem::{Interrupted, Lease, Operation, Phase, PhaseError, Step};
 use provider::{CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, RefundRequest};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
+use sqlx::PgConnection;
 
 use super::authorization::{
     PlanCall, authorized_payment, open_phase, reconcile_authorization, reopen,
 };
 use super::reconcile::{planned_call, refused_at_a_later_generation};
-use super::{LeaseInfo, payment_answer, record, refusal};
+use super::{LeaseInfo, payment_answer, record, record_reconciled, refusal};
 use crate::DomainError;
 use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
 use crate::money::Amount;
 pub use crate::payments::CancellationReason;
-use crate::payments::{self, Changes, PaymentStatus};
+use crate::payments::{self, Changes, Payment, PaymentStatus};
+use crate::problems::Problem;
 
 /// The stored name of a cancel.
 pub const CANCEL_PAYMENT: &str = "payments.cancel";
@@ -54,7 +56,7 @@ payment_operation! {
 impl<P: CardProcessor> Operation for CancelPayment<P> {
     type Point = CancelPoint;
 
-    async fn step(&self, lease: &mut Lease, at: CancelPoint) -> Result<(), Interrupted> {
+    async fn step(&mut self, lease: &mut Lease, at: CancelPoint) -> Result<(), Interrupted> {
         match at {
             CancelPoint::Started => {
                 let payment = (&self.params.account_id, &self.params.payment_id);
@@ -63,7 +65,7 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                     .await?;
             }
             CancelPoint::CancelStarted => {
-                let (info, base) = (LeaseInfo::of(lease), self.ctx.public_base_url.clone());
+                let (info, base) = (LeaseInfo::of(lease), &self.ctx.public_base_url);
                 let (account_id, payment_id) = (&self.params.account_id, &self.params.payment_id);
                 let (payment, charge_id) =
                     authorized_payment(&self.ctx, account_id, payment_id).await?;
@@ -91,76 +93,63 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                 };
                 let problem = refusal(&outcome, &payment.id)?;
                 let reason = self.params.cancellation_reason;
-                let key = request.key.clone();
-                lease
-                    .phase(|tx| {
-                        let (payment, info, base, problem, key, reconciled) = (
-                            payment.clone(),
-                            info.clone(),
-                            base.clone(),
-                            problem.clone(),
-                            key.clone(),
-                            reconciled.clone(),
-                        );
-                        boxed(async move {
-                            if let Some(detail) = reconciled {
-                                record(
-                                    tx,
-                                    &payment.account_id,
-                                    &payment.id,
-                                    "payment.reconciled",
-                                    &info,
-                                    detail,
-                                )
-                                .await?;
-                            }
-                            let step = match problem {
-                                None => {
-                                    let changes = Changes {
-                                        status: Some(PaymentStatus::Canceled),
-                                        cancellation_reason: reason,
-                                        ..Changes::default()
-                                    };
-                                    let payment =
-                                        payments::update(tx, &payment.id, &changes, None).await?;
-                                    record(
-                                        tx,
-                                        &payment.account_id,
-                                        &payment.id,
-                                        "payment.canceled",
-                                        &info,
-                                        json!({"downstream_key": key.as_str()}),
-                                    )
-                                    .await?;
-                                    events::record(
-                                        tx,
-                                        &payment.account_id,
-                                        EventType::PaymentCanceled,
-                                        &payment.to_json(),
-                                    )
-                                    .await?;
-                                    Step::<CancelPoint>::Finish(payment_answer(
-                                        200, &payment, false,
-                                    ))
-                                }
-                                Some(problem) => Step::Finish(
-                                    reopen(
-                                        tx,
-                                        &payment,
-                                        &info,
-                                        &problem,
-                                        &base,
-                                        "payment.cancel_refused",
-                                    )
-                                    .await?,
-                                ),
-                            };
-                            Ok::<_, PhaseError<DomainError>>(step)
-                        })
-                    })
-                    .await?;
+                let (key, problem, reconciled) =
+                    (&request.key, problem.as_ref(), reconciled.as_ref());
+                let finish = Canceled {
+                    payment: &payment,
+                    reason,
+                    problem,
+                    key,
+                    reconciled,
+                    info: &info,
+                    base,
+                };
+                lease.phase(finish).await?;
             }
         }
         Ok(())
+    }
+}
+
+/// The last phase: the payment `canceled`; or, refused, the payment awaits capture again and the
+/// refusal is the answer.
+struct Canceled<'a> {
+    payment: &'a Payment,
+    reason: Option<CancellationReason>,
+    /// The processor's refusal as a problem, if it refused.
+    problem: Option<&'a Problem>,
+    key: &'a DownstreamKey,
+    /// What reconciliation found, when it answered for the call.
+    reconciled: Option<&'a Value>,
+    info: &'a LeaseInfo,
+    base: &'a str,
+}
+
+impl Phase for Canceled<'_> {
+    type Point = CancelPoint;
+    type Error = DomainError;
+
+    async fn run(
+        &mut self,
+        tx: &mut PgConnection,
+    ) -> Result<Step<CancelPoint>, PhaseError<DomainError>> {
+        let (payment, info) = (self.payment, self.info);
+        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
+        record_reconciled(tx, object, info, self.reconciled).await?;
+        if let Some(problem) = self.problem {
+            let what = "payment.cancel_refused";
+            return Ok(Step::Finish(reopen(tx, payment, info, problem, self.base, what).await?));
+        }
+        let changes = Changes {
+            status: Some(PaymentStatus::Canceled),
+            cancellation_reason: self.reason,
+            ..Changes::default()
+        };
+        let payment = payments::update(tx, &payment.id, &changes, None).await?;
+        let detail = json!({"downstream_key": self.key.as_str()});
+        record(tx, &payment.account_id, &payment.id, "payment.canceled", info, detail).await?;
+        events::record(tx, &payment.account_id, EventType::PaymentCanceled, &payment.to_json())
+            .await?;
+        Ok(Step::Finish(payment_answer(200, &payment, false)))
     }
 }

@@ -1,22 +1,23 @@
 //! `POST /v1/payments/{id}/capture`: `started` → `capture_started` → finished.
 
-use idem::{Interrupted, Lease, Operation, PhaseError, Step, boxed};
+use idem::{Interrupted, Lease, Operation, Phase, PhaseError, Step};
 use provider::{CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
+use sqlx::PgConnection;
 
 use super::authorization::{
     PlanCall, authorized_payment, open_phase, reconcile_authorization, reopen,
 };
 use super::reconcile::{planned_call, refused_at_a_later_generation};
-use super::{LeaseInfo, payment_answer, record, refusal};
+use super::{LeaseInfo, payment_answer, record, record_reconciled, refusal};
 use crate::DomainError;
 use crate::audit;
 use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
 use crate::jobs::Work;
 use crate::money::Amount;
-use crate::payments::{self, Changes, PaymentStatus};
+use crate::payments::{self, Changes, Payment, PaymentStatus};
 use crate::problems::{Problem, ProblemCode};
 
 /// The stored name of a capture.
@@ -48,7 +49,7 @@ payment_operation! {
 impl<P: CardProcessor> Operation for CapturePayment<P> {
     type Point = CapturePoint;
 
-    async fn step(&self, lease: &mut Lease, at: CapturePoint) -> Result<(), Interrupted> {
+    async fn step(&mut self, lease: &mut Lease, at: CapturePoint) -> Result<(), Interrupted> {
         match at {
             CapturePoint::Started => {
                 let payment = (&self.params.account_id, &self.params.payment_id);
@@ -58,7 +59,7 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                     .await?;
             }
             CapturePoint::CaptureStarted => {
-                let (info, base) = (LeaseInfo::of(lease), self.ctx.public_base_url.clone());
+                let (info, base) = (LeaseInfo::of(lease), &self.ctx.public_base_url);
                 let (account_id, payment_id) = (&self.params.account_id, &self.params.payment_id);
                 let (payment, charge_id) =
                     authorized_payment(&self.ctx, account_id, payment_id).await?;
@@ -90,37 +91,72 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
                     other => (refused_at_a_later_generation(&request, other)?, None),
                 };
                 let problem = refusal(&outcome, &payment.id)?;
-                let key = request.key.clone();
-                lease
-                    .phase(|tx| {
-                        let (payment, info, base, problem, key, reconciled) = (payment.clone(), info.clone(), base.clone(), problem.clone(), key.clone(), reconciled.clone());
-                        let captured = outcome.as_ref().ok().map(|c| c.amount_captured);
-                        boxed(async move {
-                            if let Some(detail) = reconciled {
-                                record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
-                            }
-                            let step = match (captured, problem) {
-                                (Some(amount_captured), _) => {
-                                    let changes = Changes { status: Some(PaymentStatus::Succeeded), amount_captured: Some(amount_captured), ..Changes::default() };
-                                    let payment = payments::update(tx, &payment.id, &changes, None).await?;
-                                    if let Some(receipt) = Work::receipt(&payment) {
-                                        audit::stage_job(tx, &receipt).await?;
-                                    }
-                                    record(tx, &payment.account_id, &payment.id, "payment.captured", &info, json!({"amount_captured": amount_captured, "downstream_key": key.as_str()})).await?;
-                                    events::record(tx, &payment.account_id, EventType::PaymentCaptured, &payment.to_json()).await?;
-                                    Step::<CapturePoint>::Finish(payment_answer(200, &payment, false))
-                                }
-                                (None, problem) => {
-                                    let problem = problem.unwrap_or_else(|| Problem::new(ProblemCode::InvalidRequest, "The card processor refused the capture."));
-                                    Step::Finish(reopen(tx, &payment, &info, &problem, &base, "payment.capture_refused").await?)
-                                }
-                            };
-                            Ok::<_, PhaseError<DomainError>>(step)
-                        })
-                    })
-                    .await?;
+                let captured = outcome.as_ref().ok().map(|charge| charge.amount_captured);
+                let reconciled = reconciled.as_ref();
+                let (key, problem) = (&request.key, problem.as_ref());
+                let finish = Captured {
+                    payment: &payment,
+                    captured,
+                    problem,
+                    key,
+                    reconciled,
+                    info: &info,
+                    base,
+                };
+                lease.phase(finish).await?;
             }
         }
         Ok(())
+    }
+}
+
+/// The last phase: the payment `succeeded` with the amount the processor captured, its receipt
+/// staged; or, refused, the payment awaits capture again and the refusal is the answer.
+struct Captured<'a> {
+    payment: &'a Payment,
+    /// The amount captured, or `None` when the processor refused.
+    captured: Option<i64>,
+    /// The processor's refusal as a problem, if it gave one.
+    problem: Option<&'a Problem>,
+    key: &'a DownstreamKey,
+    /// What reconciliation found, when it answered for the call.
+    reconciled: Option<&'a Value>,
+    info: &'a LeaseInfo,
+    base: &'a str,
+}
+
+impl Phase for Captured<'_> {
+    type Point = CapturePoint;
+    type Error = DomainError;
+
+    async fn run(
+        &mut self,
+        tx: &mut PgConnection,
+    ) -> Result<Step<CapturePoint>, PhaseError<DomainError>> {
+        let (payment, info) = (self.payment, self.info);
+        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
+        record_reconciled(tx, object, info, self.reconciled).await?;
+        let Some(amount_captured) = self.captured else {
+            let problem = self.problem.cloned().unwrap_or_else(|| {
+                Problem::new(ProblemCode::InvalidRequest, "The card processor refused the capture.")
+            });
+            let what = "payment.capture_refused";
+            return Ok(Step::Finish(reopen(tx, payment, info, &problem, self.base, what).await?));
+        };
+        let changes = Changes {
+            status: Some(PaymentStatus::Succeeded),
+            amount_captured: Some(amount_captured),
+            ..Changes::default()
+        };
+        let payment = payments::update(tx, &payment.id, &changes, None).await?;
+        if let Some(receipt) = Work::receipt(&payment) {
+            audit::stage_job(tx, &receipt).await?;
+        }
+        let detail =
+            json!({"amount_captured": amount_captured, "downstream_key": self.key.as_str()});
+        record(tx, &payment.account_id, &payment.id, "payment.captured", info, detail).await?;
+        events::record(tx, &payment.account_id, EventType::PaymentCaptured, &payment.to_json())
+            .await?;
+        Ok(Step::Finish(payment_answer(200, &payment, false)))
     }
 }

@@ -3,14 +3,14 @@
 //! reported) and records the outcome with the stored answer.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
-use idem::{Interrupted, Lease, Operation, PhaseError, Step, boxed};
+use idem::{Interrupted, Lease, OneStatement, Operation, Phase, PhaseError, Step};
 use provider::{
     CardProcessor, Charge, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use sqlx::{PgConnection, PgPool};
 
 use super::reconcile::{
     Reconciled, adopt_or_move_on, count_reconciliation, plan_of, planned_call,
@@ -18,14 +18,17 @@ use super::reconcile::{
 };
 use super::{
     Context, LeaseInfo, PaymentOperation, failure_code, final_problem, internal, payment_answer,
-    problem_answer, record, unavailable,
+    problem_answer, record_reconciled, unavailable,
 };
 use crate::DomainError;
 use crate::audit;
 use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
 use crate::jobs::Work;
-use crate::payments::{self, CaptureMethod, Changes, NewPayment, Payment, PaymentStatus};
+use crate::payments::{
+    self, CaptureMethod, Changes, ChargeRecord, NewPayment, Payment, PaymentStatus,
+};
+use crate::problems::Problem;
 use crate::processor_events;
 
 /// The stored name of a payment creation.
@@ -48,19 +51,17 @@ pub struct CreatePayment<P> {
     ctx: Context<P>,
     params: CreatePaymentParams,
     /// The payment the first phase made, so the next step need not read it back.
-    created: Mutex<Option<Payment>>,
+    created: Option<Payment>,
 }
 
 impl<P: CardProcessor> CreatePayment<P> {
     /// The operation for validated input.
     pub fn new(ctx: Context<P>, params: CreatePaymentParams) -> Self {
-        Self { ctx, params, created: Mutex::new(None) }
+        Self { ctx, params, created: None }
     }
 
-    async fn payment(&self, key_id: i64) -> Result<Payment, Interrupted> {
-        if let Some(payment) =
-            self.created.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
-        {
+    async fn payment(&mut self, key_id: i64) -> Result<Payment, Interrupted> {
+        if let Some(payment) = self.created.take() {
             return Ok(payment);
         }
         payments::find_by_key(&self.ctx.pool, key_id)
@@ -228,7 +229,7 @@ impl<P: CardProcessor> PaymentOperation<P> for CreatePayment<P> {
 impl<P: CardProcessor> Operation for CreatePayment<P> {
     type Point = CreatePoint;
 
-    async fn step(&self, lease: &mut Lease, at: CreatePoint) -> Result<(), Interrupted> {
+    async fn step(&mut self, lease: &mut Lease, at: CreatePoint) -> Result<(), Interrupted> {
         let info = LeaseInfo::of(lease);
         match at {
             // One statement: the payment, its audit record and the key (new, it is stored here),
@@ -238,27 +239,10 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                 let id = PaymentId::generate();
                 let params = &self.params;
                 let request = charge_request(&id, &params.request, &self.ctx.charge_metadata);
-                let step = Step::Call(CreatePoint::PaymentCreated, plan_of(&request));
-                let payment = lease
-                    .phase_in_one(step, |pool, fence| {
-                        let (id, info, params) = (id.clone(), info.clone(), params.clone());
-                        boxed(async move {
-                            let (account, request) = (&params.account_id, &params.request);
-                            let made = payments::insert_fenced(
-                                pool,
-                                &id,
-                                account,
-                                &info.request_id,
-                                request,
-                                fence,
-                            )
-                            .await?;
-                            Ok::<_, PhaseError<DomainError>>(made)
-                        })
-                    })
-                    .await?;
-                *self.created.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    Some(payment);
+                let plan = plan_of(&request);
+                let insert = InsertPayment { id: &id, params, info: &info, plan };
+                let payment = lease.phase_in_one(insert).await?;
+                self.created = Some(payment);
             }
             CreatePoint::PaymentCreated => {
                 let payment = self.payment(info.key_id).await?;
@@ -315,35 +299,18 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                     }
                     Called(other) => (refused_at_a_later_generation(&request, other)?, None),
                 };
-                let base = self.ctx.public_base_url.clone();
-                let key = request.key.clone();
                 match outcome {
                     // A charge found by reconciliation may be a declined one.
                     Ok(charge) if charge.paid => {
-                        lease
-                            .phase(|tx| {
-                                let (payment, charge, info, key, reconciled) = (payment.clone(), charge.clone(), info.clone(), key.clone(), reconciled.clone());
-                                boxed(async move {
-                                    let status = if charge.captured { PaymentStatus::Succeeded } else { PaymentStatus::RequiresCapture };
-                                    let changes = Changes {
-                                        status: Some(status),
-                                        amount_captured: Some(charge.amount_captured),
-                                        processor_charge_id: Some(&charge.id),
-                                        ..Changes::default()
-                                    };
-                                    if let Some(detail) = reconciled {
-                                        record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
-                                    }
-                                    let charged = info.audit(&payment.account_id, &payment.id, "payment.charged", json!({"charge": charge.id, "downstream_key": key.as_str(), "status": status}));
-                                    let payment = payments::update(tx, &payment.id, &changes, Some(&charged)).await?;
-                                    if let (PaymentStatus::Succeeded, Some(receipt)) = (payment.status, Work::receipt(&payment)) {
-                                        audit::stage_job(tx, &receipt).await?;
-                                    }
-                                    events::record(tx, &payment.account_id, if charge.captured { EventType::PaymentSucceeded } else { EventType::PaymentRequiresCapture }, &payment.to_json()).await?;
-                                    Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(payment_answer(201, &payment, true)))
-                                })
-                            })
-                            .await?;
+                        let (key, reconciled) = (&request.key, reconciled.as_ref());
+                        let charged = Charged {
+                            payment: &payment,
+                            charge: &charge,
+                            key,
+                            reconciled,
+                            info: &info,
+                        };
+                        lease.phase(charged).await?;
                     }
                     declined => {
                         let err = match declined {
@@ -359,47 +326,157 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                         };
                         let problem =
                             final_problem(&err, &payment.id).ok_or_else(|| unavailable(&err))?;
-                        let charge_id = match &err {
-                            ProcessorError::Declined { charge_id, .. } => charge_id.clone(),
-                            _ => None,
+                        let base = &self.ctx.public_base_url;
+                        let (problem, reconciled) = (&problem, reconciled.as_ref());
+                        let failed = Failed {
+                            payment: &payment,
+                            err: &err,
+                            problem,
+                            reconciled,
+                            info: &info,
+                            base,
                         };
-                        let message = err.to_string();
-                        lease
-                            .phase(|tx| {
-                                let (payment, info, problem, base, charge_id, message, reconciled) = (
-                                    payment.clone(),
-                                    info.clone(),
-                                    problem.clone(),
-                                    base.clone(),
-                                    charge_id.clone(),
-                                    message.clone(),
-                                    reconciled.clone(),
-                                );
-                                let code = failure_code(&err);
-                                boxed(async move {
-                                    let changes = Changes {
-                                        status: Some(PaymentStatus::Failed),
-                                        processor_charge_id: charge_id.as_deref(),
-                                        failure_code: Some(&code),
-                                        failure_message: Some(&problem.detail),
-                                        ..Changes::default()
-                                    };
-                                    if let Some(detail) = reconciled {
-                                        record(tx, &payment.account_id, &payment.id, "payment.reconciled", &info, detail).await?;
-                                    }
-                                    let failed = info.audit(&payment.account_id, &payment.id, "payment.failed", json!({"error": message}));
-                                    let payment = payments::update(tx, &payment.id, &changes, Some(&failed)).await?;
-                                    events::record(tx, &payment.account_id, EventType::PaymentFailed, &payment.to_json()).await?;
-                                    Ok::<_, PhaseError<DomainError>>(Step::<CreatePoint>::Finish(
-                                        problem_answer(&problem, &info.request_id, &base),
-                                    ))
-                                })
-                            })
-                            .await?;
+                        lease.phase(failed).await?;
                     }
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// The first phase, as one statement: the payment, its audit record and the key (new, it is
+/// stored here), with the charge frozen at `payment_created`.
+struct InsertPayment<'a> {
+    id: &'a PaymentId,
+    params: &'a CreatePaymentParams,
+    info: &'a LeaseInfo,
+    /// The charge, frozen.
+    plan: Value,
+}
+
+impl OneStatement for InsertPayment<'_> {
+    type Point = CreatePoint;
+    type Error = DomainError;
+    type Output = Payment;
+
+    fn step(&self) -> Step<CreatePoint> {
+        Step::Call(CreatePoint::PaymentCreated, self.plan.clone())
+    }
+
+    async fn run(
+        &mut self,
+        pool: &PgPool,
+        fence: &Value,
+    ) -> Result<(i64, Payment), PhaseError<DomainError>> {
+        let (account, request_id) = (&self.params.account_id, &self.info.request_id);
+        let request = &self.params.request;
+        Ok(payments::insert_fenced(pool, self.id, account, request_id, request, fence).await?)
+    }
+}
+
+/// The second phase when the processor charged the card: the payment `succeeded` (or
+/// `requires_capture` for a manual capture), its receipt staged, its event recorded.
+struct Charged<'a> {
+    payment: &'a Payment,
+    charge: &'a Charge,
+    key: &'a DownstreamKey,
+    /// What reconciliation or the processor's webhook found, when it answered for the call.
+    reconciled: Option<&'a Value>,
+    info: &'a LeaseInfo,
+}
+
+impl Phase for Charged<'_> {
+    type Point = CreatePoint;
+    type Error = DomainError;
+
+    async fn run(
+        &mut self,
+        tx: &mut PgConnection,
+    ) -> Result<Step<CreatePoint>, PhaseError<DomainError>> {
+        let (payment, charge, info) = (self.payment, self.charge, self.info);
+        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
+        record_reconciled(tx, object, info, self.reconciled).await?;
+        let status =
+            if charge.captured { PaymentStatus::Succeeded } else { PaymentStatus::RequiresCapture };
+        let changes = Changes {
+            status: Some(status),
+            amount_captured: Some(charge.amount_captured),
+            processor_charge_id: Some(&charge.id),
+            ..Changes::default()
+        };
+        let detail =
+            json!({"charge": charge.id, "downstream_key": self.key.as_str(), "status": status});
+        let audit = info.audit(&payment.account_id, &payment.id, "payment.charged", detail);
+        let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
+        // The update holds the payment's row, as `processor_events::receive` does: news of
+        // another charge for it is seen here, or sees this one.
+        if let Some((other, other_key)) =
+            processor_events::other_succeeded_charge(&mut *tx, &payment.id, &charge.id).await?
+        {
+            let record = ChargeRecord {
+                account_id: payment.account_id.clone(),
+                key_id: Some(info.key_id),
+                charge_id: Some(charge.id.clone()),
+            };
+            let (extra, found_by) = ((&*other, other_key.as_deref()), ("phase", &*info.request_id));
+            processor_events::extra_charge(tx, &payment.id, &record, &charge.id, extra, found_by)
+                .await?;
+        }
+        if let (PaymentStatus::Succeeded, Some(receipt)) = (payment.status, Work::receipt(&payment))
+        {
+            audit::stage_job(tx, &receipt).await?;
+        }
+        let event = match status {
+            PaymentStatus::Succeeded => EventType::PaymentSucceeded,
+            _ => EventType::PaymentRequiresCapture,
+        };
+        events::record(tx, &payment.account_id, event, &payment.to_json()).await?;
+        Ok(Step::Finish(payment_answer(201, &payment, true)))
+    }
+}
+
+/// The second phase when the processor refused the charge for good: the payment `failed`, with
+/// the processor's code and the problem's detail, its event recorded, and the problem stored as
+/// the answer.
+struct Failed<'a> {
+    payment: &'a Payment,
+    err: &'a ProcessorError,
+    problem: &'a Problem,
+    /// What reconciliation found, when it answered for the call.
+    reconciled: Option<&'a Value>,
+    info: &'a LeaseInfo,
+    base: &'a str,
+}
+
+impl Phase for Failed<'_> {
+    type Point = CreatePoint;
+    type Error = DomainError;
+
+    async fn run(
+        &mut self,
+        tx: &mut PgConnection,
+    ) -> Result<Step<CreatePoint>, PhaseError<DomainError>> {
+        let (payment, info, problem) = (self.payment, self.info, self.problem);
+        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
+        record_reconciled(tx, object, info, self.reconciled).await?;
+        let charge_id = match self.err {
+            ProcessorError::Declined { charge_id, .. } => charge_id.as_deref(),
+            _ => None,
+        };
+        let code = failure_code(self.err);
+        let changes = Changes {
+            status: Some(PaymentStatus::Failed),
+            processor_charge_id: charge_id,
+            failure_code: Some(&code),
+            failure_message: Some(&problem.detail),
+            ..Changes::default()
+        };
+        let detail = json!({"error": self.err.to_string()});
+        let audit = info.audit(&payment.account_id, &payment.id, "payment.failed", detail);
+        let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
+        events::record(tx, &payment.account_id, EventType::PaymentFailed, &payment.to_json())
+            .await?;
+        Ok(Step::Finish(problem_answer(problem, &info.request_id, self.base)))
     }
 }

@@ -277,7 +277,19 @@ async fn record(
     audit::record(tx, &lease.audit(account_id, object_id, action, detail)).await
 }
 
-/// What a phase needs to know of its lease, owned so that it can move into the phase's future.
+/// Records, in the phase that acts on it, what reconciliation found (`None`: the call answered
+/// for itself). `object` is the account, the object's id and the action.
+async fn record_reconciled(
+    tx: &mut PgConnection,
+    (account_id, object_id, action): (&str, &str, &str),
+    lease: &LeaseInfo,
+    found: Option<&Value>,
+) -> Result<(), DomainError> {
+    let Some(detail) = found else { return Ok(()) };
+    record(tx, account_id, object_id, action, lease, detail.clone()).await
+}
+
+/// What a phase needs to know of its lease, taken before the phase borrows the lease.
 #[derive(Debug, Clone)]
 struct LeaseInfo {
     key_id: i64,
@@ -370,7 +382,7 @@ async fn resume_as<P, O: PaymentOperation<P>>(
     lease: Lease,
 ) -> Result<StoredResponse, Interrupted> {
     match serde_json::from_value::<O::Params>(lease.params().clone()) {
-        Ok(params) => idem::drive(&O::with_params(ctx, params), lease).await,
+        Ok(params) => idem::drive(&mut O::with_params(ctx, params), lease).await,
         Err(err) => unresumable(lease, format!("stored parameters do not parse: {err}")).await,
     }
 }

@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use idem::{Interrupted, Lease, PhaseError, RecoveryPoint, Step, boxed};
+use idem::{Interrupted, Lease, Phase, PhaseError, RecoveryPoint, Step};
 use provider::{Charge, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError, ReconcileCause};
 use serde_json::{Value, json};
+use sqlx::PgConnection;
 
 use super::{LeaseInfo, record};
 use crate::DomainError;
@@ -31,13 +32,7 @@ pub(super) async fn planned_call<P: RecoveryPoint>(
         });
     }
     let request = plan_now();
-    let plan = plan_of(&request);
-    lease
-        .phase(|_tx| {
-            let plan = plan.clone();
-            boxed(async move { Ok::<_, PhaseError<DomainError>>(Step::Call(at, plan)) })
-        })
-        .await?;
+    lease.phase(Step::Call(at, plan_of(&request))).await?;
     // Right after our own phase planned it: no further round trip.
     lease.before_call().await?;
     Ok(request)
@@ -109,20 +104,33 @@ async fn next_generation<P: RecoveryPoint>(
         "outcome": "next_generation", "cause": cause_name(cause),
         "previous_key": request.key.as_str(), "downstream_key": next.key.as_str(),
     });
-    lease
-        .phase(|tx| {
-            let (plan, info, detail) = (plan.clone(), info.clone(), detail.clone());
-            let (account_id, object_id, action) =
-                (account_id.to_owned(), object_id.to_owned(), action.to_owned());
-            boxed(async move {
-                record(tx, &account_id, &object_id, &action, &info, detail).await?;
-                Ok::<_, PhaseError<DomainError>>(Step::Call(at, plan))
-            })
-        })
-        .await?;
+    let object = (account_id, object_id, action);
+    lease.phase(NextGeneration { at, plan, object, info: &info, detail: &detail }).await?;
     count_reconciliation(what, "next_generation");
     tracing::warn!(key_id = info.key_id, object_id, downstream_key = %next.key, "nothing found at the processor: calling again under the next key generation");
     Ok(())
+}
+
+/// The phase that plans the call again under the key's next generation, recording why.
+struct NextGeneration<'a, P> {
+    at: P,
+    /// The call under the next generation's key, frozen.
+    plan: Value,
+    /// The account, the object's id and the action recorded.
+    object: (&'a str, &'a str, &'a str),
+    info: &'a LeaseInfo,
+    detail: &'a Value,
+}
+
+impl<P: RecoveryPoint> Phase for NextGeneration<'_, P> {
+    type Point = P;
+    type Error = DomainError;
+
+    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<P>, PhaseError<DomainError>> {
+        let (account_id, object_id, action) = self.object;
+        record(tx, account_id, object_id, action, self.info, self.detail.clone()).await?;
+        Ok(Step::Call(self.at, self.plan.clone()))
+    }
 }
 
 /// A final refusal of a later generation (`…/2`) proves nothing about the earlier ones: the

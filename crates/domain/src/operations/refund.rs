@@ -4,18 +4,19 @@
 
 use std::time::Duration;
 
-use idem::{Interrupted, Lease, Operation, PhaseError, Step, boxed};
+use idem::{Interrupted, Lease, Operation, Phase, PhaseError, Step};
 use provider::{CardProcessor, DownstreamKey, ErrorClass, FrozenRequest, RefundRequest};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
+use sqlx::PgConnection;
 
 use super::reconcile::{
     Reconciled, adopt_or_move_on, plan_of, planned_call, refused_at_a_later_generation,
     when_nothing_found,
 };
 use super::{
-    LeaseInfo, current_payment, failure_code, internal, problem_answer, record, refund_answer,
-    refusal, unavailable,
+    LeaseInfo, current_payment, failure_code, internal, problem_answer, record, record_reconciled,
+    refund_answer, refusal, unavailable,
 };
 use crate::DomainError;
 use crate::events::{self, EventType};
@@ -97,53 +98,12 @@ impl<P: CardProcessor> CreateRefundOp<P> {
 impl<P: CardProcessor> Operation for CreateRefundOp<P> {
     type Point = RefundPoint;
 
-    async fn step(&self, lease: &mut Lease, at: RefundPoint) -> Result<(), Interrupted> {
+    async fn step(&mut self, lease: &mut Lease, at: RefundPoint) -> Result<(), Interrupted> {
         let info = LeaseInfo::of(lease);
-        let base = self.ctx.public_base_url.clone();
+        let base = &self.ctx.public_base_url;
         match at {
             RefundPoint::Started => {
-                lease
-                    .phase(|tx| {
-                        let (params, info, base) = (self.params.clone(), info.clone(), base.clone());
-                        boxed(async move {
-                            let payment = payments::lock(tx, &params.account_id, &params.payment_id).await?.ok_or(DomainError::NotFound("payment"))?;
-                            let refusal = |problem: Problem| Ok::<_, PhaseError<DomainError>>(Step::Finish(problem_answer(&problem, &info.request_id, &base)));
-                            if payment.status != PaymentStatus::Succeeded {
-                                return refusal(Problem::new(
-                                    ProblemCode::PaymentUnexpectedState,
-                                    format!("The payment is `{}`; only a captured (`succeeded`) payment can be refunded.", payment.status),
-                                ));
-                            }
-                            let remaining = payment.amount_captured - payment.amount_refunded;
-                            let amount = params.request.amount.map_or(remaining, Amount::get);
-                            if remaining == 0 || amount > remaining {
-                                return refusal(
-                                    Problem::new(
-                                        ProblemCode::AmountTooLarge,
-                                        format!("The refund of {amount} is more than what remains refundable ({remaining})."),
-                                    )
-                                    .with_param("amount"),
-                                );
-                            }
-                            payments::update(tx, &payment.id, &Changes { refunded_delta: amount, ..Changes::default() }, None).await?;
-                            let id = RefundId::generate();
-                            let refund = refunds::insert(tx, &PendingRefund {
-                                id: &id,
-                                account_id: &params.account_id,
-                                payment_id: &payment.id,
-                                key_id: info.key_id,
-                                amount: Amount::new(amount).ok_or(DomainError::Corrupt("a refund of more than a payment can hold"))?,
-                                currency: payment.currency,
-                                reason: params.request.reason,
-                                metadata: &params.request.metadata,
-                            })
-                            .await?;
-                            record(tx, &params.account_id, &refund.id, "refund.created", &info, json!({"payment": payment.id, "amount": amount})).await?;
-                            let charge_id = payment.processor_charge_id.as_deref().ok_or(DomainError::Corrupt("a captured payment without a charge"))?;
-                            Ok(Step::Call(RefundPoint::RefundCreated, plan_of(&refund_request(&refund, charge_id))))
-                        })
-                    })
-                    .await?;
+                lease.phase(Reserve { params: &self.params, info: &info, base }).await?;
             }
             RefundPoint::RefundCreated => {
                 let refund = refunds::find_by_key(&self.ctx.pool, info.key_id)
@@ -192,39 +152,141 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                         ),
                     });
                 }
-                let key = request.key.clone();
                 let problem =
                     refusal(&outcome, &payment.id)?.zip(outcome.as_ref().err().map(failure_code));
-                let processor_refund_id = outcome.as_ref().ok().map(|r| r.id.clone());
-                lease
-                    .phase(|tx| {
-                        let (refund, info, base, problem, key, processor_refund_id, reconciled) = (refund.clone(), info.clone(), base.clone(), problem.clone(), key.clone(), processor_refund_id.clone(), reconciled.clone());
-                        boxed(async move {
-                            if let Some(detail) = reconciled {
-                                record(tx, &refund.account_id, &refund.id, "refund.reconciled", &info, detail).await?;
-                            }
-                            let step = match problem {
-                                None => {
-                                    let refund = refunds::settle(tx, &refund.id, processor_refund_id.as_deref(), None).await?;
-                                    record(tx, &refund.account_id, &refund.id, "refund.succeeded", &info, json!({"processor_refund": processor_refund_id, "downstream_key": key.as_str()})).await?;
-                                    events::record(tx, &refund.account_id, EventType::RefundSucceeded, &refund.to_json()).await?;
-                                    Step::<RefundPoint>::Finish(refund_answer(&refund))
-                                }
-                                Some((problem, code)) => {
-                                    // Give the reservation back: the money did not move.
-                                    let failed = refunds::settle(tx, &refund.id, None, Some(&code)).await?;
-                                    payments::update(tx, &refund.payment_id, &Changes { refunded_delta: -refund.amount.get(), ..Changes::default() }, None).await?;
-                                    record(tx, &refund.account_id, &refund.id, "refund.failed", &info, json!({"detail": problem.detail})).await?;
-                                    events::record(tx, &refund.account_id, EventType::RefundFailed, &failed.to_json()).await?;
-                                    Step::Finish(problem_answer(&problem, &info.request_id, &base))
-                                }
-                            };
-                            Ok::<_, PhaseError<DomainError>>(step)
-                        })
-                    })
-                    .await?;
+                let processor_refund_id = outcome.as_ref().ok().map(|found| found.id.as_str());
+                let finish = Refunded {
+                    refund: &refund,
+                    processor_refund_id,
+                    problem: problem.as_ref().map(|(problem, code)| (problem, code.as_str())),
+                    key: &request.key,
+                    reconciled: reconciled.as_ref(),
+                    info: &info,
+                    base,
+                };
+                lease.phase(finish).await?;
             }
         }
         Ok(())
+    }
+}
+
+/// The first phase: locks the payment, refuses unless it is captured with enough left to refund,
+/// reserves the amount against it and creates the refund, with the processor's refund frozen at
+/// `refund_created`.
+struct Reserve<'a> {
+    params: &'a RefundParams,
+    info: &'a LeaseInfo,
+    base: &'a str,
+}
+
+impl Phase for Reserve<'_> {
+    type Point = RefundPoint;
+    type Error = DomainError;
+
+    async fn run(
+        &mut self,
+        tx: &mut PgConnection,
+    ) -> Result<Step<RefundPoint>, PhaseError<DomainError>> {
+        let (params, info) = (self.params, self.info);
+        let payment = payments::lock(tx, &params.account_id, &params.payment_id)
+            .await?
+            .ok_or(DomainError::NotFound("payment"))?;
+        let refuse = |problem: Problem| {
+            Ok(Step::Finish(problem_answer(&problem, &info.request_id, self.base)))
+        };
+        if payment.status != PaymentStatus::Succeeded {
+            return refuse(Problem::new(
+                ProblemCode::PaymentUnexpectedState,
+                format!(
+                    "The payment is `{}`; only a captured (`succeeded`) payment can be refunded.",
+                    payment.status
+                ),
+            ));
+        }
+        let remaining = payment.amount_captured - payment.amount_refunded;
+        let amount = params.request.amount.map_or(remaining, Amount::get);
+        if remaining == 0 || amount > remaining {
+            return refuse(
+                Problem::new(
+                    ProblemCode::AmountTooLarge,
+                    format!(
+                        "The refund of {amount} is more than what remains refundable ({remaining})."
+                    ),
+                )
+                .with_param("amount"),
+            );
+        }
+        let reserve = Changes { refunded_delta: amount, ..Changes::default() };
+        payments::update(tx, &payment.id, &reserve, None).await?;
+        let id = RefundId::generate();
+        let new = PendingRefund {
+            id: &id,
+            account_id: &params.account_id,
+            payment_id: &payment.id,
+            key_id: info.key_id,
+            // Within what remains refundable, which is at most the amount of a payment.
+            amount: Amount::new(amount)
+                .ok_or(DomainError::Corrupt("a refund of more than a payment can hold"))?,
+            currency: payment.currency,
+            reason: params.request.reason,
+            metadata: &params.request.metadata,
+        };
+        let refund = refunds::insert(tx, &new).await?;
+        let detail = json!({"payment": payment.id, "amount": amount});
+        record(tx, &params.account_id, &refund.id, "refund.created", info, detail).await?;
+        let charge_id = payment
+            .processor_charge_id
+            .as_deref()
+            .ok_or(DomainError::Corrupt("a captured payment without a charge"))?;
+        Ok(Step::Call(RefundPoint::RefundCreated, plan_of(&refund_request(&refund, charge_id))))
+    }
+}
+
+/// The last phase: the refund `succeeded`; or, refused, it `failed` and its amount goes back to
+/// the payment (the money did not move), and the refusal is the answer.
+struct Refunded<'a> {
+    refund: &'a Refund,
+    /// The processor's refund, when it made one.
+    processor_refund_id: Option<&'a str>,
+    /// The processor's refusal as a problem, and its failure code.
+    problem: Option<(&'a Problem, &'a str)>,
+    key: &'a DownstreamKey,
+    /// What reconciliation found, when it answered for the call.
+    reconciled: Option<&'a Value>,
+    info: &'a LeaseInfo,
+    base: &'a str,
+}
+
+impl Phase for Refunded<'_> {
+    type Point = RefundPoint;
+    type Error = DomainError;
+
+    async fn run(
+        &mut self,
+        tx: &mut PgConnection,
+    ) -> Result<Step<RefundPoint>, PhaseError<DomainError>> {
+        let (refund, info) = (self.refund, self.info);
+        let object = (&*refund.account_id, &*refund.id, "refund.reconciled");
+        record_reconciled(tx, object, info, self.reconciled).await?;
+        if let Some((problem, code)) = self.problem {
+            let failed = refunds::settle(tx, &refund.id, None, Some(code)).await?;
+            let back = Changes { refunded_delta: -refund.amount.get(), ..Changes::default() };
+            payments::update(tx, &refund.payment_id, &back, None).await?;
+            let detail = json!({"detail": problem.detail});
+            record(tx, &refund.account_id, &refund.id, "refund.failed", info, detail).await?;
+            events::record(tx, &refund.account_id, EventType::RefundFailed, &failed.to_json())
+                .await?;
+            return Ok(Step::Finish(problem_answer(problem, &info.request_id, self.base)));
+        }
+        let refund = refunds::settle(tx, &refund.id, self.processor_refund_id, None).await?;
+        let detail = json!({
+            "processor_refund": self.processor_refund_id,
+            "downstream_key": self.key.as_str(),
+        });
+        record(tx, &refund.account_id, &refund.id, "refund.succeeded", info, detail).await?;
+        events::record(tx, &refund.account_id, EventType::RefundSucceeded, &refund.to_json())
+            .await?;
+        Ok(Step::Finish(refund_answer(&refund)))
     }
 }

@@ -444,6 +444,7 @@ mod store;
 mod tests;
 
 pub use store::{
-    Changes, Cursor, creation_key, find, find_by_key, insert_fenced, list, lock, update,
+    Changes, ChargeRecord, Cursor, find, find_by_key, insert_fenced, list, lock, lock_for_news,
+    update,
 };
 pub(crate) use store::{finish_page, in_walk_order};

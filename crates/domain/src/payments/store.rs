@@ -120,17 +120,36 @@ pub async fn find_by_key(
     Ok(row.map(Payment::from))
 }
 
-/// Whether payment `id` exists (of any account), and the idempotency key that creates it (`None`
-/// for one created without). For news from the processor, which knows our ids, not our accounts.
-pub async fn creation_key(
-    executor: impl PgExecutor<'_>,
+/// What news from the processor about a payment needs to know of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeRecord {
+    /// The payment's account.
+    pub account_id: AccountId,
+    /// The idempotency key that creates it (`None` for one created without).
+    pub key_id: Option<i64>,
+    /// The processor's charge recorded for it, once a phase recorded one.
+    pub charge_id: Option<String>,
+}
+
+/// Payment `id` (of any account: the processor knows our ids, not our accounts) as news from the
+/// processor needs it, locked until the transaction ends: the phase that records a charge locks
+/// the same row, so news of a charge and the record of another one cannot pass each other
+/// unseen (`processor_events::receive`).
+pub async fn lock_for_news(
+    conn: &mut PgConnection,
     id: &PaymentId,
-) -> Result<Option<Option<i64>>, DomainError> {
-    let row =
-        sqlx::query!("SELECT idempotency_key_id FROM payments WHERE id = $1", id as &PaymentId)
-            .fetch_optional(executor)
-            .await?;
-    Ok(row.map(|r| r.idempotency_key_id))
+) -> Result<Option<ChargeRecord>, DomainError> {
+    let record = sqlx::query_as!(
+        ChargeRecord,
+        r#"SELECT account_id AS "account_id: _", idempotency_key_id AS key_id,
+                  processor_charge_id AS charge_id
+             FROM payments WHERE id = $1
+              FOR UPDATE"#,
+        id as &PaymentId
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(record)
 }
 
 /// A payment of the account, locked until the transaction ends.

@@ -1,7 +1,8 @@
 //! `POST /v1/webhook_endpoints` with an `Idempotency-Key`, as an operation of one phase.
 
-use idem::{Interrupted, Lease, Operation, PhaseError, Step, StoredResponse, boxed};
+use idem::{Interrupted, Lease, Operation, Phase, PhaseError, Step, StoredResponse};
 use serde::{Deserialize, Serialize};
+use sqlx::PgConnection;
 
 use super::{EnabledEvents, Endpoint, create};
 use crate::DomainError;
@@ -65,30 +66,50 @@ impl<P> PaymentOperation<P> for CreateEndpoint {
 impl Operation for CreateEndpoint {
     type Point = UpdatePoint;
 
-    async fn step(&self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
+    async fn step(&mut self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
         let UpdatePoint::Started = at;
-        let (url, enabled) = (&self.params.url, &self.params.enabled_events);
         let request_id = lease.request_id().to_owned();
-        lease
-            .phase(|tx| {
-                let (account_id, url, enabled) =
-                    (self.params.account_id.clone(), url.clone(), enabled.clone());
-                let (request_id, base) = (request_id.clone(), self.public_base_url.clone());
-                boxed(async move {
-                    let answer = match create(tx, &account_id, &url, &enabled).await {
-                        Ok(endpoint) => created_answer(&endpoint),
-                        // The account's bound: this key's answer.
-                        Err(DomainError::Invalid { param, message }) => problem_answer(
-                            &Problem::new(ProblemCode::InvalidRequest, message).with_param(param),
-                            &request_id,
-                            &base,
-                        ),
-                        Err(err) => return Err(PhaseError::from(err)),
-                    };
-                    Ok::<_, PhaseError<DomainError>>(Step::<UpdatePoint>::Finish(answer))
-                })
-            })
-            .await?;
+        let (account_id, base) = (&self.params.account_id, &self.public_base_url);
+        let insert = InsertEndpoint {
+            account_id,
+            url: &self.params.url,
+            enabled: &self.params.enabled_events,
+            request_id: &request_id,
+            base,
+        };
+        lease.phase(insert).await?;
         Ok(())
+    }
+}
+
+/// The one phase of an endpoint's creation: the endpoint with its secret (or the account's bound
+/// refusing it), and the answer.
+struct InsertEndpoint<'a> {
+    account_id: &'a AccountId,
+    url: &'a url::Url,
+    enabled: &'a EnabledEvents,
+    request_id: &'a str,
+    base: &'a str,
+}
+
+impl Phase for InsertEndpoint<'_> {
+    type Point = UpdatePoint;
+    type Error = DomainError;
+
+    async fn run(
+        &mut self,
+        tx: &mut PgConnection,
+    ) -> Result<Step<UpdatePoint>, PhaseError<DomainError>> {
+        let answer = match create(tx, self.account_id, self.url, self.enabled).await {
+            Ok(endpoint) => created_answer(&endpoint),
+            // The account's bound: this key's answer.
+            Err(DomainError::Invalid { param, message }) => problem_answer(
+                &Problem::new(ProblemCode::InvalidRequest, message).with_param(param),
+                self.request_id,
+                self.base,
+            ),
+            Err(err) => return Err(PhaseError::from(err)),
+        };
+        Ok(Step::Finish(answer))
     }
 }

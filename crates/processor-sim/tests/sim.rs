@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use provider::sim::{FaultConfig, Idempotency, ManualClock, Simulator};
+use processor_sim::{FaultConfig, Idempotency, ManualClock, Simulator};
 use provider::{
     CardProcessor, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorClient,
     ProcessorConfig, ProcessorError, RefundRequest,

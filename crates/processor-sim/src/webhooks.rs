@@ -19,8 +19,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::Sim;
-use super::state::new_id;
-use crate::signature::{STRIPE_SIGNATURE_HEADER, sign};
+use crate::ledger::new_id;
+use provider::signature::{STRIPE_SIGNATURE_HEADER, sign};
 
 /// Attempts per delivery before the stand-in gives up on it (Stripe tries for three days).
 pub const MAX_ATTEMPTS: u32 = 10;

@@ -1,22 +1,29 @@
-//! Stripe's search for charges, the part of its query language the stand-in understands:
-//! `metadata['key']:'value'` clauses joined by `AND`, answered from an index by metadata so that a
-//! search does not walk every charge.
+//! Stripe's search for charges (`GET /v1/charges/search`), the part of its query language the
+//! stand-in understands: `metadata['key']:'value'` clauses joined by `AND`, answered from an index
+//! by metadata so that a search does not walk every charge, and blind to charges younger than
+//! the search lag, as Stripe's search trails its writes.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
+
+use serde_json::{Value, json};
+
+use super::lists::page_size;
+use super::{ChargeRecord, Ledger};
+use crate::answer::Answer;
 
 /// Stripe accepts at most this many clauses in one query.
 const MAX_CLAUSES: usize = 10;
 
 /// One `metadata['key']:'value'` clause.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Clause {
+struct Clause {
     pub key: String,
     pub value: String,
 }
 
 /// Parses a search query; the error is the message of a `400 invalid_request_error`.
-pub(super) fn parse(query: &str) -> Result<Vec<Clause>, String> {
+fn parse(query: &str) -> Result<Vec<Clause>, String> {
     let mut rest = query.trim();
     if rest.is_empty() {
         return Err("The search query is empty.".into());
@@ -116,7 +123,7 @@ impl MetadataIndex {
     }
 
     /// The positions of the charges that may hold `key: value`, oldest first.
-    pub(super) fn candidates(&self, key: &str, value: &str) -> &[usize] {
+    fn candidates(&self, key: &str, value: &str) -> &[usize] {
         match self.postings.get(&pair_hash(key, value)) {
             None => &[],
             Some(Postings::One(position)) => std::slice::from_ref(position),
@@ -126,13 +133,80 @@ impl MetadataIndex {
 }
 
 /// The opaque cursor of the page that starts below `bound` (a charge position).
-pub(super) fn page_token(bound: usize) -> String {
+fn page_token(bound: usize) -> String {
     format!("page_{bound:x}")
 }
 
 /// Reads a cursor that [`page_token`] wrote.
-pub(super) fn read_page_token(token: &str) -> Option<usize> {
+fn read_page_token(token: &str) -> Option<usize> {
     usize::from_str_radix(token.strip_prefix("page_")?, 16).ok()
+}
+
+impl ChargeRecord {
+    fn holds(&self, clause: &Clause) -> bool {
+        self.metadata.get(&clause.key) == Some(&clause.value)
+    }
+}
+
+impl Ledger {
+    /// The charges whose metadata hold every clause of `query`, newest first, leaving out those
+    /// younger than `search_lag_ms`; `page` is a cursor this answered.
+    pub(crate) fn search_charges(
+        &mut self,
+        query: Option<&str>,
+        limit: Option<usize>,
+        page: Option<&str>,
+        search_lag_ms: u64,
+    ) -> Answer {
+        self.stats.searches += 1;
+        let Some(query) = query else {
+            return Answer::bad_param(
+                "parameter_missing",
+                Some("query"),
+                "Missing required param: query.",
+            );
+        };
+        let clauses = match parse(query) {
+            Ok(clauses) => clauses,
+            Err(message) => return Answer::bad_param("parameter_invalid", Some("query"), &message),
+        };
+        let below = match page {
+            None => usize::MAX,
+            Some(token) => match read_page_token(token) {
+                Some(bound) => bound,
+                None => {
+                    return Answer::bad_param("parameter_invalid", Some("page"), "Invalid page.");
+                }
+            },
+        };
+        // The rarest clause gives the candidates; each is checked against every clause, which
+        // also drops any that only share a hash.
+        let candidates = clauses
+            .iter()
+            .map(|clause| self.metadata_index.candidates(&clause.key, &clause.value))
+            .min_by_key(|candidates| candidates.len())
+            .unwrap_or_default();
+        let now_ms = self.clock.now_ms();
+        let mut matches =
+            candidates.iter().rev().filter(|&&position| position < below).filter_map(|&position| {
+                let charge = self.charges.get(position)?;
+                let visible = now_ms.saturating_sub(charge.created_ms) >= search_lag_ms;
+                (visible && clauses.iter().all(|clause| charge.holds(clause)))
+                    .then_some((position, charge))
+            });
+        let limit = page_size(limit);
+        let found: Vec<(usize, &ChargeRecord)> = matches.by_ref().take(limit).collect();
+        let has_more = matches.next().is_some();
+        let next_page = match found.last() {
+            Some(&(position, _)) if has_more => Some(page_token(position)),
+            _ => None,
+        };
+        let data: Vec<Value> = found.iter().map(|(_, charge)| charge.to_json()).collect();
+        Answer::ok(json!({
+            "object": "search_result", "data": data, "has_more": has_more,
+            "next_page": next_page, "url": "/v1/charges/search",
+        }))
+    }
 }
 
 #[cfg(test)]

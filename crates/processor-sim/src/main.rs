@@ -1,9 +1,9 @@
-//! `processor-sim`: the stand-in card processor. See `provider::sim`.
+//! `processor-sim`: the stand-in card processor. See the library, `processor_sim`.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use provider::sim::{
+use processor_sim::{
     DEFAULT_KEY_TTL_S, DEFAULT_PORT, FaultConfig, Idempotency, Simulator, WebhookTarget,
 };
 

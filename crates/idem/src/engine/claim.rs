@@ -1,0 +1,324 @@
+//! Claims: a request's claim of a key (a read, and a takeover when the key is free), the
+//! completer's `take_due`, and the reaper.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::lease::{Lease, NewKey};
+use super::{Engine, STARTED};
+use crate::error::IdemError;
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::observe::Event;
+use crate::response::StoredResponse;
+use crate::store::{self, Lookup, Seen};
+
+/// A request to claim a key.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The scope of the key.
+    pub account_id: &'a str,
+    /// The SHA-256 digest of the API key the request presents, when the caller has not checked
+    /// it yet: the claim checks, in the same statement, that it is a live key of `account_id`,
+    /// and claims and reads nothing when it is not (`Claim::Unauthenticated`). `None` when the
+    /// caller authenticated the request itself.
+    pub credential: Option<&'a [u8]>,
+    /// The key.
+    pub key: &'a IdempotencyKey,
+    /// The request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// For the mismatch message.
+    pub method: &'a str,
+    /// For the mismatch message.
+    pub path: &'a str,
+    /// Kept with the key: stored problem bodies carry the first request's id.
+    pub request_id: &'a str,
+    /// The operation's name, so the completer knows what to resume.
+    pub operation: &'a str,
+    /// The operation's input, so the completer can resume without the HTTP request.
+    pub params: &'a Value,
+}
+
+/// What a claim decided.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // matched at once by the caller; a box would allocate per claim
+pub enum Claim {
+    /// This request holds the key: a new key, or one resumed from its recovery point. A new key
+    /// is stored by its first phase; until then no one else sees it, and a request that stored it
+    /// first makes that phase fail with `Superseded` (claim again).
+    Acquired(Lease),
+    /// The key has a final answer; send it again.
+    Replay(StoredResponse),
+    /// Another request holds the lease right now.
+    InUse,
+    /// The key was first used for another request.
+    Mismatch {
+        /// The first request's method.
+        method: String,
+        /// The first request's path.
+        path: String,
+    },
+    /// The key is unfinished and waits for a person; it is never resumed automatically.
+    NeedsHuman,
+    /// The request's credential is not a live API key of the account (revoked since the caller
+    /// learnt its account): nothing was claimed or read.
+    Unauthenticated,
+}
+
+impl Engine {
+    /// Claims a key: one round trip for a new key, a replay, a mismatch or a key in use; a
+    /// second one to take over an unfinished key whose lease is free or expired.
+    pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, IdemError> {
+        let span = tracing::debug_span!("idem.claim", operation = request.operation);
+        self.claim_inner(request).instrument(span).await
+    }
+
+    async fn claim_inner(&self, request: &ClaimRequest<'_>) -> Result<Claim, IdemError> {
+        let lookup = Lookup {
+            account_id: request.account_id.to_owned(),
+            credential: request.credential.map(<[u8]>::to_vec),
+            key: request.key.as_str().to_owned(),
+        };
+        for _ in 0..=self.config.db_retries {
+            let seen = match self.lanes() {
+                Some(lanes) => self.retrying(|| lanes.read(lookup.clone())).await?,
+                None => self.retrying(|| store::read(&self.pool, &lookup)).await?,
+            };
+            let row = match seen {
+                Seen::Key(row) => row,
+                Seen::Unauthenticated => return Ok(Claim::Unauthenticated),
+                // A new key: nothing is stored until the first phase commits, which inserts the
+                // key with its own writes (`Lease::phase`, `Lease::phase_in_one`). The lease is
+                // this request's alone until then, because no one else can see it.
+                Seen::Absent(reserved) => {
+                    self.observer.event(Event::Claimed);
+                    let new = NewKey {
+                        account_id: request.account_id.to_owned(),
+                        key: request.key.as_str().to_owned(),
+                        fingerprint: request.fingerprint,
+                        method: request.method.to_owned(),
+                        path: request.path.to_owned(),
+                    };
+                    let lease = Lease {
+                        engine: self.clone(),
+                        key_id: reserved,
+                        token: Uuid::new_v4(),
+                        point: STARTED.to_owned(),
+                        attempts: 1,
+                        operation: request.operation.to_owned(),
+                        params: request.params.clone(),
+                        request_id: request.request_id.to_owned(),
+                        finished: None,
+                        just_planned: None,
+                        new: Some(Box::new(new)),
+                    };
+                    // A process that is stopping takes no new work (`release_held`).
+                    if !self.hold(lease.key_id, lease.token) {
+                        return Ok(Claim::InUse);
+                    }
+                    return Ok(Claim::Acquired(lease));
+                }
+            };
+            if row.fingerprint != request.fingerprint.as_bytes() {
+                self.observer.event(Event::Mismatch);
+                return Ok(Claim::Mismatch { method: row.request_method, path: row.request_path });
+            }
+            if let Some(response) = row.response {
+                self.observer.event(Event::Replayed);
+                return Ok(Claim::Replay(response));
+            }
+            if row.needs_human {
+                return Ok(Claim::NeedsHuman);
+            }
+            if row.lease_active {
+                self.observer.event(Event::InUse);
+                return Ok(Claim::InUse);
+            }
+            // The stall tests stop here, between reading the row and taking it over.
+            crate::failpoint(|| "idem.claim.before_take_over".to_owned()).await;
+            // Counted until the lease is recorded as held, so that a shutdown meanwhile waits
+            // for it and gives it back; a process that is stopping takes nothing over.
+            let Some(_granting) = self.granting() else { return Ok(Claim::InUse) };
+            let (window_ms, lease_ms) = (self.config.window_ms(), self.config.lease_ms());
+            let token = Uuid::new_v4();
+            let taken = self
+                .retrying(|| async {
+                    // Bounded like a claim lane's statement: the row may be held by a stuck
+                    // transaction that updated it after the claim read it.
+                    let mut tx = self.pool.begin().await?;
+                    store::bound_waits(&mut tx, self.config.claim_timeout_ms()).await?;
+                    let owner = row.owner_token;
+                    let taken = store::take_over(
+                        &mut *tx,
+                        row.id,
+                        owner,
+                        token,
+                        lease_ms,
+                        request.request_id,
+                        window_ms,
+                    )
+                    .await?;
+                    tx.commit().await?;
+                    Ok(taken)
+                })
+                .await?;
+            match taken {
+                store::TakeOver::Taken(point, attempts) => {
+                    let event =
+                        if row.owner_token.is_some() { Event::TookOver } else { Event::Resumed };
+                    self.observer.event(event);
+                    tracing::info!(key_id = row.id, recovery_point = %point, attempts, ?event, "resuming an idempotency key");
+                    let Some(lease) = self.lease(row.id, token, point, attempts, &row).await else {
+                        return Ok(Claim::InUse);
+                    };
+                    crate::failpoint(|| "idem.claim.taken_over".to_owned()).await;
+                    return Ok(Claim::Acquired(lease));
+                }
+                store::TakeOver::Flagged => {
+                    self.observer.event(Event::Flagged);
+                    tracing::error!(
+                        key_id = row.id,
+                        reason = "older than the processor's idempotency window",
+                        "an idempotency key needs a person"
+                    );
+                    return Ok(Claim::NeedsHuman);
+                }
+                // Someone else took it or finished it between the read and the swap: look again.
+                store::TakeOver::Missed => {}
+            }
+        }
+        Err(IdemError::Contended)
+    }
+
+    /// The completer's claim: up to `limit` unfinished keys whose lease is free or expired and
+    /// whose next attempt is due, each leased to this process. The completer asks for one key at
+    /// a time and drives it before asking again: a key leased while it waits behind others can
+    /// see its lease run out before its turn comes. A key with more than
+    /// `max_attempts` attempts, or created longer than `window` ago, is flagged for a person
+    /// instead (returned as `Due::Flagged`) and never retried automatically.
+    pub async fn take_due(
+        &self,
+        limit: u32,
+        max_attempts: u32,
+        window: Duration,
+    ) -> Result<Vec<Due>, IdemError> {
+        let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+        let lease_ms = self.config.lease_ms();
+        // As a claim's takeover: counted until every lease is recorded as held (or given back).
+        let Some(_granting) = self.granting() else { return Ok(Vec::new()) };
+        let rows = self
+            .retrying(|| async {
+                Ok(store::take_due(&self.pool, i64::from(limit), lease_ms, window_ms).await?)
+            })
+            .await?;
+        let mut due = Vec::with_capacity(rows.len());
+        for row in rows {
+            let reason = if row.too_old {
+                Some("older than the processor's idempotency window".to_owned())
+            } else if u32::try_from(row.attempts).unwrap_or(u32::MAX) > max_attempts {
+                Some(format!("gave up after {max_attempts} attempts"))
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                store::flag(&self.pool, row.id, row.token, &reason).await?;
+                self.observer.event(Event::Flagged);
+                tracing::error!(
+                    key_id = row.id,
+                    recovery_point = %row.recovery_point,
+                    attempts = row.attempts,
+                    reason,
+                    "an idempotency key needs a person"
+                );
+                due.push(Due::Flagged { key_id: row.id, reason });
+                continue;
+            }
+            self.observer.event(Event::TookOver);
+            if !self.hold_granted(row.id, row.token).await {
+                continue;
+            }
+            due.push(Due::Lease(Lease {
+                engine: self.clone(),
+                key_id: row.id,
+                token: row.token,
+                point: row.recovery_point,
+                attempts: row.attempts,
+                operation: row.operation,
+                params: row.request_params,
+                request_id: row.request_id,
+                finished: None,
+                just_planned: None,
+                new: None,
+            }));
+        }
+        Ok(due)
+    }
+
+    /// The reaper: deletes up to `limit` keys completed longer than `retention` ago. Unfinished
+    /// keys are never deleted; those created longer than `retention` ago are flagged for a person
+    /// instead.
+    pub async fn reap(&self, limit: u32, retention: Duration) -> Result<Reaped, IdemError> {
+        let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        let deleted = store::reap(&self.pool, i64::from(limit), retention_ms).await?;
+        let flagged = store::flag_stale(&self.pool, retention_ms).await?;
+        for _ in 0..flagged {
+            self.observer.event(Event::Flagged);
+        }
+        Ok(Reaped { deleted, flagged })
+    }
+
+    /// The lease the database just granted, or `None` when the process is stopping (it was
+    /// given back already).
+    pub(super) async fn lease(
+        &self,
+        key_id: i64,
+        token: Uuid,
+        point: String,
+        attempts: i32,
+        row: &store::KeyRow,
+    ) -> Option<Lease> {
+        if !self.hold_granted(key_id, token).await {
+            return None;
+        }
+        Some(Lease {
+            engine: self.clone(),
+            key_id,
+            token,
+            point,
+            attempts,
+            operation: row.operation.clone(),
+            params: row.request_params.clone(),
+            request_id: row.request_id.clone(),
+            finished: None,
+            just_planned: None,
+            new: None,
+        })
+    }
+}
+
+/// What the completer found.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one at a time, matched at once; a box would only allocate
+pub enum Due {
+    /// A key to drive to its end.
+    Lease(Lease),
+    /// A key flagged for a person instead.
+    Flagged {
+        /// The key's row id.
+        key_id: i64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What one reaper batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// Completed keys deleted.
+    pub deleted: u64,
+    /// Unfinished keys past retention flagged for a person.
+    pub flagged: u64,
+}

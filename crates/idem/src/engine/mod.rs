@@ -1,0 +1,214 @@
+//! The engine: claims, leases, phases, and the loop that drives an operation to its end.
+//!
+//! - [`claim`]: a request's claim of a key, the completer's `take_due` and the reaper;
+//! - [`lease`]: the lease a claim grants, and what its holder does besides phases (check it
+//!   before a foreign call, flag the key, release it);
+//! - [`phase`]: atomic phases, fenced on the lease;
+//! - [`drive`]: the loop that drives an operation from its recovery point to its end;
+//! - [`shutdown`]: the leases a process holds, given back when it stops.
+
+mod claim;
+mod drive;
+mod lease;
+mod phase;
+mod shutdown;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use payments_backoff::{Backoff, Jitter};
+use sqlx::PgPool;
+
+use crate::error::{IdemError, is_retryable};
+use crate::lanes::Lanes;
+use crate::observe::{Event, Observer};
+
+pub use claim::{Claim, ClaimRequest, Due, Reaped};
+pub use drive::{Interrupted, Operation, TransientKind, drive};
+pub use lease::Lease;
+pub use phase::{OneStatement, Phase, Step};
+use shutdown::Held;
+
+/// The SQLSTATE `idem_commit` raises when the fence refuses: the lease is lost.
+const LEASE_LOST: &str = "IL001";
+
+/// The recovery point every new key starts at.
+pub const STARTED: &str = "started";
+/// The recovery point of a key with a stored response.
+pub const FINISHED: &str = "finished";
+
+/// The recovery points of one operation, as an enum the operation defines. The engine stores
+/// them by name and refuses names it cannot map back.
+pub trait RecoveryPoint: Copy + Eq + fmt::Debug + Send + Sync + 'static {
+    /// The stored name. The first point must be called `"started"`.
+    fn name(self) -> &'static str;
+    /// The point with this name, or `None` for a name the operation does not define.
+    fn from_name(name: &str) -> Option<Self>;
+}
+
+/// Tunables of the engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// How long a lease lasts after a claim or a phase commit. Must be longer than the longest
+    /// foreign call an operation makes between two phases, retries included.
+    pub lease: Duration,
+    /// How many times a statement or phase that hit a serialization failure, deadlock or
+    /// concurrent unique violation is tried again before the error is surfaced.
+    pub db_retries: u32,
+    /// First delay before the completer retries a released key; doubles per attempt.
+    pub retry_base: Duration,
+    /// Longest delay before the completer retries a released key.
+    pub retry_cap: Duration,
+    /// Connections the engine keeps for the claim statement, beside the pool (`lanes.rs`); 0
+    /// runs claims on the pool instead.
+    pub claim_connections: usize,
+    /// How long the downstream service remembers the idempotency keys we send it (Stripe: 24 h),
+    /// less a margin. An unfinished key older than this is never driven again by anyone, neither
+    /// a retry nor a takeover nor the completer, because a call made now could act a second time;
+    /// it is flagged for a person. `None`: no such window.
+    pub processor_window: Option<Duration>,
+    /// The longest a claim statement may run or wait for a row lock on a claim lane
+    /// (`statement_timeout`, `lock_timeout`): a key row held by a stuck transaction must not
+    /// hold a lane, and every request queued behind it, for ever.
+    pub claim_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(60),
+            db_retries: 5,
+            retry_base: Duration::from_secs(1),
+            retry_cap: Duration::from_secs(300),
+            claim_connections: 8,
+            processor_window: Some(Duration::from_secs(20 * 3600)),
+            claim_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Checks, at start-up, that a lease outlives the longest foreign call (with its retries),
+    /// with five seconds to spare for the phase commits around it.
+    pub fn check_lease_covers(&self, longest_foreign_call: Duration) -> Result<(), String> {
+        let needed = longest_foreign_call + Duration::from_secs(5);
+        if self.lease < needed {
+            return Err(format!(
+                "the lease ({} ms) must be at least {} ms: the longest processor call with its \
+                 retries ({} ms), plus five seconds",
+                self.lease.as_millis(),
+                needed.as_millis(),
+                longest_foreign_call.as_millis()
+            ));
+        }
+        Ok(())
+    }
+
+    fn lease_ms(&self) -> i64 {
+        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    fn window_ms(&self) -> Option<i64> {
+        self.processor_window.map(|window| i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    fn claim_timeout_ms(&self) -> i64 {
+        i64::try_from(self.claim_timeout.as_millis()).unwrap_or(i64::MAX).max(1)
+    }
+
+    /// Delay before the completer's attempt after `attempts` attempts: `retry_base` doubling up
+    /// to `retry_cap`, exactly (the key's `next_attempt_at` is a schedule a person reads back).
+    pub fn retry_delay(&self, attempts: i32) -> Duration {
+        let schedule = Backoff::new(self.retry_base, self.retry_cap, Jitter::None);
+        schedule.delay(u32::try_from(attempts).unwrap_or(0))
+    }
+}
+
+/// The idempotency engine over one Postgres pool.
+#[derive(Clone)]
+pub struct Engine {
+    pool: PgPool,
+    config: Arc<EngineConfig>,
+    observer: Arc<dyn Observer>,
+    /// Started on the first claim, so that an engine that never claims (the worker's) opens no
+    /// connections for it.
+    lanes: Arc<OnceLock<Lanes>>,
+    /// The leases this process holds, so that a shutdown can give back those it cannot finish
+    /// (`release_held`). A lease leaves when it is dropped.
+    held: Arc<Mutex<Held>>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// An engine with the given tunables and an observer for metrics.
+    pub fn new(pool: PgPool, config: EngineConfig, observer: Arc<dyn Observer>) -> Self {
+        Self {
+            pool,
+            config: Arc::new(config),
+            observer,
+            lanes: Arc::default(),
+            held: Arc::default(),
+        }
+    }
+
+    /// The pool the engine works on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The tunables.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The claim lanes, started on first use; `None` when claims use the pool.
+    fn lanes(&self) -> Option<&Lanes> {
+        let count = self.config.claim_connections;
+        (count > 0).then(|| {
+            self.lanes.get_or_init(|| Lanes::start(&self.pool, count, self.config.claim_timeout))
+        })
+    }
+
+    /// Runs `statement` again on retryable errors, a bounded number of times.
+    async fn retrying<T, F, Fut>(&self, mut statement: F) -> Result<T, IdemError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, IdemError>>,
+    {
+        let mut tries = 0;
+        loop {
+            match statement().await {
+                Err(IdemError::Database(err))
+                    if is_retryable(&err) && tries < self.config.db_retries =>
+                {
+                    tries += 1;
+                    self.observer.event(Event::DatabaseRetry);
+                    tokio::time::sleep(DB_RETRY.delay(tries)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// Lower-case hexadecimal, as `idem_commit` decodes it.
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
+        let _ = write!(out, "{byte:02x}");
+        out
+    })
+}
+
+/// The pause before a statement or phase runs again after a serialization failure, deadlock or
+/// concurrent unique violation: 2 ms doubling to 256 ms, drawn below that at random, so that the
+/// transactions that collided do not collide again in step.
+const DB_RETRY: Backoff =
+    Backoff::new(Duration::from_millis(2), Duration::from_millis(256), Jitter::Full);

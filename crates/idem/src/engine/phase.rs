@@ -1,0 +1,306 @@
+//! Atomic phases: one transaction of the operation's writes that moves the key to its next
+//! recovery point or stores the final answer, fenced on the lease.
+
+use std::future::Future;
+
+use serde_json::{Value, json};
+use sqlx::{PgConnection, PgPool};
+use tracing::Instrument;
+
+use super::lease::Lease;
+use super::{DB_RETRY, FINISHED, LEASE_LOST, RecoveryPoint, hex};
+use crate::error::{PhaseError, is_retryable};
+use crate::observe::Event;
+use crate::response::StoredResponse;
+use crate::store;
+
+/// What a phase did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step<P> {
+    /// Moved the key to this recovery point.
+    Next(P),
+    /// Moved the key to this recovery point, which makes a foreign call, and froze that call: the
+    /// value is stored with the key and handed back by [`Lease::before_call`] to every attempt,
+    /// by any process. Also used to stay at a point with a new plan.
+    Call(P, Value),
+    /// Stored this final response.
+    Finish(StoredResponse),
+}
+
+/// One atomic phase of an operation: the writes it makes, in one transaction, and where they
+/// leave the key. A phase is a value that borrows what it needs (the records an earlier step
+/// read, the processor's answer) and is run by [`Lease::phase`], which adds the fence and
+/// commits.
+///
+/// `run` may run more than once (a deadlock runs the phase again), so it only touches the
+/// database, never the outside world, and must decide the same way each time.
+pub trait Phase: Send {
+    /// The operation's recovery points.
+    type Point: RecoveryPoint;
+    /// The operation's own error.
+    type Error: Send;
+
+    /// Makes the phase's writes on `tx` and answers where the key goes next.
+    fn run(
+        &mut self,
+        tx: &mut PgConnection,
+    ) -> impl Future<Output = Result<Step<Self::Point>, PhaseError<Self::Error>>> + Send;
+}
+
+/// A phase that writes nothing of the operation's own: it only moves the key (to plan a foreign
+/// call at a recovery point, say).
+impl<P: RecoveryPoint> Phase for Step<P> {
+    type Point = P;
+    type Error = std::convert::Infallible;
+
+    async fn run(&mut self, _tx: &mut PgConnection) -> Result<Step<P>, PhaseError<Self::Error>> {
+        Ok(self.clone())
+    }
+}
+
+/// An atomic phase sent as a single statement, which commits on its own (autocommit): one round
+/// trip instead of a transaction's four. Its step is decided before it runs, because the fence
+/// that moves the key is part of the statement. Run by [`Lease::phase_in_one`].
+pub trait OneStatement: Send {
+    /// The operation's recovery points.
+    type Point: RecoveryPoint;
+    /// The operation's own error.
+    type Error: Send;
+    /// What the statement returns besides the fence's key id (the rows it wrote).
+    type Output: Send;
+
+    /// Where the statement leaves the key.
+    fn step(&self) -> Step<Self::Point>;
+
+    /// Sends one statement that makes the operation's writes and calls `idem_commit($fence)`
+    /// with `fence` (a data-modifying CTE, say), and returns the key id `idem_commit` returned
+    /// beside its own result. May run more than once, as [`Phase::run`].
+    fn run(
+        &mut self,
+        pool: &PgPool,
+        fence: &Value,
+    ) -> impl Future<Output = Result<(i64, Self::Output), PhaseError<Self::Error>>> + Send;
+}
+
+impl Lease {
+    /// Runs one atomic phase: one transaction that does the phase's writes and moves the key to
+    /// the next recovery point or stores the final response, fenced on this lease. If the fence
+    /// refuses, or anything fails, the whole phase rolls back. Serialization failures and
+    /// deadlocks run the phase again.
+    ///
+    /// The first phase of a new key also stores the key, first in the same transaction (so that
+    /// the phase may write rows that refer to it): if another request stored the same key first,
+    /// the insert waits for it on the unique index, the phase rolls back and fails with
+    /// [`PhaseError::Superseded`].
+    pub async fn phase<F: Phase>(
+        &mut self,
+        mut phase: F,
+    ) -> Result<Step<F::Point>, PhaseError<F::Error>> {
+        let engine = self.engine.clone();
+        let _granting = engine.granting_new(self.new.is_some())?;
+        let span = self.phase_span();
+        let mut tries = 0;
+        loop {
+            let attempt = self.phase_once(&mut phase).instrument(span.clone()).await;
+            if let Some(settled) = self.settle(attempt, &span, &mut tries).await {
+                return settled.map(|(step, ())| step);
+            }
+        }
+    }
+
+    async fn phase_once<F: Phase>(
+        &self,
+        phase: &mut F,
+    ) -> Result<(Step<F::Point>, ()), PhaseError<F::Error>> {
+        if self.finished.is_some() {
+            return Err(PhaseError::LeaseLost);
+        }
+        let mut tx = self.engine.pool.begin().await?;
+        // A new key is stored first, holding the lease at its recovery point: a request with the
+        // same key waits on the unique index before it writes anything, and the phase may write
+        // rows that refer to the key. Dropping the transaction on an error rolls back everything.
+        if self.new.is_some() {
+            let store_new = self.fence_to(&self.point, None, None, true);
+            store::commit(&mut *tx, &store_new).await.map_err(|err| self.fence_error(err))?;
+        }
+        let step = phase.run(&mut tx).await?;
+        let fence = self.fence_of(&step, false);
+        store::commit(&mut *tx, &fence).await.map_err(|err| self.fence_error(err))?;
+        tx.commit().await?;
+        Ok((step, ()))
+    }
+
+    /// Runs one atomic phase as a single statement, which commits on its own, and answers what
+    /// the statement returned. Otherwise as [`Lease::phase`]: the statement may run more than
+    /// once, and a new key is stored by it.
+    pub async fn phase_in_one<S: OneStatement>(
+        &mut self,
+        mut statement: S,
+    ) -> Result<S::Output, PhaseError<S::Error>> {
+        let engine = self.engine.clone();
+        let _granting = engine.granting_new(self.new.is_some())?;
+        let span = self.phase_span();
+        let step = statement.step();
+        let fence = self.fence_of(&step, self.new.is_some());
+        let mut tries = 0;
+        loop {
+            let attempt = async {
+                if self.finished.is_some() {
+                    return Err(PhaseError::LeaseLost);
+                }
+                match statement.run(&self.engine.pool, &fence).await {
+                    Ok((key_id, made)) if key_id == self.key_id => Ok((step.clone(), made)),
+                    Ok(_) => Err(PhaseError::Database(sqlx::Error::Protocol(
+                        "a one-statement phase did not return its fence's key".into(),
+                    ))),
+                    Err(PhaseError::Database(err)) => Err(self.fence_error(err)),
+                    Err(other) => Err(other),
+                }
+            }
+            .instrument(span.clone())
+            .await;
+            if let Some(settled) = self.settle(attempt, &span, &mut tries).await {
+                return settled.map(|(_, made)| made);
+            }
+        }
+    }
+
+    fn phase_span(&self) -> tracing::Span {
+        tracing::info_span!("idem.phase", key_id = self.key_id, from = %self.point, to = tracing::field::Empty)
+    }
+
+    /// What one attempt at a phase comes to: `None` to run it again (a retryable database
+    /// error, after a pause), else its result, with the lease moved along when it committed.
+    async fn settle<P, E, T>(
+        &mut self,
+        attempt: Result<(Step<P>, T), PhaseError<E>>,
+        span: &tracing::Span,
+        tries: &mut u32,
+    ) -> Option<Result<(Step<P>, T), PhaseError<E>>>
+    where
+        P: RecoveryPoint,
+    {
+        match attempt {
+            Err(PhaseError::Database(err))
+                if is_retryable(&err) && *tries < self.engine.config.db_retries =>
+            {
+                *tries += 1;
+                self.engine.observer.event(Event::DatabaseRetry);
+                tokio::time::sleep(DB_RETRY.delay(*tries)).await;
+                None
+            }
+            Err(PhaseError::LeaseLost) => {
+                self.engine.observer.event(Event::LeaseLost);
+                tracing::warn!(parent: span, "lease lost: the phase was rolled back");
+                Some(Err(PhaseError::LeaseLost))
+            }
+            Err(PhaseError::Superseded) => {
+                // Not counted here: the claim that follows counts what the key turned out to be.
+                tracing::debug!(parent: span, "another request stored the new key first: the phase was rolled back");
+                Some(Err(PhaseError::Superseded))
+            }
+            Err(other) => Some(Err(other)),
+            Ok((step, made)) => {
+                self.just_planned = None;
+                match &step {
+                    Step::Next(point) => {
+                        span.record("to", point.name());
+                        self.point = point.name().to_owned();
+                    }
+                    Step::Call(point, plan) => {
+                        span.record("to", point.name());
+                        self.point = point.name().to_owned();
+                        self.just_planned = Some(plan.clone());
+                    }
+                    Step::Finish(response) => {
+                        span.record("to", FINISHED);
+                        self.point = FINISHED.to_owned();
+                        self.finished = Some(response.clone());
+                        self.engine.observer.event(Event::Finished);
+                    }
+                }
+                Some(self.stored().await.map(|()| (step, made)))
+            }
+        }
+    }
+
+    /// After a commit that may have stored a new key: the key is stored from now on. The database
+    /// granted the lease with it, so a process stopping meanwhile gives it back at once.
+    pub(super) async fn stored<E>(&mut self) -> Result<(), PhaseError<E>> {
+        if self.new.take().is_none() {
+            return Ok(());
+        }
+        // The hang-up tests stall here: a caller that goes away from now on must not take the
+        // lease with it.
+        crate::failpoint(|| "idem.claim.inserted".to_owned()).await;
+        if self.finished.is_none() && self.engine.is_closed() {
+            self.engine.give_back(self.key_id, self.token, "the server was stopping").await;
+            return Err(PhaseError::LeaseLost);
+        }
+        Ok(())
+    }
+
+    /// The value `idem_commit` takes to end a phase with `step` (see its migration); with
+    /// `store_new`, it inserts the new key rather than moving a stored one.
+    fn fence_of<P: RecoveryPoint>(&self, step: &Step<P>, store_new: bool) -> Value {
+        match step {
+            Step::Next(next) => self.fence_to(next.name(), None, None, store_new),
+            Step::Call(next, plan) => self.fence_to(next.name(), Some(plan), None, store_new),
+            Step::Finish(response) => self.fence_to(FINISHED, None, Some(response), store_new),
+        }
+    }
+
+    pub(super) fn fence_to(
+        &self,
+        next: &str,
+        plan: Option<&Value>,
+        response: Option<&StoredResponse>,
+        store_new: bool,
+    ) -> Value {
+        let response = response.map(|response| {
+            json!({
+                "status": response.status,
+                "headers": response.headers,
+                "body": hex(&response.body),
+            })
+        });
+        let new = self.new.as_ref().filter(|_| store_new).map(|new| {
+            json!({
+                "account_id": new.account_id,
+                "key": new.key,
+                "fingerprint": hex(new.fingerprint.as_bytes()),
+                "method": new.method,
+                "path": new.path,
+                "request_id": self.request_id,
+                "operation": self.operation,
+                "params": self.params,
+            })
+        });
+        json!({
+            "key_id": self.key_id,
+            "token": self.token,
+            "expected": self.point,
+            "lease_ms": self.engine.config.lease_ms(),
+            "next": next,
+            "plan": plan,
+            "response": response,
+            "new": new,
+        })
+    }
+
+    /// What a failure of the fence means: the lease is lost (`IL001`), the new key was stored by
+    /// another request first (a unique violation on the key), or a database error.
+    pub(super) fn fence_error<E>(&self, err: sqlx::Error) -> PhaseError<E> {
+        let Some(db) = err.as_database_error() else { return PhaseError::Database(err) };
+        match db.code().as_deref() {
+            Some(LEASE_LOST) => PhaseError::LeaseLost,
+            Some("23505")
+                if self.new.is_some()
+                    && db.constraint() == Some("idempotency_keys_account_key") =>
+            {
+                PhaseError::Superseded
+            }
+            _ => PhaseError::Database(err),
+        }
+    }
+}

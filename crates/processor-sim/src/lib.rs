@@ -1,0 +1,158 @@
+//! The stand-in card processor: the subset of Stripe's Charges and Refunds API that the client
+//! uses, with real in-memory state, Stripe's idempotency semantics, the test tokens, and seeded
+//! fault injection, so that a run can be repeated exactly. The binary `processor-sim` serves it.
+//!
+//! By default it is as strict as Stripe ([`Idempotency::Stripe`]): the answer of every request
+//! that began executing is kept against its key and replayed with `Idempotent-Replayed: true`
+//! (2xx, 402, the 4xx an operation raises, 500s); a key reused with other parameters is
+//! `400 idempotency_error`; a key is forgotten after `key_ttl_s`; charges can be found by
+//! metadata with `GET /v1/charges/search` (after `search_lag_ms`), and a charge's refunds with
+//! `GET /v1/refunds?charge=…`. [`Idempotency::Lenient`] keeps only 2xx and 402, as the stand-in
+//! first did.
+//!
+//! Once told where (`PUT /_sim/webhooks`), it sends Stripe-style webhooks for every change of a
+//! charge, signed with `Stripe-Signature` (the scheme is `provider::signature`'s, which the
+//! receiving side verifies with), at least once, with their own seeded faults (see `webhooks`).
+//!
+//! State lives in memory: a restart forgets every charge.
+//!
+//! A request goes through `routes` (the router and the `/v1` handlers), `middleware` (its
+//! fault), the `ledger` (the books, with one module per operation: `charges`, `refunds`, `lists`,
+//! `search`, each run under Stripe's idempotency rules in `ledger::idempotency`) and back as an
+//! `answer`. `control` serves the `/_sim` surface that changes the `faults` at run time.
+
+mod answer;
+mod clock;
+mod control;
+mod faults;
+mod ledger;
+mod middleware;
+mod routes;
+mod webhooks;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use tokio::net::TcpListener;
+
+use clock::Clock;
+pub use clock::ManualClock;
+pub use faults::{DEFAULT_KEY_TTL_S, FaultConfig, Idempotency};
+use ledger::Ledger;
+pub use ledger::Stats;
+pub use webhooks::{MAX_ATTEMPTS as WEBHOOK_MAX_ATTEMPTS, WebhookTarget};
+
+/// The default port, the one Stripe's own mock server uses.
+pub const DEFAULT_PORT: u16 = 12111;
+
+/// How long a request may be held by latency injection at the most, so a typo cannot hang a test
+/// run for hours.
+pub const MAX_LATENCY: Duration = Duration::from_secs(60);
+
+/// Everything the stand-in holds, behind one lock.
+#[derive(Debug)]
+struct Inner {
+    ledger: Ledger,
+    faults: faults::Injector,
+    /// Where webhook events go; `None`: nowhere (they are not raised).
+    webhook_target: Option<WebhookTarget>,
+    /// The webhook dispatcher's queue.
+    webhook_queue: Option<tokio::sync::mpsc::Sender<serde_json::Value>>,
+}
+
+impl Inner {
+    /// Hands the events the last operation raised to the webhook dispatcher, if an endpoint is
+    /// set (with none, there is no one to tell, as at Stripe).
+    fn send_events(&mut self) {
+        let events = self.ledger.take_events();
+        if self.webhook_target.is_none() {
+            return;
+        }
+        for event in events {
+            let queued =
+                self.webhook_queue.as_ref().is_some_and(|queue| queue.try_send(event).is_ok());
+            if queued {
+                self.ledger.stats.events_created += 1;
+            } else {
+                self.ledger.stats.webhooks_dropped += 1;
+            }
+        }
+    }
+}
+
+/// The shared state, as the handlers and the webhook dispatcher hold it.
+#[derive(Debug, Clone)]
+struct Sim(Arc<Mutex<Inner>>);
+
+impl Sim {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind; keep serving it.
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A bound, not yet serving, stand-in processor.
+#[derive(Debug)]
+pub struct Simulator {
+    listener: TcpListener,
+    router: Router,
+    sim: Sim,
+}
+
+impl Simulator {
+    /// Binds `address` (port 0 picks a free port) with the given faults in force; its time is
+    /// the monotonic clock.
+    pub async fn build(address: &str, faults: FaultConfig) -> std::io::Result<Self> {
+        Self::build_on(address, faults, Clock::Monotonic(std::time::Instant::now())).await
+    }
+
+    /// As [`Simulator::build`], on a clock the caller moves: for tests that cross a key's
+    /// lifetime or the search lag without sleeping.
+    pub async fn build_with_clock(
+        address: &str,
+        faults: FaultConfig,
+        clock: ManualClock,
+    ) -> std::io::Result<Self> {
+        Self::build_on(address, faults, Clock::Manual(clock)).await
+    }
+
+    async fn build_on(address: &str, faults: FaultConfig, clock: Clock) -> std::io::Result<Self> {
+        faults.validate().map_err(std::io::Error::other)?;
+        let listener = TcpListener::bind(address).await?;
+        let sim = Sim(Arc::new(Mutex::new(Inner {
+            ledger: Ledger::new(clock),
+            faults: faults::Injector::new(faults),
+            webhook_target: None,
+            webhook_queue: None,
+        })));
+        let queue = webhooks::start(sim.clone());
+        sim.lock().webhook_queue = Some(queue);
+        let router = routes::router(sim.clone());
+        Ok(Self { listener, router, sim })
+    }
+
+    /// Sends webhook events to `target` from now on (`None`: to nobody), as
+    /// `PUT /_sim/webhooks` does.
+    pub fn set_webhook_target(&self, target: Option<WebhookTarget>) -> Result<(), String> {
+        if let Some(target) = &target {
+            target.validate()?;
+        }
+        self.sim.lock().webhook_target = target;
+        Ok(())
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    /// Serves until `stop` completes.
+    pub async fn run_until(
+        self,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(self.listener, self.router).with_graceful_shutdown(stop).await
+    }
+}
