@@ -409,10 +409,13 @@ impl Phase for Charged<'_> {
             json!({"charge": charge.id, "downstream_key": self.key.as_str(), "status": status});
         let audit = info.audit(&payment.account_id, &payment.id, "payment.charged", detail);
         let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
+        // Only a later generation of the key can stand beside another charge: under the first,
+        // every attempt sent the one downstream key, and the processor made one charge for it.
         // The update holds the payment's row, as `processor_events::receive` does: news of
         // another charge for it is seen here, or sees this one.
-        if let Some((other, other_key)) =
-            processor_events::other_succeeded_charge(&mut *tx, &payment.id, &charge.id).await?
+        if self.key.generation_number() > 1
+            && let Some((other, other_key)) =
+                processor_events::other_succeeded_charge(&mut *tx, &payment.id, &charge.id).await?
         {
             let record = ChargeRecord {
                 account_id: payment.account_id.clone(),
