@@ -529,8 +529,12 @@ impl Background {
         loop {
             // The status before the output: a command that ended has printed all it will.
             let ended = std::fs::read_to_string(&self.status).ok();
-            let printed: Vec<String> = std::fs::read_to_string(&self.output)
-                .unwrap_or_default()
+            // Not there yet: the shell has not started the command. Any other error is one.
+            let output = match std::fs::read_to_string(&self.output) {
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => String::new(),
+                read => read.expect("the background command's output can be read"),
+            };
+            let printed: Vec<String> = output
                 .lines()
                 .map(|line| line.trim_end_matches('\r').to_owned())
                 .filter(|line| !line.trim().is_empty())
