@@ -574,24 +574,39 @@ async fn a_second_successful_charge_reported_after_the_payment_recorded_its_own_
     );
 }
 
-/// The real client, whose charge call, once made, waits until the processor's webhook about
-/// another charge for the payment (an earlier generation's) has been received, then answers.
+/// The real client, except that the processor's webhook about another charge for the payment (an
+/// earlier generation's `ch_extra`) is delivered, and received, while the key's holder is mid-call:
+/// during the charge call, after the charge is made; or, with `decline_in_search`, during the
+/// search that follows a charge call the processor would not answer for (`MustReconcile`), which
+/// then finds only a declined charge.
 struct AnotherChargeReportedMidCall {
     client: ProcessorClient,
     http: reqwest::Client,
     webhook_url: String,
     pool: PgPool,
+    decline_in_search: bool,
 }
 
-impl CardProcessor for AnotherChargeReportedMidCall {
-    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
-        let made = self.client.create_charge(request).await?;
-        let payment_id = &made.metadata["payment_id"];
+impl AnotherChargeReportedMidCall {
+    async fn report_the_other_charge(&self, payment_id: &str) {
         let event = succeeded("evt_extra", payment_id, "ch_extra", &format!("{payment_id}/charge"));
         let signature = provider::signature::sign(SECRET, unix_now(), &event);
         let sent = self.http.post(&self.webhook_url).header("stripe-signature", signature);
         assert_eq!(sent.body(event).send().await.unwrap().status(), 200);
         until_received(&self.pool, 1).await;
+    }
+}
+
+impl CardProcessor for AnotherChargeReportedMidCall {
+    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+        if self.decline_in_search {
+            return Err(ProcessorError::MustReconcile {
+                cause: provider::ReconcileCause::KeyReused,
+                message: "the processor will not say what the key did".into(),
+            });
+        }
+        let made = self.client.create_charge(request).await?;
+        self.report_the_other_charge(&made.metadata["payment_id"]).await;
         Ok(made)
     }
     async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
@@ -604,7 +619,12 @@ impl CardProcessor for AnotherChargeReportedMidCall {
         self.client.retrieve_charge(charge_id).await
     }
     async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
-        self.client.search_charges(payment_id).await
+        if !self.decline_in_search {
+            return self.client.search_charges(payment_id).await;
+        }
+        self.report_the_other_charge(payment_id).await;
+        let declined: Value = serde_json::from_slice(&declined(payment_id, "")).unwrap();
+        Ok(vec![serde_json::from_value(declined["data"]["object"].clone()).unwrap()])
     }
     async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
         self.client.list_refunds(charge_id).await
@@ -617,26 +637,33 @@ impl CardProcessor for AnotherChargeReportedMidCall {
     }
 }
 
+/// A key at its charge, moved to the key's second generation (as if a lookup that found nothing
+/// had moved it), with the stand-in's own webhooks off: the deliveries are made by hand.
+async fn second_generation_key(s: &Setup, pool: &PgPool) -> String {
+    let payment_id = waiting_key(s, pool).await;
+    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
+    assert_eq!(none.unwrap().status(), 200, "the deliveries are made by hand");
+    s.set_faults(&FaultConfig::default()).await;
+    let second = "UPDATE idempotency_keys \
+                  SET planned_call = jsonb_set(planned_call, '{key}', to_jsonb((planned_call->>'key') || '/2'))";
+    sqlx::query(second).execute(pool).await.unwrap();
+    payment_id
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn a_second_successful_charge_reported_while_a_later_generation_was_called_is_audited_for_a_person(
     pool: PgPool,
 ) {
     let s =
         setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
-    let payment_id = waiting_key(&s, &pool).await;
-    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
-    assert_eq!(none.unwrap().status(), 200, "the deliveries are made by hand");
-    s.set_faults(&FaultConfig::default()).await;
-    // As if a lookup that found nothing had moved the call to the key's second generation; the
-    // earlier generation's charge is reported only while the second is being made.
-    let second = "UPDATE idempotency_keys \
-                  SET planned_call = jsonb_set(planned_call, '{key}', to_jsonb((planned_call->>'key') || '/2'))";
-    sqlx::query(second).execute(&pool).await.unwrap();
+    // The earlier generation's charge is reported only while the second is being made.
+    let payment_id = second_generation_key(&s, &pool).await;
     let processor = AnotherChargeReportedMidCall {
         client: s.client(),
         http: s.http.clone(),
         webhook_url: s.app.url("/webhooks/processor"),
         pool: pool.clone(),
+        decline_in_search: false,
     };
     let report = complete(&s.worker(processor)).await;
     assert_eq!(report.completed, 1, "{report:?}");
@@ -645,5 +672,29 @@ async fn a_second_successful_charge_reported_while_a_later_generation_was_called
     assert_ne!(charge.as_deref(), Some("ch_extra"), "the payment records the charge its call made");
     // The event landed while the holder was mid-call, before the phase that records the charge:
     // the phase saw it.
+    assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "phase".to_owned())]);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_successful_charge_reported_while_a_later_generation_was_found_declined_is_audited_for_a_person(
+    pool: PgPool,
+) {
+    let s =
+        setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let payment_id = second_generation_key(&s, &pool).await;
+    let processor = AnotherChargeReportedMidCall {
+        client: s.client(),
+        http: s.http.clone(),
+        webhook_url: s.app.url("/webhooks/processor"),
+        pool: pool.clone(),
+        decline_in_search: true,
+    };
+    let report = complete(&s.worker(processor)).await;
+    assert_eq!(report.completed, 1, "{report:?}");
+    let (id, status, charge) = payment_row(&pool).await;
+    assert_eq!((id.as_str(), status.as_str()), (payment_id.as_str(), "failed"));
+    assert_eq!(charge.as_deref(), Some("ch_declined"), "the payment records what the search found");
+    // The card was charged after all, by the earlier generation: the phase that recorded the
+    // decline saw the event that landed during the search.
     assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "phase".to_owned())]);
 }

@@ -3,9 +3,11 @@
 //!
 //! A delivery is verified before anything is read ([`verify`]: Stripe's `Stripe-Signature` over
 //! the exact bytes, constant-time, with a timestamp tolerance), then parsed as a Stripe event
-//! about a charge. [`receive`] is the idempotent consumer: in one transaction it records the event
-//! id (a redelivery finds it and changes nothing) with its only effect, which is to make the key
-//! that creates the charge's payment due for the completer at once.
+//! about a charge. [`receive`] is the idempotent consumer: in one transaction, holding the
+//! payment's row, it records the event id (a redelivery finds it and changes nothing) with its
+//! effect: the key that creates the charge's payment is made due for the completer at once, or,
+//! for a second successful charge of a payment that records another, an audit record for a
+//! person ([`ExtraCharge`]).
 //!
 //! The event never changes a payment itself. The create-payment operation, holding the key's
 //! lease, asks [`charge_for_key`] whether the processor told us what its planned call (its
@@ -24,7 +26,7 @@ use sqlx::{PgConnection, PgExecutor, PgPool};
 
 use crate::DomainError;
 use crate::audit::{self, AuditEvent};
-use crate::ids::PaymentId;
+use crate::ids::{AccountId, PaymentId};
 use crate::payments;
 use crate::stored::{from_name, text_enum};
 
@@ -172,7 +174,7 @@ pub enum Received {
         /// The payment.
         payment_id: PaymentId,
         /// The charge the event reports, which the payment does not account for.
-        charge_id: String,
+        extra: ExtraCharge,
     },
     /// Recorded, about a charge that is none of our payments': nothing else to do.
     Unmatched,
@@ -219,11 +221,17 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
                 if event.event_type == ChargeEventType::Succeeded
                     && *recorded != event.charge.id =>
             {
-                let other = (&*event.charge.id, event.downstream_key.as_deref());
+                let extra = ExtraCharge {
+                    charge_id: event.charge.id.clone(),
+                    downstream_key: event.downstream_key.clone(),
+                    recorded: Some(recorded.clone()),
+                };
+                let (account, key_id) = (&payment.account_id, payment.key_id);
                 let found_by = ("webhook", &*event.id);
-                extra_charge(&mut tx, &payment_id, &payment, recorded, other, found_by).await?;
-                Received::ExtraCharge { payment_id, charge_id: event.charge.id.clone() }
+                audit_extra_charge(&mut tx, &payment_id, account, key_id, &extra, found_by).await?;
+                Received::ExtraCharge { payment_id, extra }
             }
+            // A payment that records a charge has a finished key: nothing to wake then.
             _ => {
                 let woke = match payment.key_id {
                     Some(key_id) => {
@@ -237,40 +245,46 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
         _ => Received::Unmatched,
     };
     tx.commit().await?;
+    if let Received::ExtraCharge { payment_id, extra } = &received {
+        report_extra_charge(payment_id, extra, "webhook");
+    }
     Ok(received)
 }
 
-/// Records, for a person, that payment `payment_id` (whose `recorded` charge is its own) has
-/// another successful charge at the processor, `(charge id, its downstream key)`, found by
-/// `found_by` (`webhook` or `phase`, and the event or request that found it): an audit record `payment.extra_charge` under the payment's creating key (the
-/// inspector shows it on that key's page), an error in the log and the counter
-/// `payments_extra_charges_total`.
-pub(crate) async fn extra_charge(
+/// A successful charge at the processor for a payment that records another one (or none): an
+/// earlier generation of the downstream key made it, and the lookups missed it. The card was
+/// charged twice; a person refunds the extra charge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtraCharge {
+    /// The charge the payment does not account for.
+    pub charge_id: String,
+    /// The downstream key of the call that made it, as the processor reported it.
+    pub downstream_key: Option<String>,
+    /// The charge the payment records, if any.
+    pub recorded: Option<String>,
+}
+
+/// Records `extra` for a person, in the caller's transaction: an audit record
+/// `payment.extra_charge` under the payment's creating key `key_id` (the inspector shows it on
+/// that key's page), found by `found_by` (`webhook` or `phase`, and the event or request that
+/// found it). Once that transaction commits, the caller reports it ([`report_extra_charge`]).
+pub(crate) async fn audit_extra_charge(
     conn: &mut PgConnection,
     payment_id: &PaymentId,
-    payment: &payments::ChargeRecord,
-    recorded: &str,
-    (charge_id, downstream_key): (&str, Option<&str>),
+    account_id: &AccountId,
+    key_id: Option<i64>,
+    extra: &ExtraCharge,
     (found_by, request_id): (&'static str, &str),
 ) -> Result<(), DomainError> {
-    tracing::error!(
-        %payment_id,
-        recorded_charge = recorded,
-        extra_charge = charge_id,
-        downstream_key,
-        found_by,
-        "the processor charged the card twice for one payment: a person must refund the extra charge"
-    );
-    metrics::counter!("payments_extra_charges_total").increment(1);
-    let Some(key_id) = payment.key_id else { return Ok(()) };
+    let Some(key_id) = key_id else { return Ok(()) };
     let detail = json!({
-        "extra_charge": charge_id,
-        "downstream_key": downstream_key,
-        "recorded_charge": recorded,
+        "extra_charge": extra.charge_id,
+        "downstream_key": extra.downstream_key,
+        "recorded_charge": extra.recorded,
         "found_by": found_by,
     });
     let event = AuditEvent {
-        account_id: &payment.account_id,
+        account_id,
         object_id: payment_id,
         action: "payment.extra_charge",
         request_id,
@@ -280,24 +294,43 @@ pub(crate) async fn extra_charge(
     audit::record(conn, &event).await
 }
 
-/// A successful charge the processor reported for `payment_id` other than `charge_id`, the one
-/// the payment records, as `(charge id, its downstream key)`: for the phase that records a charge,
-/// which holds the payment's row, as [`receive`] does for news that lands afterwards.
+/// After the transaction that audited `extra` committed (a phase or a delivery that rolled back
+/// reports nothing): an error in the log and the counter `payments_extra_charges_total`, which
+/// alerting watches.
+pub fn report_extra_charge(payment_id: &PaymentId, extra: &ExtraCharge, found_by: &str) {
+    tracing::error!(
+        %payment_id,
+        recorded_charge = extra.recorded,
+        extra_charge = extra.charge_id,
+        downstream_key = extra.downstream_key,
+        found_by,
+        "the processor charged the card twice for one payment: a person must refund the extra charge"
+    );
+    metrics::counter!("payments_extra_charges_total").increment(1);
+}
+
+/// A successful charge the processor reported for `payment_id` other than `recorded`, the one the
+/// payment records (`None`: it records none, so any): for the phase that records the payment's
+/// outcome, which holds the payment's row, as [`receive`] does for news that lands afterwards.
 pub async fn other_succeeded_charge(
     executor: impl PgExecutor<'_>,
     payment_id: &PaymentId,
-    charge_id: &str,
-) -> Result<Option<(String, Option<String>)>, DomainError> {
+    recorded: Option<&str>,
+) -> Result<Option<ExtraCharge>, DomainError> {
     let row = sqlx::query!(
         r#"SELECT charge_id, downstream_key FROM processor_events
-            WHERE payment_id = $1 AND type = 'charge.succeeded' AND charge_id <> $2
+            WHERE payment_id = $1 AND type = 'charge.succeeded' AND charge_id IS DISTINCT FROM $2
             ORDER BY created, received_at LIMIT 1"#,
         payment_id as &PaymentId,
-        charge_id,
+        recorded,
     )
     .fetch_optional(executor)
     .await?;
-    Ok(row.map(|r| (r.charge_id, r.downstream_key)))
+    Ok(row.map(|r| ExtraCharge {
+        charge_id: r.charge_id,
+        downstream_key: r.downstream_key,
+        recorded: recorded.map(str::to_owned),
+    }))
 }
 
 /// The charge the processor says the call under `downstream_key` made, if an event told us.

@@ -101,11 +101,8 @@ pub async fn receive(
             tracing::info!(event_id = %event.id, event_type = %event.event_type, %payment_id, woke, "processor webhook recorded");
             ("recorded", Some(payment_id))
         }
-        // Logged and audited as an error by `receive`; the event itself is recorded.
-        Received::ExtraCharge { payment_id, charge_id } => {
-            tracing::warn!(event_id = %event.id, %payment_id, charge = %charge_id, "processor webhook reports a second charge for a payment");
-            ("recorded", Some(payment_id))
-        }
+        // Audited, logged as an error and counted by `receive`; the event itself is recorded.
+        Received::ExtraCharge { payment_id, .. } => ("recorded", Some(payment_id)),
         Received::Unmatched => {
             tracing::info!(event_id = %event.id, event_type = %event.event_type, charge = %event.charge.id, "processor webhook about a charge that is none of ours");
             ("unmatched", None)

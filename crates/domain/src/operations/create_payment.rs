@@ -25,11 +25,9 @@ use crate::audit;
 use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
 use crate::jobs::Work;
-use crate::payments::{
-    self, CaptureMethod, Changes, ChargeRecord, NewPayment, Payment, PaymentStatus,
-};
+use crate::payments::{self, CaptureMethod, Changes, NewPayment, Payment, PaymentStatus};
 use crate::problems::Problem;
-use crate::processor_events;
+use crate::processor_events::{self, ExtraCharge};
 
 /// The stored name of a payment creation.
 pub const CREATE_PAYMENT: &str = "payments.create";
@@ -303,14 +301,16 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                     // A charge found by reconciliation may be a declined one.
                     Ok(charge) if charge.paid => {
                         let (key, reconciled) = (&request.key, reconciled.as_ref());
-                        let charged = Charged {
+                        let mut charged = Charged {
                             payment: &payment,
                             charge: &charge,
                             key,
                             reconciled,
                             info: &info,
+                            extra: None,
                         };
-                        lease.phase(charged).await?;
+                        lease.phase(&mut charged).await?;
+                        report_extra(&payment.id, charged.extra.as_ref());
                     }
                     declined => {
                         let err = match declined {
@@ -328,15 +328,18 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                             final_problem(&err, &payment.id).ok_or_else(|| unavailable(&err))?;
                         let base = &self.ctx.public_base_url;
                         let (problem, reconciled) = (&problem, reconciled.as_ref());
-                        let failed = Failed {
+                        let mut failed = Failed {
                             payment: &payment,
                             err: &err,
                             problem,
+                            key: &request.key,
                             reconciled,
                             info: &info,
                             base,
+                            extra: None,
                         };
-                        lease.phase(failed).await?;
+                        lease.phase(&mut failed).await?;
+                        report_extra(&payment.id, failed.extra.as_ref());
                     }
                 }
             }
@@ -384,6 +387,8 @@ struct Charged<'a> {
     /// What reconciliation or the processor's webhook found, when it answered for the call.
     reconciled: Option<&'a Value>,
     info: &'a LeaseInfo,
+    /// Another successful charge for the payment, found and audited by the last run.
+    extra: Option<ExtraCharge>,
 }
 
 impl Phase for Charged<'_> {
@@ -409,23 +414,7 @@ impl Phase for Charged<'_> {
             json!({"charge": charge.id, "downstream_key": self.key.as_str(), "status": status});
         let audit = info.audit(&payment.account_id, &payment.id, "payment.charged", detail);
         let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
-        // Only a later generation of the key can stand beside another charge: under the first,
-        // every attempt sent the one downstream key, and the processor made one charge for it.
-        // The update holds the payment's row, as `processor_events::receive` does: news of
-        // another charge for it is seen here, or sees this one.
-        if self.key.generation_number() > 1
-            && let Some((other, other_key)) =
-                processor_events::other_succeeded_charge(&mut *tx, &payment.id, &charge.id).await?
-        {
-            let record = ChargeRecord {
-                account_id: payment.account_id.clone(),
-                key_id: Some(info.key_id),
-                charge_id: Some(charge.id.clone()),
-            };
-            let (extra, found_by) = ((&*other, other_key.as_deref()), ("phase", &*info.request_id));
-            processor_events::extra_charge(tx, &payment.id, &record, &charge.id, extra, found_by)
-                .await?;
-        }
+        self.extra = audit_other_charge(tx, &payment, self.key, info).await?;
         if let (PaymentStatus::Succeeded, Some(receipt)) = (payment.status, Work::receipt(&payment))
         {
             audit::stage_job(tx, &receipt).await?;
@@ -446,10 +435,13 @@ struct Failed<'a> {
     payment: &'a Payment,
     err: &'a ProcessorError,
     problem: &'a Problem,
+    key: &'a DownstreamKey,
     /// What reconciliation found, when it answered for the call.
     reconciled: Option<&'a Value>,
     info: &'a LeaseInfo,
     base: &'a str,
+    /// A successful charge for the payment after all, found and audited by the last run.
+    extra: Option<ExtraCharge>,
 }
 
 impl Phase for Failed<'_> {
@@ -478,8 +470,44 @@ impl Phase for Failed<'_> {
         let detail = json!({"error": self.err.to_string()});
         let audit = info.audit(&payment.account_id, &payment.id, "payment.failed", detail);
         let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
+        self.extra = audit_other_charge(tx, &payment, self.key, info).await?;
         events::record(tx, &payment.account_id, EventType::PaymentFailed, &payment.to_json())
             .await?;
         Ok(Step::Finish(problem_answer(problem, &info.request_id, self.base)))
+    }
+}
+
+/// Under a later generation of the key, a successful charge the processor reported for the
+/// payment other than the one it now records (an earlier generation's, which the lookups
+/// missed), audited for a person in the phase that records the outcome. It runs after that
+/// phase's update holds the payment's row, as `processor_events::receive` does: news of the
+/// other charge is seen here, or sees this record. Under the first generation every attempt sent
+/// the one downstream key, and the processor made one charge for it: nothing to look for.
+async fn audit_other_charge(
+    tx: &mut PgConnection,
+    payment: &Payment,
+    key: &DownstreamKey,
+    info: &LeaseInfo,
+) -> Result<Option<ExtraCharge>, DomainError> {
+    if key.generation_number() <= 1 {
+        return Ok(None);
+    }
+    let recorded = payment.processor_charge_id.as_deref();
+    let Some(extra) =
+        processor_events::other_succeeded_charge(&mut *tx, &payment.id, recorded).await?
+    else {
+        return Ok(None);
+    };
+    let (account, key_id) = (&payment.account_id, Some(info.key_id));
+    let found_by = ("phase", &*info.request_id);
+    processor_events::audit_extra_charge(tx, &payment.id, account, key_id, &extra, found_by)
+        .await?;
+    Ok(Some(extra))
+}
+
+/// Once the phase that audited it committed: reports an extra charge (the log and the counter).
+fn report_extra(payment_id: &PaymentId, extra: Option<&ExtraCharge>) {
+    if let Some(extra) = extra {
+        processor_events::report_extra_charge(payment_id, extra, "phase");
     }
 }

@@ -58,6 +58,20 @@ impl<P: RecoveryPoint> Phase for Step<P> {
     }
 }
 
+/// A phase lent to [`Lease::phase`], so that the caller can read what it found once it committed
+/// (what a log line or a counter should report only for a phase that committed).
+impl<F: Phase> Phase for &mut F {
+    type Point = F::Point;
+    type Error = F::Error;
+
+    fn run(
+        &mut self,
+        tx: &mut PgConnection,
+    ) -> impl Future<Output = Result<Step<Self::Point>, PhaseError<Self::Error>>> + Send {
+        (**self).run(tx)
+    }
+}
+
 /// An atomic phase sent as a single statement, which commits on its own (autocommit): one round
 /// trip instead of a transaction's four. Its step is decided before it runs, because the fence
 /// that moves the key is part of the statement. Run by [`Lease::phase_in_one`].
