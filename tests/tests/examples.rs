@@ -653,7 +653,7 @@ fn links(text: &str) -> Vec<(usize, String)> {
     found
 }
 
-/// The paths of this repository named in code spans (`` `crates/idem/src/store.rs` ``) but not
+/// The paths of this repository named in code spans (`` `crates/idem/src/store/claim.rs` ``) but not
 /// as the text of a link, outside code blocks.
 fn unlinked_paths(text: &str) -> Vec<(usize, String)> {
     const ROOTS: [&str; 5] = ["crates/", "tests/", "migrations/", "scripts/", "docs/"];

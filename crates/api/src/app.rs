@@ -267,30 +267,19 @@ pub fn pool(settings: &Settings) -> anyhow::Result<PgPool> {
 }
 
 /// The API's routes and, made by the same calls, the paths of its OpenAPI document: a route is
-/// added only with its handler's `#[utoipa::path]` (`ApiRouter`).
+/// added only with its handler's `#[utoipa::path]` (`ApiRouter`). Each module of `routes` adds
+/// its own, next to its handlers.
 pub fn api() -> (Router<AppState>, OpenApi) {
     ApiRouter::default()
-        .routes(routes!(health::healthz))
-        .routes(routes!(health::readyz))
+        .with(health::routes)
         .routes(routes!(crate::metrics::render))
         .routes(routes!(crate::openapi::serve))
-        .routes(routes!(problems::show))
-        .routes(routes!(payments::list, payments::create))
-        .routes(routes!(payments::retrieve, payments::update))
-        .routes(routes!(payments::capture))
-        .routes(routes!(payments::cancel))
-        .routes(routes!(refunds::list, refunds::create))
-        .routes(routes!(refunds::retrieve))
-        .routes(routes!(events::list))
-        .routes(routes!(events::retrieve))
-        .routes(routes!(webhook_endpoints::list, webhook_endpoints::create))
-        .routes(routes!(
-            webhook_endpoints::retrieve,
-            webhook_endpoints::update,
-            webhook_endpoints::delete
-        ))
-        .routes(routes!(webhook_endpoints::attempts))
-        .routes(routes!(processor_webhooks::receive))
+        .with(problems::routes)
+        .with(payments::routes)
+        .with(refunds::routes)
+        .with(events::routes)
+        .with(webhook_endpoints::routes)
+        .with(processor_webhooks::routes)
         .split()
 }
 

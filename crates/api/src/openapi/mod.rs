@@ -70,6 +70,12 @@ impl ApiRouter {
         Self(self.0.routes(routes))
     }
 
+    /// Adds one module's routes (each module of `crate::routes` offers its own as `routes`, next
+    /// to its handlers).
+    pub fn with(self, add: fn(Self) -> Self) -> Self {
+        add(self)
+    }
+
     /// The router, and the paths of the document (`document` finishes it).
     pub fn split(self) -> (Router<AppState>, OpenApi) {
         self.0.split_for_parts()

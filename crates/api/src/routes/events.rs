@@ -9,14 +9,20 @@ use axum::response::Response;
 use payments_domain::events::{self, Event, EventType};
 use payments_domain::ids::EventId;
 use serde::{Deserialize, Serialize};
+use utoipa_axum::routes;
 
 use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiPath, ApiQuery};
 use crate::idempotency::stored_response;
-use crate::openapi::{ApiKey, EventList, OK, Problems, code, param};
+use crate::openapi::{ApiKey, ApiRouter, EventList, OK, Problems, code, param};
 use crate::routes::payments::{List, ListParams, cursor_missing, raw_items};
+
+/// This module's routes: each handler's path and method are in its `#[utoipa::path]`.
+pub fn routes(api: ApiRouter) -> ApiRouter {
+    api.routes(routes!(list)).routes(routes!(retrieve))
+}
 
 /// The query of `GET /v1/events`: the page, and optionally one type.
 #[derive(Debug, Deserialize)]

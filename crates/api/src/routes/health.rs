@@ -7,9 +7,15 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::{Value, json};
+use utoipa_axum::routes;
 
 use crate::app::AppState;
-use crate::openapi::OK;
+use crate::openapi::{ApiRouter, OK};
+
+/// This module's routes: each handler's path and method are in its `#[utoipa::path]`.
+pub fn routes(api: ApiRouter) -> ApiRouter {
+    api.routes(routes!(healthz)).routes(routes!(readyz))
+}
 
 /// How long a readiness probe may wait for the database before it says "not ready".
 const READY_TIMEOUT: Duration = Duration::from_secs(2);

@@ -18,13 +18,22 @@ use payments_domain::payments::{self, CreatePaymentRequest, Cursor, Payment};
 use payments_domain::updates::{self, Patched, UpdateParams, UpdatePayment};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use utoipa_axum::routes;
 
 use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiPath, ApiQuery, JsonBody};
 use crate::idempotency::{IdempotentPost, Keyed, OptionalKey, RequestMeta, stored_response};
-use crate::openapi::{self, CREATED, OK, PaymentList, Problems, code, param};
+use crate::openapi::{self, ApiRouter, CREATED, OK, PaymentList, Problems, code, param};
+
+/// This module's routes: each handler's path and method are in its `#[utoipa::path]`.
+pub fn routes(api: ApiRouter) -> ApiRouter {
+    api.routes(routes!(list, create))
+        .routes(routes!(retrieve, update))
+        .routes(routes!(capture))
+        .routes(routes!(cancel))
+}
 
 /// The largest page a list returns.
 pub const LIST_LIMIT_MAX: u32 = 100;

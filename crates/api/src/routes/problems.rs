@@ -3,9 +3,15 @@
 
 use axum::extract::Path;
 use axum::response::Html;
+use utoipa_axum::routes;
 
 use crate::error::{ApiError, ProblemCode};
-use crate::openapi::{OK, Problems, Public, code, param};
+use crate::openapi::{ApiRouter, OK, Problems, Public, code, param};
+
+/// This module's routes: each handler's path and method are in its `#[utoipa::path]`.
+pub fn routes(api: ApiRouter) -> ApiRouter {
+    api.routes(routes!(show))
+}
 
 /// The documentation page of one problem code.
 #[utoipa::path(

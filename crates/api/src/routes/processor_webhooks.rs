@@ -21,10 +21,16 @@ use payments_domain::PaymentId;
 use payments_domain::processor_events::{self, Received, Refused, SIGNATURE_HEADER};
 use payments_settings::ExposeSecret;
 use serde::Serialize;
+use utoipa_axum::routes;
 
 use crate::app::AppState;
 use crate::error::{ApiError, ProblemCode};
-use crate::openapi::{OK, Problems, ProcessorEvent, Public, code, param};
+use crate::openapi::{ApiRouter, OK, Problems, ProcessorEvent, Public, code, param};
+
+/// This module's routes: each handler's path and method are in its `#[utoipa::path]`.
+pub fn routes(api: ApiRouter) -> ApiRouter {
+    api.routes(routes!(receive))
+}
 
 /// The answer to a verified delivery.
 #[derive(Debug, Serialize, utoipa::ToSchema)]

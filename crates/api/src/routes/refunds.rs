@@ -7,16 +7,22 @@ use payments_domain::ids::RefundId;
 use payments_domain::operations::{CreateRefundOp, RefundParams};
 use payments_domain::payments;
 use payments_domain::refunds::{self, CreateRefundRequest};
+use utoipa_axum::routes;
 
 use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiPath, ApiQuery};
 use crate::idempotency::{IdempotentPost, stored_response};
-use crate::openapi::{ApiKey, CREATED, Keyed, OK, Problems, RefundList, code, param};
+use crate::openapi::{ApiKey, ApiRouter, CREATED, Keyed, OK, Problems, RefundList, code, param};
 use crate::routes::payments::{
     List, ListParams, cursor_missing, no_such_payment, payment_id, raw_items, require_payment,
 };
+
+/// This module's routes: each handler's path and method are in its `#[utoipa::path]`.
+pub fn routes(api: ApiRouter) -> ApiRouter {
+    api.routes(routes!(list, create)).routes(routes!(retrieve))
+}
 
 /// `POST /v1/payments/{id}/refunds`
 #[utoipa::path(

@@ -14,13 +14,21 @@ use payments_domain::webhooks::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use utoipa_axum::routes;
 
 use crate::app::AppState;
 use crate::auth::Authenticated;
 use crate::error::ApiError;
 use crate::extract::{ApiPath, JsonBody};
 use crate::idempotency::{Keyed, OptionalKey, RequestMeta, stored_response};
-use crate::openapi::{ApiKey, CREATED, OK, Problems, WebhookEndpointList, code, param};
+use crate::openapi::{ApiKey, ApiRouter, CREATED, OK, Problems, WebhookEndpointList, code, param};
+
+/// This module's routes: each handler's path and method are in its `#[utoipa::path]`.
+pub fn routes(api: ApiRouter) -> ApiRouter {
+    api.routes(routes!(list, create))
+        .routes(routes!(retrieve, update, delete))
+        .routes(routes!(attempts))
+}
 
 /// The most attempts the delivery log shows.
 const LOG_LIMIT: i64 = 100;

@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
 
 use super::reconcile::{
-    Reconciled, adopt_or_move_on, count_reconciliation, plan_of, planned_call,
-    refused_at_a_later_generation, when_nothing_found,
+    Reconciled, adopt_or_move_on, audit_other_charge, count_reconciliation, plan_of, planned_call,
+    refused_at_a_later_generation, report_extra, when_nothing_found,
 };
 use super::{
     Context, LeaseInfo, PaymentOperation, failure_code, final_problem, internal, payment_answer,
@@ -474,40 +474,5 @@ impl Phase for Failed<'_> {
         events::record(tx, &payment.account_id, EventType::PaymentFailed, &payment.to_json())
             .await?;
         Ok(Step::Finish(problem_answer(problem, &info.request_id, self.base)))
-    }
-}
-
-/// Under a later generation of the key, a successful charge the processor reported for the
-/// payment other than the one it now records (an earlier generation's, which the lookups
-/// missed), audited for a person in the phase that records the outcome. It runs after that
-/// phase's update holds the payment's row, as `processor_events::receive` does: news of the
-/// other charge is seen here, or sees this record. Under the first generation every attempt sent
-/// the one downstream key, and the processor made one charge for it: nothing to look for.
-async fn audit_other_charge(
-    tx: &mut PgConnection,
-    payment: &Payment,
-    key: &DownstreamKey,
-    info: &LeaseInfo,
-) -> Result<Option<ExtraCharge>, DomainError> {
-    if key.generation_number() <= 1 {
-        return Ok(None);
-    }
-    let recorded = payment.processor_charge_id.as_deref();
-    let Some(extra) =
-        processor_events::other_succeeded_charge(&mut *tx, &payment.id, recorded).await?
-    else {
-        return Ok(None);
-    };
-    let (account, key_id) = (&payment.account_id, Some(info.key_id));
-    let found_by = ("phase", &*info.request_id);
-    processor_events::audit_extra_charge(tx, &payment.id, account, key_id, &extra, found_by)
-        .await?;
-    Ok(Some(extra))
-}
-
-/// Once the phase that audited it committed: reports an extra charge (the log and the counter).
-fn report_extra(payment_id: &PaymentId, extra: Option<&ExtraCharge>) {
-    if let Some(extra) = extra {
-        processor_events::report_extra_charge(payment_id, extra, "phase");
     }
 }

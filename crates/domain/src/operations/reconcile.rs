@@ -1,6 +1,7 @@
 //! The reconciliation every operation shares: the frozen call planned at a recovery point, what a
-//! lookup at the processor found when a call's answer cannot be had, and the move to a key's next
-//! generation when that lookup can be trusted to have found nothing.
+//! lookup at the processor found when a call's answer cannot be had, the move to a key's next
+//! generation when that lookup can be trusted to have found nothing, and, under a later
+//! generation, the earlier generation's charge the lookups missed.
 
 use std::time::Duration;
 
@@ -11,6 +12,9 @@ use sqlx::PgConnection;
 
 use super::{LeaseInfo, record};
 use crate::DomainError;
+use crate::ids::PaymentId;
+use crate::payments::Payment;
+use crate::processor_events::{self, ExtraCharge};
 
 /// A frozen request as the key stores it.
 pub(super) fn plan_of(request: &FrozenRequest) -> Value {
@@ -200,5 +204,40 @@ pub(super) async fn adopt_or_move_on<P: RecoveryPoint, T: Found>(
             next_generation(lease, at, request, object, what, cause).await?;
             Ok(None)
         }
+    }
+}
+
+/// Under a later generation of the key, a successful charge the processor reported for the
+/// payment other than the one it now records (an earlier generation's, which the lookups
+/// missed), audited for a person in the phase that records the outcome. It runs after that
+/// phase's update holds the payment's row, as `processor_events::receive` does: news of the
+/// other charge is seen here, or sees this record. Under the first generation every attempt sent
+/// the one downstream key, and the processor made one charge for it: nothing to look for.
+pub(super) async fn audit_other_charge(
+    tx: &mut PgConnection,
+    payment: &Payment,
+    key: &DownstreamKey,
+    info: &LeaseInfo,
+) -> Result<Option<ExtraCharge>, DomainError> {
+    if key.generation_number() <= 1 {
+        return Ok(None);
+    }
+    let recorded = payment.processor_charge_id.as_deref();
+    let Some(extra) =
+        processor_events::other_succeeded_charge(&mut *tx, &payment.id, recorded).await?
+    else {
+        return Ok(None);
+    };
+    let (account, key_id) = (&payment.account_id, Some(info.key_id));
+    let found_by = ("phase", &*info.request_id);
+    processor_events::audit_extra_charge(tx, &payment.id, account, key_id, &extra, found_by)
+        .await?;
+    Ok(Some(extra))
+}
+
+/// Once the phase that audited it committed: reports an extra charge (the log and the counter).
+pub(super) fn report_extra(payment_id: &PaymentId, extra: Option<&ExtraCharge>) {
+    if let Some(extra) = extra {
+        processor_events::report_extra_charge(payment_id, extra, "phase");
     }
 }

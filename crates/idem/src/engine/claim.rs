@@ -224,7 +224,21 @@ impl Engine {
                 None
             };
             if let Some(reason) = reason {
-                store::flag(&self.pool, row.id, row.token, &reason).await?;
+                // A failure here must not drop the batch: the leases taken with this key would
+                // be neither driven nor given back until they expire.
+                let flagged = self
+                    .retrying(|| async {
+                        Ok(store::flag(&self.pool, row.id, row.token, &reason).await?)
+                    })
+                    .await;
+                if let Err(err) = flagged {
+                    tracing::warn!(
+                        key_id = row.id,
+                        error = %err,
+                        "could not flag a key for a person; it is taken again when its lease expires"
+                    );
+                    continue;
+                }
                 self.observer.event(Event::Flagged);
                 tracing::error!(
                     key_id = row.id,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::drive::Interrupted;
+use super::operation::Interrupted;
 use super::{Engine, RecoveryPoint};
 use crate::error::{IdemError, PhaseError};
 use crate::fingerprint::Fingerprint;

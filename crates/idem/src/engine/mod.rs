@@ -3,14 +3,13 @@
 //! - [`claim`]: a request's claim of a key, the completer's `take_due` and the reaper;
 //! - [`lease`]: the lease a claim grants, and what its holder does besides phases (check it
 //!   before a foreign call, flag the key, release it);
-//! - [`phase`]: atomic phases, fenced on the lease;
-//! - [`drive`]: the loop that drives an operation from its recovery point to its end;
+//! - [`operation`]: what an operation is written against: its steps, the loop that drives it
+//!   from its recovery point to its end, and its atomic phases, fenced on the lease;
 //! - [`shutdown`]: the leases a process holds, given back when it stops.
 
 mod claim;
-mod drive;
 mod lease;
-mod phase;
+mod operation;
 mod shutdown;
 
 use std::fmt;
@@ -26,9 +25,8 @@ use crate::lanes::Lanes;
 use crate::observe::{Event, Observer};
 
 pub use claim::{Claim, ClaimRequest, Due, Reaped};
-pub use drive::{Interrupted, Operation, TransientKind, drive};
 pub use lease::Lease;
-pub use phase::{OneStatement, Phase, Step};
+pub use operation::{Interrupted, OneStatement, Operation, Phase, Step, TransientKind, drive};
 use shutdown::Held;
 
 /// The SQLSTATE `idem_commit` raises when the fence refuses: the lease is lost.

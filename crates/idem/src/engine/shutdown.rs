@@ -48,8 +48,10 @@ impl Engine {
         // No lease starts on its way from now on. Those already on their way are recorded as
         // held once their commit is acknowledged, or give themselves back (`Lease::stored`,
         // `hold_granted`); wait for them, a bounded while, since the process exits when this
-        // returns.
-        let deadline = tokio::time::Instant::now() + self.config.claim_timeout;
+        // returns. A takeover's statement waits at most `claim_timeout` for the key's row; as
+        // long again covers its connection, its `BEGIN` and its commit. One that takes longer
+        // still gives its lease back when it is granted, if the process is still there.
+        let deadline = tokio::time::Instant::now() + 2 * self.config.claim_timeout;
         while self.held.lock().unwrap_or_else(PoisonError::into_inner).granting > 0
             && tokio::time::Instant::now() < deadline
         {
