@@ -20,8 +20,8 @@ use crate::error::IdemError;
 pub(crate) use claim::{KeyRow, Lookup, Seen, TakeOver, read, take_over};
 pub use lease::wake;
 pub(crate) use lease::{before_call, flag, release, unresolved_for};
-pub(crate) use sweep::{flag_stale, reap, take_due};
 pub use sweep::{StuckKey, stuck_keys};
+pub(crate) use sweep::{flag_stale, reap, take_due};
 
 /// The fence of a phase, `idem_commit` (migrations/20261130008000_idem_commit.sql): inserts a
 /// new key or moves a stored one, fenced on the lease. Returns the key's id; fails with SQLSTATE
