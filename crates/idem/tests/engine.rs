@@ -712,6 +712,59 @@ async fn the_same_key_in_two_accounts_names_two_operations(pool: PgPool) {
 // ---------------------------------------------------------------------------------------------
 // Resumption, takeover and fencing.
 
+/// The completer flags a key that ran out of attempts; when that flag fails, the other keys the
+/// same statement leased are still handed out, not dropped with a lease nobody holds.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_flag_that_fails_costs_the_completer_only_that_key(pool: PgPool) {
+    let h = harness(pool).await;
+    for key_value in ["spent", "due"] {
+        let mut lease = h.acquire(key_value).await;
+        h.operation().step(&mut lease, Point::Started).await.unwrap();
+        drop(lease);
+        h.expire_lease(key_value).await;
+    }
+    sqlx::query(
+        "UPDATE idempotency_keys SET next_attempt_at = now() - interval '1 second', \
+         attempts = CASE idempotency_key WHEN 'spent' THEN 50 ELSE 1 END",
+    )
+    .execute(&h.pool)
+    .await
+    .unwrap();
+    // Any flag of `spent` fails, as a lost connection or a full disk would make it.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_flag() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'no flag today'; END $$; \
+         CREATE TRIGGER refuse_flag BEFORE UPDATE ON idempotency_keys FOR EACH ROW \
+         WHEN (OLD.idempotency_key = 'spent' AND NEW.needs_human_at IS NOT NULL) \
+         EXECUTE FUNCTION refuse_flag();",
+    )
+    .execute(&h.pool)
+    .await
+    .unwrap();
+
+    let due = h.engine.take_due(10, 10, Duration::from_secs(3600)).await.unwrap();
+    let leases: Vec<Lease> = due
+        .into_iter()
+        .filter_map(|due| match due {
+            idem::Due::Lease(lease) => Some(lease),
+            idem::Due::Flagged { .. } => None,
+        })
+        .collect();
+    assert_eq!(leases.len(), 1, "the key that is due is handed out");
+    let response = h.run(leases.into_iter().next().unwrap()).await.unwrap();
+    assert_eq!(response.status, 201);
+    assert!(matches!(h.claim("due").await, Claim::Replay(_)));
+    // The one whose flag failed is neither flagged nor finished: its lease runs out and the
+    // completer flags it again.
+    let flagged: bool = sqlx::query_scalar(
+        "SELECT needs_human_at IS NOT NULL FROM idempotency_keys WHERE idempotency_key = 'spent'",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert!(!flagged);
+}
+
 #[sqlx::test(migrations = "../../migrations")]
 async fn a_key_abandoned_at_every_recovery_point_resumes_and_ships_once(pool: PgPool) {
     let h = harness(pool).await;

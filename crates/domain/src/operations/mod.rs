@@ -18,8 +18,9 @@
 //! | cancel | `started` → `cancel_started` → finished | `pay_…/cancel` |
 //! | refund | `started` → `refund_created` → finished | `re_…/refund` |
 //!
-//! The call's result and the final answer are committed in one phase, so a new payment costs
-//! three transactions: the claim, the insert, and the result with the stored answer.
+//! The call's result and the final answer are committed in one phase, and a new key is stored by
+//! the first phase with its writes, so a new payment costs two commits: the insert (with the key),
+//! and the result with the stored answer. The claim before them is a read.
 //!
 //! When the processor cannot tell us what a call did (it refuses our retry as different, or
 //! replays a failure it stored for the key), the operation reconciles: it looks the object up by
