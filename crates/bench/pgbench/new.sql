@@ -9,7 +9,7 @@
 -- Variables: account, key_hash (set by payments-bench).
 \set n random(1000000000, 9223372036854775806)
 
--- The claim's read (crates/idem/src/store.rs, `read`): checks the API key and finds no key, so
+-- The claim's read (crates/idem/src/store/claim.rs, `read`): checks the API key and finds no key, so
 -- it reserves the id the first phase stores the key under.
 WITH principal AS (
     SELECT 1 AS live
@@ -53,7 +53,7 @@ SELECT idempotency_key_id AS key_id, id, account_id, amount, currency, status,
 -- (payments-api calls the processor here.)
 
 -- Phase 2 (payment_created → finished): the payment's update with its audit record, the event,
--- the fence that stores the answer.
+-- the fence that stores the answer (`idem_finish`, typed: crates/idem/src/store/mod.rs, `finish`).
 BEGIN;
 WITH updated AS (
 UPDATE payments
@@ -90,5 +90,5 @@ SELECT 'webhook', event.id || ':' || w.id,
  WHERE w.account_id = :account AND w.status = 'enabled' AND w.deleted_at IS NULL
    AND ('payment.succeeded' = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
 ON CONFLICT (kind, dedupe_key) DO NOTHING;
-SELECT idem_commit(('{"key_id": ' || :key_id || ', "token": "c0a80101-0000-4000-8000-000000000001", "expected": "payment_created", "lease_ms": 60000, "next": "finished", "plan": null, "response": {"status": 201, "headers": [["content-type", "application/json"], ["etag", "\"963d41e78ce44c886e7cfd57\""], ["location", "/v1/payments/pay_PTVNNLIEKaN2kLLdZ7l31Kon"]], "body": "' || encode(convert_to(repeat('x', 443), 'UTF8'), 'hex') || '"}, "new": null}')::jsonb) AS key_id;
+SELECT idem_finish(:key_id, 'c0a80101-0000-4000-8000-000000000001', 'payment_created', 201::smallint, '[["content-type", "application/json"], ["etag", "\"963d41e78ce44c886e7cfd57\""], ["location", "/v1/payments/pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]', convert_to(repeat('x', 443), 'UTF8')) AS key_id;
 COMMIT;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem::{
     Claim, ClaimRequest, Engine, EngineConfig, Event, Fingerprint, IdempotencyKey, Interrupted,
-    Lease, Observer, Operation, Phase, PhaseError, RecoveryPoint, RequestParts, Step,
+    Lease, Observer, OneStatement, Operation, Phase, PhaseError, RecoveryPoint, RequestParts, Step,
     StoredResponse, TransientKind, drive,
 };
 use serde_json::{Value, json};
@@ -711,6 +711,69 @@ async fn the_same_key_in_two_accounts_names_two_operations(pool: PgPool) {
 
 // ---------------------------------------------------------------------------------------------
 // Resumption, takeover and fencing.
+
+/// A one-statement phase: the operation's statement sets the order's shipment and calls
+/// `idem_commit($fence)` beside it, so both commit together or not at all.
+struct ShipInOne {
+    step: Step<Point>,
+}
+
+impl OneStatement for ShipInOne {
+    type Point = Point;
+    type Error = String;
+    type Output = ();
+
+    fn step(&self) -> Step<Point> {
+        self.step.clone()
+    }
+
+    async fn run(&mut self, pool: &PgPool, fence: &Value) -> Result<(i64, ()), PhaseError<String>> {
+        let key_id = sqlx::query_scalar(
+            "WITH fence AS (SELECT idem_commit($1) AS key_id) \
+             UPDATE orders SET shipment = 'in one' FROM fence \
+              WHERE orders.key_id = fence.key_id RETURNING fence.key_id",
+        )
+        .bind(fence)
+        .fetch_one(pool)
+        .await?;
+        Ok((key_id, ()))
+    }
+}
+
+/// A stored key moved by one-statement phases (`idem_commit`, which calls the typed moves a
+/// phase of several statements uses): to the next point, then finished; and a holder that lost
+/// its lease commits neither the move nor the statement's own write.
+#[sqlx::test(migrations = "../../migrations")]
+async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut lease = h.acquire("single").await;
+    h.operation().step(&mut lease, Point::Started).await.unwrap();
+    assert_eq!(h.recovery_point("single").await, "order_created");
+
+    lease.phase_in_one(ShipInOne { step: Step::Next(Point::Shipped) }).await.unwrap();
+    assert_eq!(h.recovery_point("single").await, "shipped");
+    assert_eq!(lease.point::<Point>().unwrap(), Point::Shipped);
+    let answer = StoredResponse::json(201, b"{\"shipped\":true}".to_vec());
+    lease.phase_in_one(ShipInOne { step: Step::Finish(answer.clone()) }).await.unwrap();
+    assert!(matches!(h.claim("single").await, Claim::Replay(stored) if stored == answer));
+
+    // Another key, whose holder stalls past its lease while a retry takes it over.
+    let mut stalled = h.acquire("stalled").await;
+    h.operation().step(&mut stalled, Point::Started).await.unwrap();
+    h.expire_lease("stalled").await;
+    let _taken = h.acquire("stalled").await;
+    let late = stalled.phase_in_one(ShipInOne { step: Step::Next(Point::Shipped) }).await;
+    assert!(matches!(late, Err(PhaseError::LeaseLost)), "{late:?}");
+    assert_eq!(h.recovery_point("stalled").await, "order_created");
+    let shipment: Option<String> = sqlx::query_scalar(
+        "SELECT shipment FROM orders o JOIN idempotency_keys k ON k.id = o.key_id \
+          WHERE k.idempotency_key = 'stalled'",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert_eq!(shipment, None, "the late statement's own write rolled back with its fence");
+}
 
 /// The completer flags a key that ran out of attempts; when that flag fails, the other keys the
 /// same statement leased are still handed out, not dropped with a lease nobody holds.

@@ -284,8 +284,24 @@ impl Lease {
             store::commit(&mut *tx, &store_new).await.map_err(|err| self.fence_error(err))?;
         }
         let step = phase.run(&mut tx).await?;
-        let fence = self.fence_of(&step, false);
-        store::commit(&mut *tx, &fence).await.map_err(|err| self.fence_error(err))?;
+        // The key is stored now (by this phase or an earlier one): its move is a typed, fenced
+        // statement, with no JSON fence to build or parse.
+        let fence = store::Fence {
+            key_id: self.key_id,
+            token: self.token,
+            expected: &self.point,
+            lease_ms: self.engine.config.lease_ms(),
+        };
+        let moved = match &step {
+            Step::Next(next) => store::advance(&mut *tx, &fence, next.name(), None).await,
+            Step::Call(next, plan) => {
+                store::advance(&mut *tx, &fence, next.name(), Some(plan)).await
+            }
+            Step::Finish(response) => store::finish(&mut *tx, &fence, response).await,
+        };
+        if moved.map_err(|err| self.fence_error(err))?.is_none() {
+            return Err(PhaseError::LeaseLost);
+        }
         tx.commit().await?;
         Ok((step, ()))
     }
