@@ -1,10 +1,9 @@
 //! What a request costs the database, counted statement by statement: the figures the README
-//! promises. The test owns the process's log subscriber and sees every statement sqlx sends; it
-//! keeps those sent on its own thread (its runtime is single-threaded, and runs the server it
-//! spawns), not those of the other tests the binary runs meanwhile.
+//! promises. The test's log subscriber is its thread's own (`set_default`): its runtime is
+//! single-threaded and runs the server it spawns, so it sees every statement that server sends,
+//! and none of the other tests the binary runs meanwhile.
 
 use std::sync::{Arc, Mutex};
-use std::thread::ThreadId;
 
 use payments_tests::spawn_with_sim;
 use serde_json::json;
@@ -13,12 +12,9 @@ use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::{Layer, filter};
 
-/// Collects the summary of every statement sqlx logs on the thread that made it.
-#[derive(Clone)]
-struct Statements {
-    thread: ThreadId,
-    seen: Arc<Mutex<Vec<String>>>,
-}
+/// Collects the summary of every statement sqlx logs.
+#[derive(Clone, Default)]
+struct Statements(Arc<Mutex<Vec<String>>>);
 
 /// The statement's full text when sqlx logs it, else its summary.
 #[derive(Default)]
@@ -42,25 +38,17 @@ impl Visit for Summary {
 
 impl<S: tracing::Subscriber> Layer<S> for Statements {
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        if std::thread::current().id() != self.thread {
-            return;
-        }
         let mut summary = Summary::default();
         event.record(&mut summary);
         let text =
             if summary.statement.trim().is_empty() { summary.summary } else { summary.statement };
-        self.seen.lock().unwrap().push(text);
+        self.0.lock().unwrap().push(text);
     }
 }
 
 impl Statements {
-    /// Statements sent on the calling thread from now on.
-    fn on_this_thread() -> Self {
-        Self { thread: std::thread::current().id(), seen: Arc::default() }
-    }
-
     fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.seen.lock().unwrap())
+        std::mem::take(&mut *self.0.lock().unwrap())
     }
 }
 
@@ -73,11 +61,12 @@ fn counted_by_the_server(statements: &[String]) -> (usize, usize) {
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn a_replay_costs_one_statement_and_a_new_payment_two_commits(pool: PgPool) {
-    let statements = Statements::on_this_thread();
+    let statements = Statements::default();
     let layer = statements
         .clone()
         .with_filter(filter::Targets::new().with_target("sqlx::query", tracing::Level::TRACE));
-    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer)).unwrap();
+    // This thread's own subscriber, whatever another test installed for the process.
+    let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
 
     let (app, _sim) = spawn_with_sim(pool, &[]).await;
     let (_, key) = app.create_account("shop").await;
