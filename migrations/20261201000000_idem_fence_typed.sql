@@ -1,6 +1,5 @@
 -- The two moves of a stored key, as functions with typed arguments: `idem_advance` (to the next
--- recovery point, with the frozen call planned there, the lease renewed; a JSON `null` plan is no
--- plan, as in `idem_commit`) and `idem_finish` (the
+-- recovery point, with the frozen call planned there, the lease renewed) and `idem_finish` (the
 -- final answer stored, the lease dropped), both fenced on the owner token and the expected
 -- recovery point. Each returns the key's id, or NULL when this lease no longer holds the key at
 -- `expected`: the caller decides what a lost lease means.
@@ -21,7 +20,7 @@ BEGIN
     UPDATE idempotency_keys
        SET recovery_point = next_point,
            locked_until = now() + lease_ms * interval '1 millisecond',
-           last_run_at = now(), planned_call = nullif(plan, 'null'::jsonb), unresolved_at = NULL
+           last_run_at = now(), planned_call = plan, unresolved_at = NULL
      WHERE id = key_id AND owner_token = token AND recovery_point = expected
     RETURNING id INTO moved;
     RETURN moved;
