@@ -588,6 +588,16 @@ struct AnotherChargeReportedMidCall {
 }
 
 impl AnotherChargeReportedMidCall {
+    fn new(s: &Setup, pool: &PgPool, decline_in_search: bool) -> Self {
+        Self {
+            client: s.client(),
+            http: s.http.clone(),
+            webhook_url: s.app.url("/webhooks/processor"),
+            pool: pool.clone(),
+            decline_in_search,
+        }
+    }
+
     async fn report_the_other_charge(&self, payment_id: &str) {
         let event = succeeded("evt_extra", payment_id, "ch_extra", &format!("{payment_id}/charge"));
         let signature = provider::signature::sign(SECRET, unix_now(), &event);
@@ -658,13 +668,7 @@ async fn a_second_successful_charge_reported_while_a_later_generation_was_called
         setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
     // The earlier generation's charge is reported only while the second is being made.
     let payment_id = second_generation_key(&s, &pool).await;
-    let processor = AnotherChargeReportedMidCall {
-        client: s.client(),
-        http: s.http.clone(),
-        webhook_url: s.app.url("/webhooks/processor"),
-        pool: pool.clone(),
-        decline_in_search: false,
-    };
+    let processor = AnotherChargeReportedMidCall::new(&s, &pool, false);
     let report = complete(&s.worker(processor)).await;
     assert_eq!(report.completed, 1, "{report:?}");
     let (id, status, charge) = payment_row(&pool).await;
@@ -682,13 +686,7 @@ async fn a_successful_charge_reported_while_a_later_generation_was_found_decline
     let s =
         setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
     let payment_id = second_generation_key(&s, &pool).await;
-    let processor = AnotherChargeReportedMidCall {
-        client: s.client(),
-        http: s.http.clone(),
-        webhook_url: s.app.url("/webhooks/processor"),
-        pool: pool.clone(),
-        decline_in_search: true,
-    };
+    let processor = AnotherChargeReportedMidCall::new(&s, &pool, true);
     let report = complete(&s.worker(processor)).await;
     assert_eq!(report.completed, 1, "{report:?}");
     let (id, status, charge) = payment_row(&pool).await;

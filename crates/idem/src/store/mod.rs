@@ -41,8 +41,8 @@ pub(crate) async fn commit(
 }
 
 /// Moves a stored key to `next` with the call planned there, renewing the lease, fenced on
-/// `token` at `expected` (`idem_advance`, migrations/20261201000000_idem_fence_typed.sql). `None`
-/// when the lease is lost.
+/// `token` at `expected` (`idem_advance`, migrations/20261201000000_idem_fence_typed.sql, as
+/// redefined by 20261201000100_idem_advance_null_plan.sql). `None` when the lease is lost.
 pub(crate) async fn advance(
     executor: impl PgExecutor<'_>,
     fence: &Fence<'_>,
