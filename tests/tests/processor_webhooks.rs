@@ -4,7 +4,8 @@
 //! lands before the completer comes or while a holder of the key is mid-call, and the event
 //! makes a key waiting out its back-off due at once; a pushed decline is the answer, unless it is
 //! for a later generation of the key; a second successful charge for a payment, reported too late
-//! to stop the call, is audited for a person whichever comes second; duplicate and out-of-order
+//! to stop the call, is audited for a person whichever comes second, and so is one reported after
+//! the payment was refused without a charge; duplicate and out-of-order
 //! deliveries change nothing; a bad signature, a replayed timestamp, an unknown
 //! type or a body that is no event is a 400 and records nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
@@ -20,6 +21,8 @@ use provider::{CardProcessor, Charge, FrozenRequest, ProcessorClient, ProcessorE
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::watch;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
 
 /// The endpoint secret the stand-in signs with and the API verifies with.
 const SECRET: &str = "whsec_inbound_test";
@@ -695,4 +698,41 @@ async fn a_successful_charge_reported_while_a_later_generation_was_found_decline
     // The card was charged after all, by the earlier generation: the phase that recorded the
     // decline saw the event that landed during the search.
     assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "phase".to_owned())]);
+}
+
+/// A payment recorded `failed` with no charge (the processor refused the call outright), for
+/// which the processor then reports a successful charge anyway: no phase will ever adopt it, so
+/// it is an extra charge for a person, like a second one.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_successful_charge_reported_after_the_payment_was_refused_without_a_charge_is_audited_for_a_person(
+    pool: PgPool,
+) {
+    let s =
+        setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let payment_id = waiting_key(&s, &pool).await;
+    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
+    assert_eq!(none.unwrap().status(), 200, "the deliveries are made by hand");
+    // The call, sent again under the same downstream key, is refused: a 400, no charge.
+    let processor = MockServer::start().await;
+    let refused = json!({"error": {"type": "invalid_request_error", "code": "amount_too_small",
+        "param": "amount", "message": "Amount must be at least 50 cents."}});
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(400).set_body_json(refused))
+        .mount(&processor)
+        .await;
+    let settings = test_settings(&[("PAYMENTS__PROCESSOR__BASE_URL", processor.uri().as_str())]);
+    let client = ProcessorClient::new(settings.processor.client_config()).unwrap();
+    let report = complete(&s.worker(client)).await;
+    assert_eq!(report.completed, 1, "{report:?}");
+    let (_, status, charge) = payment_row(&pool).await;
+    assert_eq!((status.as_str(), charge), ("failed", None));
+
+    // A success reported for the payment after all: its key is finished, so nothing will adopt
+    // the charge, and the payment accounts for none.
+    let event = succeeded("evt_extra", &payment_id, "ch_extra", &format!("{payment_id}/charge"));
+    let answer = json(deliver(&s, &event, unix_now()).await).await;
+    assert_eq!((&answer["outcome"], &answer["payment"]), (&json!("recorded"), &json!(payment_id)));
+    assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "webhook".to_owned())]);
+    assert_eq!(payment_row(&pool).await.1, "failed", "nothing else moved");
 }

@@ -6,8 +6,8 @@
 //! about a charge. [`receive`] is the idempotent consumer: in one transaction, holding the
 //! payment's row, it records the event id (a redelivery finds it and changes nothing) with its
 //! effect: the key that creates the charge's payment is made due for the completer at once, or,
-//! for a second successful charge of a payment that records another, an audit record for a
-//! person ([`ExtraCharge`]).
+//! for a successful charge the payment does not account for (it records another, or it was
+//! recorded `failed` without one), an audit record for a person ([`ExtraCharge`]).
 //!
 //! The event never changes a payment itself. The create-payment operation, holding the key's
 //! lease, asks [`charge_for_key`] whether the processor told us what its planned call (its
@@ -27,7 +27,7 @@ use sqlx::{PgConnection, PgExecutor, PgPool};
 use crate::DomainError;
 use crate::audit::{self, AuditEvent};
 use crate::ids::{AccountId, PaymentId};
-use crate::payments;
+use crate::payments::{self, ChargeRecord, PaymentStatus};
 use crate::stored::{from_name, text_enum};
 
 /// The header the processor's signature travels in.
@@ -166,9 +166,9 @@ pub enum Received {
         /// Whether the creating key was brought forward.
         woke: bool,
     },
-    /// Recorded against one of our payments, which has another charge recorded: the processor
-    /// charged the card twice for it (an earlier generation of the downstream key made a charge
-    /// that the lookups missed). Audited as `payment.extra_charge` for a person; nothing is
+    /// Recorded against one of our payments, which has another charge recorded, or was recorded
+    /// `failed` without one: the processor charged the card once more than the payment says (an
+    /// earlier generation of the downstream key made a charge that the lookups missed). Audited as `payment.extra_charge` for a person; nothing is
     /// refunded automatically.
     ExtraCharge {
         /// The payment.
@@ -216,23 +216,16 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
         return Ok(Received::Duplicate);
     }
     let received = match (known, payment) {
-        (Some(payment_id), Some(payment)) => match &payment.charge_id {
-            Some(recorded)
-                if event.event_type == ChargeEventType::Succeeded
-                    && *recorded != event.charge.id =>
-            {
-                let extra = ExtraCharge {
-                    charge_id: event.charge.id.clone(),
-                    downstream_key: event.downstream_key.clone(),
-                    recorded: Some(recorded.clone()),
-                };
+        (Some(payment_id), Some(payment)) => match unaccounted(&payment, event) {
+            Some(extra) => {
                 let (account, key_id) = (&payment.account_id, payment.key_id);
                 let found_by = ("webhook", &*event.id);
                 audit_extra_charge(&mut tx, &payment_id, account, key_id, &extra, found_by).await?;
                 Received::ExtraCharge { payment_id, extra }
             }
-            // A payment that records a charge has a finished key: nothing to wake then.
-            _ => {
+            // A payment that records a charge, or whose outcome is recorded, has a finished key:
+            // nothing to wake then.
+            None => {
                 let woke = match payment.key_id {
                     Some(key_id) => {
                         event.event_type.creates() && idem::wake(&mut *tx, key_id).await?
@@ -249,6 +242,24 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
         report_extra_charge(payment_id, extra, "webhook");
     }
     Ok(received)
+}
+
+/// The charge `event` reports as a success, if `payment` does not account for it: the payment
+/// records another charge, or its outcome is recorded (it is no longer `processing`) without any
+/// charge, so no phase will ever adopt this one (the key is finished: a refusal was recorded).
+fn unaccounted(payment: &ChargeRecord, event: &ProcessorEvent) -> Option<ExtraCharge> {
+    if event.event_type != ChargeEventType::Succeeded {
+        return None;
+    }
+    let accounted = match &payment.charge_id {
+        Some(recorded) => *recorded == event.charge.id,
+        None => payment.status == PaymentStatus::Processing,
+    };
+    (!accounted).then(|| ExtraCharge {
+        charge_id: event.charge.id.clone(),
+        downstream_key: event.downstream_key.clone(),
+        recorded: payment.charge_id.clone(),
+    })
 }
 
 /// A successful charge at the processor for a payment that records another one (or none): an

@@ -129,6 +129,8 @@ pub struct ChargeRecord {
     pub key_id: Option<i64>,
     /// The processor's charge recorded for it, once a phase recorded one.
     pub charge_id: Option<String>,
+    /// Its status: `processing` until a phase records its outcome.
+    pub status: PaymentStatus,
 }
 
 /// Payment `id` (of any account: the processor knows our ids, not our accounts) as news from the
@@ -142,7 +144,7 @@ pub async fn lock_for_news(
     let record = sqlx::query_as!(
         ChargeRecord,
         r#"SELECT account_id AS "account_id: _", idempotency_key_id AS key_id,
-                  processor_charge_id AS charge_id
+                  processor_charge_id AS charge_id, status AS "status: _"
              FROM payments WHERE id = $1
               FOR UPDATE"#,
         id as &PaymentId
