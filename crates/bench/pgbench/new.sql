@@ -3,8 +3,9 @@
 -- HTTP, the JSON and the processor call. (The API looks an API key up on its own only the first
 -- time it sees it; from then on the claim checks it, as here.) The only differences are what
 -- pgbench needs: plain column aliases (its \gset takes no `"id!"`), ids made from a random number
--- (it has no string variables), the fences' JSON built in SQL around the reserved key id, and
--- literal values of the same size where the API computes them.
+-- (it has no string variables), the first phase's fence record built in SQL around the reserved
+-- key id (the API binds it as one binary value), and literal values of the same size where the
+-- API computes them.
 --
 -- Variables: account, key_hash (set by payments-bench).
 \set n random(1000000000, 9223372036854775806)
@@ -27,10 +28,10 @@ SELECT k.id AS found, k.fingerprint, k.request_method, k.request_path, k.request
 \gset
 
 -- Phase 1 (started → payment_created), one statement that commits on its own
--- (crates/domain/src/payments/store.rs, `insert_fenced`): the fence stores the new key, then the
--- payment and its audit record.
+-- (crates/domain/src/payments/store.rs, `insert_fenced`): the fence (`idem_commit_fence`, with the
+-- engine's `idem_fence` record) stores the new key, then the payment and its audit record.
 WITH fence AS (
-    SELECT idem_commit(('{"key_id": ' || :key_id || ', "token": "c0a80101-0000-4000-8000-000000000001", "expected": "started", "lease_ms": 60000, "next": "payment_created", "plan": {"path": "/v1/charges", "key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge", "params": [["amount", "1000"], ["currency", "usd"], ["source", "pm_card_visa"], ["capture", "true"], ["metadata[payment_id]", "pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]}, "response": null, "new": {"account_id": "' || :account || '", "key": "' || :n || '", "fingerprint": "48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0", "method": "POST", "path": "/v1/payments", "request_id": "req_e8oJXKStH4I7DzCaPcWXJdX9", "operation": "payments.create", "params": {"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}}}')::jsonb) AS key_id
+    SELECT idem_commit_fence(ROW(:key_id, 'c0a80101-0000-4000-8000-000000000001', 'started', 60000, 'payment_created', '{"path": "/v1/charges", "key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge", "params": [["amount", "1000"], ["currency", "usd"], ["source", "pm_card_visa"], ["capture", "true"], ["metadata[payment_id]", "pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]}', NULL, NULL, NULL, :account, :n::text, decode('48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0', 'hex'), 'POST', '/v1/payments', 'req_e8oJXKStH4I7DzCaPcWXJdX9', 'payments.create', '{"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}')::idem_fence) AS key_id
 ), payment AS (
     INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
                           capture_method, payment_method, description, metadata,

@@ -127,9 +127,10 @@
 //! request's API key (`ClaimRequest::credential`) on the way and writes nothing; it runs on
 //! connections the engine keeps for it (`lanes.rs`), which spares the pool's check of a returned
 //! connection. A new key costs that read and no commit of its own: its first phase stores it. A
-//! phase is one transaction with the caller's statements plus the fence (`idem_commit`, one
-//! statement; a new key's first phase adds one more, the key's insert), or, with
-//! [`Lease::phase_in_one`], a single statement of the caller's that calls the fence itself.
+//! phase is one transaction with the caller's statements plus the fence (`idem_advance` or
+//! `idem_finish`, one statement; a new key's first phase adds one more, the key's insert), or,
+//! with [`Lease::phase_in_one`], a single statement of the caller's that calls the fence itself
+//! (`idem_commit_fence`, with a [`FenceRecord`]).
 //! Resuming costs one more statement (the compare-and-swap takeover).
 
 mod engine;
@@ -153,4 +154,4 @@ pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError};
 pub use observe::{Event, NoObserver, Observer};
 pub use response::StoredResponse;
-pub use store::{StuckKey, stuck_keys, wake};
+pub use store::{FenceRecord, StuckKey, stuck_keys, wake};

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::{
-    Claim, ClaimRequest, Engine, EngineConfig, Event, Fingerprint, IdempotencyKey, Interrupted,
-    Lease, Observer, OneStatement, Operation, Phase, PhaseError, RecoveryPoint, RequestParts, Step,
-    StoredResponse, TransientKind, drive,
+    Claim, ClaimRequest, Engine, EngineConfig, Event, FenceRecord, Fingerprint, IdempotencyKey,
+    Interrupted, Lease, Observer, OneStatement, Operation, Phase, PhaseError, RecoveryPoint,
+    RequestParts, Step, StoredResponse, TransientKind, drive,
 };
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -713,7 +713,7 @@ async fn the_same_key_in_two_accounts_names_two_operations(pool: PgPool) {
 // Resumption, takeover and fencing.
 
 /// A one-statement phase: the operation's statement sets the order's shipment and calls
-/// `idem_commit($fence)` beside it, so both commit together or not at all.
+/// `idem_commit_fence($fence)` beside it, so both commit together or not at all.
 struct ShipInOne {
     step: Step<Point>,
 }
@@ -727,9 +727,13 @@ impl OneStatement for ShipInOne {
         self.step.clone()
     }
 
-    async fn run(&mut self, pool: &PgPool, fence: &Value) -> Result<(i64, ()), PhaseError<String>> {
+    async fn run(
+        &mut self,
+        pool: &PgPool,
+        fence: &FenceRecord,
+    ) -> Result<(i64, ()), PhaseError<String>> {
         let key_id = sqlx::query_scalar(
-            "WITH fence AS (SELECT idem_commit($1) AS key_id) \
+            "WITH fence AS (SELECT idem_commit_fence($1) AS key_id) \
              UPDATE orders SET shipment = 'in one' FROM fence \
               WHERE orders.key_id = fence.key_id RETURNING fence.key_id",
         )
@@ -740,8 +744,8 @@ impl OneStatement for ShipInOne {
     }
 }
 
-/// A stored key moved by one-statement phases (`idem_commit`, which calls the typed moves a
-/// phase of several statements uses): to the next point, then finished; and a holder that lost
+/// A stored key moved by one-statement phases (`idem_commit_fence`, which calls the typed moves
+/// a phase of several statements uses): to the next point, then finished; and a holder that lost
 /// its lease commits neither the move nor the statement's own write.
 #[sqlx::test(migrations = "../../migrations")]
 async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {

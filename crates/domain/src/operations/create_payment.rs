@@ -370,7 +370,7 @@ impl OneStatement for InsertPayment<'_> {
     async fn run(
         &mut self,
         pool: &PgPool,
-        fence: &Value,
+        fence: &idem::FenceRecord,
     ) -> Result<(i64, Payment), PhaseError<DomainError>> {
         let (account, request_id) = (&self.params.account_id, &self.info.request_id);
         let request = &self.params.request;

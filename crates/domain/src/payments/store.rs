@@ -13,22 +13,22 @@ use crate::money::{Amount, Currency};
 
 /// The first phase of a new payment, as one statement that commits on its own: inserts the
 /// payment, `processing`, with its `payment.created` audit record, and ends the phase with
-/// `idem_commit(fence)` (the idempotency engine's fence, which stores a new key), so that the
-/// payment exists exactly when its key records it. Returns the key's id, as `idem_commit` did, and
-/// the payment.
+/// `idem_commit_fence(fence)` (the idempotency engine's fence, which stores a new key), so that
+/// the payment exists exactly when its key records it. Returns the key's id, as the fence did,
+/// and the payment.
 pub async fn insert_fenced(
     executor: impl PgExecutor<'_>,
     id: &PaymentId,
     account_id: &AccountId,
     request_id: &str,
     new: &NewPayment,
-    fence: &serde_json::Value,
+    fence: &idem::FenceRecord,
 ) -> Result<(i64, Payment), DomainError> {
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
         WITH fence AS (
-            SELECT idem_commit($11) AS key_id
+            SELECT idem_commit_fence($11) AS key_id
         ), payment AS (
             INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
                                   capture_method, payment_method, description, metadata,
@@ -61,7 +61,7 @@ pub async fn insert_fenced(
         Json(&new.metadata) as Json<&BTreeMap<String, String>>,
         new.receipt_email,
         request_id,
-        fence,
+        fence as &idem::FenceRecord,
     )
     .fetch_one(executor)
     .await?;

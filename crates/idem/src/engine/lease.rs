@@ -112,7 +112,9 @@ impl Lease {
         let _granting = engine
             .granting_new(true)
             .map_err(|err: PhaseError<IdemError>| Interrupted::from(err))?;
-        let fence = self.fence_to(&self.point, None, None, true);
+        let fence = self
+            .fence_to(&self.point, None, None, true)
+            .map_err(|err| Interrupted::from(PhaseError::<IdemError>::Database(err)))?;
         let stored = self
             .engine
             .retrying(|| async {

@@ -29,7 +29,7 @@ pub use lease::Lease;
 pub use operation::{Interrupted, OneStatement, Operation, Phase, Step, TransientKind, drive};
 use shutdown::Held;
 
-/// The SQLSTATE `idem_commit` raises when the fence refuses: the lease is lost.
+/// The SQLSTATE `idem_commit_fence` raises when the fence refuses: the lease is lost.
 const LEASE_LOST: &str = "IL001";
 
 /// The recovery point every new key starts at.
@@ -194,15 +194,6 @@ impl Engine {
             }
         }
     }
-}
-
-/// Lower-case hexadecimal, as `idem_commit` decodes it.
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
-        let _ = write!(out, "{byte:02x}");
-        out
-    })
 }
 
 /// The pause before a statement or phase runs again after a serialization failure, deadlock or

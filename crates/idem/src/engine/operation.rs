@@ -8,16 +8,16 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 use tracing::Instrument;
 
 use super::lease::Lease;
-use super::{DB_RETRY, FINISHED, LEASE_LOST, RecoveryPoint, hex};
+use super::{DB_RETRY, FINISHED, LEASE_LOST, RecoveryPoint};
 use crate::error::{IdemError, PhaseError, is_retryable};
 use crate::observe::Event;
 use crate::response::StoredResponse;
-use crate::store;
+use crate::store::{self, FenceRecord, NewKeyRecord};
 
 /// How an operation step was interrupted.
 #[derive(Debug, thiserror::Error)]
@@ -232,13 +232,14 @@ pub trait OneStatement: Send {
     /// Where the statement leaves the key.
     fn step(&self) -> Step<Self::Point>;
 
-    /// Sends one statement that makes the operation's writes and calls `idem_commit($fence)`
-    /// with `fence` (a data-modifying CTE, say), and returns the key id `idem_commit` returned
-    /// beside its own result. May run more than once, as [`Phase::run`].
+    /// Sends one statement that makes the operation's writes and calls
+    /// `idem_commit_fence($n)` with `fence` bound as `$n` (a data-modifying CTE, say), and
+    /// returns the key id `idem_commit_fence` returned beside its own result. May run more than
+    /// once, as [`Phase::run`].
     fn run(
         &mut self,
         pool: &PgPool,
-        fence: &Value,
+        fence: &FenceRecord,
     ) -> impl Future<Output = Result<(i64, Self::Output), PhaseError<Self::Error>>> + Send;
 }
 
@@ -280,18 +281,13 @@ impl Lease {
         // same key waits on the unique index before it writes anything, and the phase may write
         // rows that refer to the key. Dropping the transaction on an error rolls back everything.
         if self.new.is_some() {
-            let store_new = self.fence_to(&self.point, None, None, true);
+            let store_new = self.fence_to(&self.point, None, None, true)?;
             store::commit(&mut *tx, &store_new).await.map_err(|err| self.fence_error(err))?;
         }
         let step = phase.run(&mut tx).await?;
         // The key is stored now (by this phase or an earlier one): its move is a typed, fenced
         // statement, with no JSON fence to build or parse.
-        let fence = store::Fence {
-            key_id: self.key_id,
-            token: self.token,
-            expected: &self.point,
-            lease_ms: self.engine.config.lease_ms(),
-        };
+        let fence = self.fence();
         let moved = match &step {
             Step::Next(next) => store::advance(&mut *tx, &fence, next.name(), None).await,
             Step::Call(next, plan) => {
@@ -317,7 +313,7 @@ impl Lease {
         let _granting = engine.granting_new(self.new.is_some())?;
         let span = self.phase_span();
         let step = statement.step();
-        let fence = self.fence_of(&step, self.new.is_some());
+        let fence = self.fence_of(&step, self.new.is_some())?;
         let mut tries = 0;
         loop {
             let attempt = async {
@@ -416,9 +412,13 @@ impl Lease {
         Ok(())
     }
 
-    /// The value `idem_commit` takes to end a phase with `step` (see its migration); with
+    /// The fence that ends a phase with `step` (`idem_commit_fence`, see its migration); with
     /// `store_new`, it inserts the new key rather than moving a stored one.
-    fn fence_of<P: RecoveryPoint>(&self, step: &Step<P>, store_new: bool) -> Value {
+    fn fence_of<P: RecoveryPoint>(
+        &self,
+        step: &Step<P>,
+        store_new: bool,
+    ) -> Result<FenceRecord, sqlx::Error> {
         match step {
             Step::Next(next) => self.fence_to(next.name(), None, None, store_new),
             Step::Call(next, plan) => self.fence_to(next.name(), Some(plan), None, store_new),
@@ -432,36 +432,29 @@ impl Lease {
         plan: Option<&Value>,
         response: Option<&StoredResponse>,
         store_new: bool,
-    ) -> Value {
-        let response = response.map(|response| {
-            json!({
-                "status": response.status,
-                "headers": response.headers,
-                "body": hex(&response.body),
-            })
+    ) -> Result<FenceRecord, sqlx::Error> {
+        let new = self.new.as_ref().filter(|_| store_new).map(|new| NewKeyRecord {
+            account_id: &new.account_id,
+            key: &new.key,
+            fingerprint: new.fingerprint.as_bytes(),
+            method: &new.method,
+            path: &new.path,
+            request_id: &self.request_id,
+            operation: &self.operation,
+            params: &self.params,
         });
-        let new = self.new.as_ref().filter(|_| store_new).map(|new| {
-            json!({
-                "account_id": new.account_id,
-                "key": new.key,
-                "fingerprint": hex(new.fingerprint.as_bytes()),
-                "method": new.method,
-                "path": new.path,
-                "request_id": self.request_id,
-                "operation": self.operation,
-                "params": self.params,
-            })
-        });
-        json!({
-            "key_id": self.key_id,
-            "token": self.token,
-            "expected": self.point,
-            "lease_ms": self.engine.config.lease_ms(),
-            "next": next,
-            "plan": plan,
-            "response": response,
-            "new": new,
-        })
+        FenceRecord::new(&self.fence(), next, plan, response, new)
+    }
+
+    /// What fences this lease's moves: the key, the token, the recovery point it holds the key
+    /// at, and how long a renewed lease lasts.
+    fn fence(&self) -> store::Fence<'_> {
+        store::Fence {
+            key_id: self.key_id,
+            token: self.token,
+            expected: &self.point,
+            lease_ms: self.engine.config.lease_ms(),
+        }
     }
 
     /// What a failure of the fence means: the lease is lost (`IL001`), the new key was stored by

@@ -6,8 +6,9 @@
 //! - [`sweep`]: the completer's and the reaper's statements, and the operator's list of keys that
 //!   wait for a person.
 //!
-//! The fences are here: `idem_commit` (a new key, and one-statement phases) and the typed moves
-//! of a stored key, `idem_advance` and `idem_finish`.
+//! The fences are here: `idem_commit_fence` (a new key, and one-statement phases, with the
+//! engine's [`FenceRecord`]) and the typed moves of a stored key, `idem_advance` and
+//! `idem_finish`.
 
 mod claim;
 mod lease;
@@ -26,17 +27,101 @@ pub(crate) use lease::{before_call, flag, release, unresolved_for};
 pub use sweep::{StuckKey, stuck_keys};
 pub(crate) use sweep::{flag_stale, reap, take_due};
 
-/// The fence of a new key and of a one-statement phase, `idem_commit`
-/// (migrations/20261130008000_idem_commit.sql, 20261201000000_idem_fence_typed.sql): inserts a
-/// new key or moves a stored one, fenced on the lease. Returns the key's id; fails with SQLSTATE
-/// `IL001` when the lease is lost, and with a unique violation on `idempotency_keys_account_key`
-/// when a new key was stored by another request first.
+/// The fence of a new key and of a one-statement phase, as the database's `idem_fence` record
+/// (migrations/20261201000300_idem_fence_record.sql): built by the engine, passed through
+/// unopened by an operation's statement to `idem_commit_fence($n)`, which inserts a new key or
+/// moves a stored one, fenced on the lease. Its fields travel as binary values: no JSON is built
+/// here or parsed there.
+#[derive(Debug, Clone, sqlx::Type)]
+#[sqlx(type_name = "idem_fence")]
+pub struct FenceRecord {
+    key_id: i64,
+    token: Uuid,
+    expected: String,
+    lease_ms: f64,
+    next_point: String,
+    plan: Option<Value>,
+    status: Option<i16>,
+    headers: Option<Value>,
+    body: Option<Vec<u8>>,
+    account_id: Option<String>,
+    idempotency_key: Option<String>,
+    fingerprint: Option<Vec<u8>>,
+    method: Option<String>,
+    path: Option<String>,
+    request_id: Option<String>,
+    operation: Option<String>,
+    params: Option<Value>,
+}
+
+/// A new key's own columns, for [`FenceRecord::new`].
+pub(crate) struct NewKeyRecord<'a> {
+    pub account_id: &'a str,
+    pub key: &'a str,
+    pub fingerprint: &'a [u8],
+    pub method: &'a str,
+    pub path: &'a str,
+    pub request_id: &'a str,
+    pub operation: &'a str,
+    pub params: &'a Value,
+}
+
+impl FenceRecord {
+    /// The fence that moves the key `fence` holds to `next`, with the call planned there, or
+    /// stores `response` as its final answer; with `new`, the key is inserted rather than moved.
+    pub(crate) fn new(
+        fence: &Fence<'_>,
+        next: &str,
+        plan: Option<&Value>,
+        response: Option<&StoredResponse>,
+        new: Option<NewKeyRecord<'_>>,
+    ) -> Result<Self, sqlx::Error> {
+        let (status, headers, body) = match response {
+            Some(response) => (
+                Some(i16::try_from(response.status).map_err(encode_error)?),
+                Some(serde_json::to_value(&response.headers).map_err(encode_error)?),
+                Some(response.body.clone()),
+            ),
+            None => (None, None, None),
+        };
+        let owned = |text: &str| Some(text.to_owned());
+        Ok(Self {
+            key_id: fence.key_id,
+            token: fence.token,
+            expected: fence.expected.to_owned(),
+            lease_ms: fence.lease_ms as f64,
+            next_point: next.to_owned(),
+            plan: plan.cloned(),
+            status,
+            headers,
+            body,
+            account_id: new.as_ref().and_then(|new| owned(new.account_id)),
+            idempotency_key: new.as_ref().and_then(|new| owned(new.key)),
+            fingerprint: new.as_ref().map(|new| new.fingerprint.to_vec()),
+            method: new.as_ref().and_then(|new| owned(new.method)),
+            path: new.as_ref().and_then(|new| owned(new.path)),
+            request_id: new.as_ref().and_then(|new| owned(new.request_id)),
+            operation: new.as_ref().and_then(|new| owned(new.operation)),
+            params: new.map(|new| new.params.clone()),
+        })
+    }
+}
+
+fn encode_error(err: impl std::error::Error + Send + Sync + 'static) -> sqlx::Error {
+    sqlx::Error::Encode(Box::new(err))
+}
+
+/// Commits `fence` in a statement of its own (`idem_commit_fence`): stores a new key, or moves a
+/// stored one. Returns the key's id; fails with SQLSTATE `IL001` when the lease is lost, and with
+/// a unique violation on `idempotency_keys_account_key` when a new key was stored by another
+/// request first.
 pub(crate) async fn commit(
     executor: impl PgExecutor<'_>,
-    fence: &Value,
+    fence: &FenceRecord,
 ) -> Result<i64, sqlx::Error> {
-    let row =
-        sqlx::query!(r#"SELECT idem_commit($1) AS "key_id!""#, fence).fetch_one(executor).await?;
+    let row = sqlx::query!(r#"SELECT idem_commit_fence($1) AS "key_id!""#, fence as &FenceRecord)
+        .fetch_one(executor)
+        .await?;
     Ok(row.key_id)
 }
 
@@ -69,10 +154,8 @@ pub(crate) async fn finish(
     fence: &Fence<'_>,
     response: &StoredResponse,
 ) -> Result<Option<i64>, sqlx::Error> {
-    let status =
-        i16::try_from(response.status).map_err(|err| sqlx::Error::Encode(Box::new(err)))?;
-    let headers = serde_json::to_value(&response.headers)
-        .map_err(|err| sqlx::Error::Encode(Box::new(err)))?;
+    let status = i16::try_from(response.status).map_err(encode_error)?;
+    let headers = serde_json::to_value(&response.headers).map_err(encode_error)?;
     sqlx::query_scalar!(
         r#"SELECT idem_finish($1, $2, $3, $4, $5, $6) AS "key_id""#,
         fence.key_id,
