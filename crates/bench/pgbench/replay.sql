@@ -13,7 +13,8 @@ WITH principal AS (
                     WHERE key_hash = :key_hash AND account_id = :account AND revoked_at IS NULL)
 )
 SELECT k.id AS found, k.fingerprint, k.request_method, k.request_path, k.request_id, k.operation,
-       k.request_params, k.owner_token, coalesce(k.locked_until > now(), false) AS lease_active,
+       CASE WHEN k.response_status IS NULL THEN k.request_params END AS request_params,
+       k.owner_token, coalesce(k.locked_until > now(), false) AS lease_active,
        k.needs_human_at IS NOT NULL AS needs_human, k.response_status, k.response_headers,
        k.response_body,
        CASE WHEN k.id IS NULL THEN nextval('idempotency_keys_id_seq') END AS key_id

@@ -133,6 +133,11 @@ impl Engine {
             if row.needs_human {
                 return Ok(Claim::NeedsHuman);
             }
+            // Unfinished, so the read sent the operation's input.
+            let params = row
+                .request_params
+                .clone()
+                .ok_or(IdemError::Corrupt("an unfinished key read without its input"))?;
             if row.lease_active {
                 self.observer.event(Event::InUse);
                 return Ok(Claim::InUse);
@@ -171,7 +176,9 @@ impl Engine {
                         if row.owner_token.is_some() { Event::TookOver } else { Event::Resumed };
                     self.observer.event(event);
                     tracing::info!(key_id = row.id, recovery_point = %point, attempts, ?event, "resuming an idempotency key");
-                    let Some(lease) = self.lease(row.id, token, point, attempts, &row).await else {
+                    let Some(lease) =
+                        self.lease(row.id, token, point, attempts, &row, params).await
+                    else {
                         return Ok(Claim::InUse);
                     };
                     crate::failpoint(|| "idem.claim.taken_over".to_owned()).await;
@@ -293,6 +300,7 @@ impl Engine {
         point: String,
         attempts: i32,
         row: &store::KeyRow,
+        params: Value,
     ) -> Option<Lease> {
         if !self.hold_granted(key_id, token).await {
             return None;
@@ -304,7 +312,7 @@ impl Engine {
             point,
             attempts,
             operation: row.operation.clone(),
-            params: row.request_params.clone(),
+            params,
             request_id: row.request_id.clone(),
             finished: None,
             just_planned: None,

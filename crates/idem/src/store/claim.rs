@@ -16,7 +16,9 @@ pub(crate) struct KeyRow {
     pub request_path: String,
     pub request_id: String,
     pub operation: String,
-    pub request_params: Value,
+    /// The operation's input, read only for a key that is not finished: a replay never needs
+    /// it, so the read leaves it behind rather than send and decode it.
+    pub request_params: Option<Value>,
     pub owner_token: Option<Uuid>,
     /// `locked_until > now()`, by the database clock.
     pub lease_active: bool,
@@ -67,7 +69,8 @@ pub(crate) async fn read(
         SELECT k.id AS "id?", k.fingerprint AS "fingerprint?",
                k.request_method AS "request_method?", k.request_path AS "request_path?",
                k.request_id AS "request_id?", k.operation AS "operation?",
-               k.request_params AS "request_params?", k.owner_token AS "owner_token?",
+               CASE WHEN k.response_status IS NULL THEN k.request_params END AS "request_params?",
+               k.owner_token AS "owner_token?",
                coalesce(k.locked_until > now(), false) AS "lease_active!",
                k.needs_human_at IS NOT NULL AS "needs_human!",
                k.response_status AS "response_status?", k.response_headers AS "response_headers?",
@@ -96,7 +99,7 @@ pub(crate) async fn read(
         request_path: present(row.request_path)?,
         request_id: present(row.request_id)?,
         operation: present(row.operation)?,
-        request_params: present(row.request_params)?,
+        request_params: row.request_params,
         owner_token: row.owner_token,
         lease_active: row.lease_active,
         needs_human: row.needs_human,
