@@ -577,27 +577,36 @@ async fn a_second_successful_charge_reported_after_the_payment_recorded_its_own_
     );
 }
 
-/// The real client, except that the processor's webhook about another charge for the payment (an
-/// earlier generation's `ch_extra`) is delivered, and received, while the key's holder is mid-call:
-/// during the charge call, after the charge is made; or, with `decline_in_search`, during the
-/// search that follows a charge call the processor would not answer for (`MustReconcile`), which
-/// then finds only a declined charge.
+/// The real client, except that the processor's webhook about another charge for the payment
+/// (`ch_extra`) is delivered, and received, while the key's holder is mid-call (`Then`).
 struct AnotherChargeReportedMidCall {
     client: ProcessorClient,
     http: reqwest::Client,
     webhook_url: String,
     pool: PgPool,
-    decline_in_search: bool,
+    then: Then,
+}
+
+/// When the other charge is reported, and what the holder's call meets.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// During the charge call, after the charge is made.
+    Charged,
+    /// During the search that follows a charge call the processor would not answer for
+    /// (`MustReconcile`), which then finds only a declined charge.
+    DeclineFound,
+    /// During the charge call, which the processor then refuses outright: a 400, no charge.
+    Refused,
 }
 
 impl AnotherChargeReportedMidCall {
-    fn new(s: &Setup, pool: &PgPool, decline_in_search: bool) -> Self {
+    fn new(s: &Setup, pool: &PgPool, then: Then) -> Self {
         Self {
             client: s.client(),
             http: s.http.clone(),
             webhook_url: s.app.url("/webhooks/processor"),
             pool: pool.clone(),
-            decline_in_search,
+            then,
         }
     }
 
@@ -612,15 +621,29 @@ impl AnotherChargeReportedMidCall {
 
 impl CardProcessor for AnotherChargeReportedMidCall {
     async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
-        if self.decline_in_search {
-            return Err(ProcessorError::MustReconcile {
+        match self.then {
+            Then::DeclineFound => Err(ProcessorError::MustReconcile {
                 cause: provider::ReconcileCause::KeyReused,
                 message: "the processor will not say what the key did".into(),
-            });
+            }),
+            Then::Refused => {
+                let payment_id =
+                    request.form.iter().find(|(name, _)| name == "metadata[payment_id]");
+                self.report_the_other_charge(&payment_id.expect("the charge names its payment").1)
+                    .await;
+                Err(ProcessorError::Invalid {
+                    status: 400,
+                    code: Some("amount_too_small".into()),
+                    param: Some("amount".into()),
+                    message: "Amount must be at least 50 cents.".into(),
+                })
+            }
+            Then::Charged => {
+                let made = self.client.create_charge(request).await?;
+                self.report_the_other_charge(&made.metadata["payment_id"]).await;
+                Ok(made)
+            }
         }
-        let made = self.client.create_charge(request).await?;
-        self.report_the_other_charge(&made.metadata["payment_id"]).await;
-        Ok(made)
     }
     async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
         self.client.capture_charge(request).await
@@ -632,7 +655,7 @@ impl CardProcessor for AnotherChargeReportedMidCall {
         self.client.retrieve_charge(charge_id).await
     }
     async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
-        if !self.decline_in_search {
+        if self.then != Then::DeclineFound {
             return self.client.search_charges(payment_id).await;
         }
         self.report_the_other_charge(payment_id).await;
@@ -671,7 +694,7 @@ async fn a_second_successful_charge_reported_while_a_later_generation_was_called
         setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
     // The earlier generation's charge is reported only while the second is being made.
     let payment_id = second_generation_key(&s, &pool).await;
-    let processor = AnotherChargeReportedMidCall::new(&s, &pool, false);
+    let processor = AnotherChargeReportedMidCall::new(&s, &pool, Then::Charged);
     let report = complete(&s.worker(processor)).await;
     assert_eq!(report.completed, 1, "{report:?}");
     let (id, status, charge) = payment_row(&pool).await;
@@ -689,7 +712,7 @@ async fn a_successful_charge_reported_while_a_later_generation_was_found_decline
     let s =
         setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
     let payment_id = second_generation_key(&s, &pool).await;
-    let processor = AnotherChargeReportedMidCall::new(&s, &pool, true);
+    let processor = AnotherChargeReportedMidCall::new(&s, &pool, Then::DeclineFound);
     let report = complete(&s.worker(processor)).await;
     assert_eq!(report.completed, 1, "{report:?}");
     let (id, status, charge) = payment_row(&pool).await;
@@ -735,4 +758,25 @@ async fn a_successful_charge_reported_after_the_payment_was_refused_without_a_ch
     assert_eq!((&answer["outcome"], &answer["payment"]), (&json!("recorded"), &json!(payment_id)));
     assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "webhook".to_owned())]);
     assert_eq!(payment_row(&pool).await.1, "failed", "nothing else moved");
+}
+
+/// As above, with the success reported while the refused call is on its way: the phase that
+/// records the refusal sees it, under the first generation too.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_successful_charge_reported_while_the_call_was_being_refused_is_audited_for_a_person(
+    pool: PgPool,
+) {
+    let s =
+        setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let payment_id = waiting_key(&s, &pool).await;
+    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
+    assert_eq!(none.unwrap().status(), 200, "the deliveries are made by hand");
+    let processor = AnotherChargeReportedMidCall::new(&s, &pool, Then::Refused);
+    let report = complete(&s.worker(processor)).await;
+    assert_eq!(report.completed, 1, "{report:?}");
+    let (id, status, charge) = payment_row(&pool).await;
+    assert_eq!((id.as_str(), status.as_str(), charge), (payment_id.as_str(), "failed", None));
+    // The event landed while the payment was still processing, so the webhook saw nothing amiss:
+    // the phase that recorded the refusal found it.
+    assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "phase".to_owned())]);
 }

@@ -223,8 +223,8 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
                 audit_extra_charge(&mut tx, &payment_id, account, key_id, &extra, found_by).await?;
                 Received::ExtraCharge { payment_id, extra }
             }
-            // A payment that records a charge, or whose outcome is recorded, has a finished key:
-            // nothing to wake then.
+            // Nothing the payment does not account for: wake its creating key, which does nothing
+            // once the key is finished (a payment that records a charge or its outcome).
             None => {
                 let woke = match payment.key_id {
                     Some(key_id) => {
@@ -315,7 +315,7 @@ pub fn report_extra_charge(payment_id: &PaymentId, extra: &ExtraCharge, found_by
         extra_charge = extra.charge_id,
         downstream_key = extra.downstream_key,
         found_by,
-        "the processor charged the card twice for one payment: a person must refund the extra charge"
+        "the processor charged the card once more than the payment records: a person must refund the extra charge"
     );
     metrics::counter!("payments_extra_charges_total").increment(1);
 }

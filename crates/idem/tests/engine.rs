@@ -779,6 +779,51 @@ async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {
     assert_eq!(shipment, None, "the late statement's own write rolled back with its fence");
 }
 
+/// A one-statement phase whose statement is the fence alone.
+struct FenceAlone {
+    step: Step<Point>,
+}
+
+impl OneStatement for FenceAlone {
+    type Point = Point;
+    type Error = String;
+    type Output = ();
+
+    fn step(&self) -> Step<Point> {
+        self.step.clone()
+    }
+
+    async fn run(
+        &mut self,
+        pool: &PgPool,
+        fence: &FenceRecord,
+    ) -> Result<(i64, ()), PhaseError<String>> {
+        let key_id =
+            sqlx::query_scalar("SELECT idem_commit_fence($1)").bind(fence).fetch_one(pool).await?;
+        Ok((key_id, ()))
+    }
+}
+
+/// A new key stored by its first phase with a JSON `null` for its frozen call stores no call, as
+/// `idem_commit` did: the call is planned again before it is made, never read back as one.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_null_plan_is_stored_as_no_plan(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut lease = h.acquire("null-plan").await;
+    lease
+        .phase_in_one(FenceAlone { step: Step::Call(Point::OrderCreated, Value::Null) })
+        .await
+        .unwrap();
+    assert_eq!(h.recovery_point("null-plan").await, "order_created");
+    let plan: Option<Value> = sqlx::query_scalar(
+        "SELECT planned_call FROM idempotency_keys WHERE idempotency_key = 'null-plan'",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert_eq!(plan, None);
+}
+
 /// The completer flags a key that ran out of attempts; when that flag fails, the other keys the
 /// same statement leased are still handed out, not dropped with a lease nobody holds.
 #[sqlx::test(migrations = "../../migrations")]

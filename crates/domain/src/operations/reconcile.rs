@@ -207,22 +207,24 @@ pub(super) async fn adopt_or_move_on<P: RecoveryPoint, T: Found>(
     }
 }
 
-/// Under a later generation of the key, a successful charge the processor reported for the
-/// payment other than the one it now records (an earlier generation's, which the lookups
-/// missed), audited for a person in the phase that records the outcome. It runs after that
-/// phase's update holds the payment's row, as `processor_events::receive` does: news of the
-/// other charge is seen here, or sees this record. Under the first generation every attempt sent
-/// the one downstream key, and the processor made one charge for it: nothing to look for.
+/// A successful charge the processor reported for the payment other than the one it now records
+/// (an earlier generation's, which the lookups missed, or any at all when it records none),
+/// audited for a person in the phase that records the outcome. It runs after that phase's update
+/// holds the payment's row, as `processor_events::receive` does: news of the other charge is seen
+/// here, or sees this record. Under the first generation every attempt sent the one downstream
+/// key, and the processor made one charge for it, which the payment records: nothing to look for
+/// then. A payment that records no charge (the processor refused the call outright) looks
+/// whatever the generation: a success reported for it is a charge no phase will adopt.
 pub(super) async fn audit_other_charge(
     tx: &mut PgConnection,
     payment: &Payment,
     key: &DownstreamKey,
     info: &LeaseInfo,
 ) -> Result<Option<ExtraCharge>, DomainError> {
-    if key.generation_number() <= 1 {
+    let recorded = payment.processor_charge_id.as_deref();
+    if key.generation_number() <= 1 && recorded.is_some() {
         return Ok(None);
     }
-    let recorded = payment.processor_charge_id.as_deref();
     let Some(extra) =
         processor_events::other_succeeded_charge(&mut *tx, &payment.id, recorded).await?
     else {

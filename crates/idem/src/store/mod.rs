@@ -91,7 +91,8 @@ impl FenceRecord {
             expected: fence.expected.to_owned(),
             lease_ms: fence.lease_ms as f64,
             next_point: next.to_owned(),
-            plan: plan.cloned(),
+            // A JSON null is no plan, as `idem_commit` had it.
+            plan: plan.filter(|plan| !plan.is_null()).cloned(),
             status,
             headers,
             body,
