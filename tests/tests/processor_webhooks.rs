@@ -673,13 +673,20 @@ impl CardProcessor for AnotherChargeReportedMidCall {
     }
 }
 
-/// A key at its charge, moved to the key's second generation (as if a lookup that found nothing
-/// had moved it), with the stand-in's own webhooks off: the deliveries are made by hand.
-async fn second_generation_key(s: &Setup, pool: &PgPool) -> String {
+/// A key at its charge, due now (`waiting_key`), with the stand-in's own webhooks off (the
+/// deliveries are made by hand) and its faults cleared; its payment's id.
+async fn waiting_key_webhooks_by_hand(s: &Setup, pool: &PgPool) -> String {
     let payment_id = waiting_key(s, pool).await;
     let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
     assert_eq!(none.unwrap().status(), 200, "the deliveries are made by hand");
     s.set_faults(&FaultConfig::default()).await;
+    payment_id
+}
+
+/// As `waiting_key_webhooks_by_hand`, moved to the key's second generation (as if a lookup that
+/// found nothing had moved it).
+async fn second_generation_key(s: &Setup, pool: &PgPool) -> String {
+    let payment_id = waiting_key_webhooks_by_hand(s, pool).await;
     let second = "UPDATE idempotency_keys \
                   SET planned_call = jsonb_set(planned_call, '{key}', to_jsonb((planned_call->>'key') || '/2'))";
     sqlx::query(second).execute(pool).await.unwrap();
@@ -732,9 +739,7 @@ async fn a_successful_charge_reported_after_the_payment_was_refused_without_a_ch
 ) {
     let s =
         setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
-    let payment_id = waiting_key(&s, &pool).await;
-    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
-    assert_eq!(none.unwrap().status(), 200, "the deliveries are made by hand");
+    let payment_id = waiting_key_webhooks_by_hand(&s, &pool).await;
     // The call, sent again under the same downstream key, is refused: a 400, no charge.
     let processor = MockServer::start().await;
     let refused = json!({"error": {"type": "invalid_request_error", "code": "amount_too_small",
@@ -768,9 +773,7 @@ async fn a_successful_charge_reported_while_the_call_was_being_refused_is_audite
 ) {
     let s =
         setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
-    let payment_id = waiting_key(&s, &pool).await;
-    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
-    assert_eq!(none.unwrap().status(), 200, "the deliveries are made by hand");
+    let payment_id = waiting_key_webhooks_by_hand(&s, &pool).await;
     let processor = AnotherChargeReportedMidCall::new(&s, &pool, Then::Refused);
     let report = complete(&s.worker(processor)).await;
     assert_eq!(report.completed, 1, "{report:?}");

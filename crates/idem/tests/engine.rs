@@ -712,8 +712,8 @@ async fn the_same_key_in_two_accounts_names_two_operations(pool: PgPool) {
 // ---------------------------------------------------------------------------------------------
 // Resumption, takeover and fencing.
 
-/// A one-statement phase: the operation's statement sets the order's shipment and calls
-/// `idem_commit_fence($fence)` beside it, so both commit together or not at all.
+/// A one-statement phase: the operation's statement sets the order's shipment, if there is one,
+/// and calls `idem_commit_fence($fence)` beside it, so both commit together or not at all.
 struct ShipInOne {
     step: Step<Point>,
 }
@@ -733,9 +733,10 @@ impl OneStatement for ShipInOne {
         fence: &FenceRecord,
     ) -> Result<(i64, ()), PhaseError<String>> {
         let key_id = sqlx::query_scalar(
-            "WITH fence AS (SELECT idem_commit_fence($1) AS key_id) \
-             UPDATE orders SET shipment = 'in one' FROM fence \
-              WHERE orders.key_id = fence.key_id RETURNING fence.key_id",
+            "WITH fence AS (SELECT idem_commit_fence($1) AS key_id), \
+                  shipped AS (UPDATE orders SET shipment = 'in one' FROM fence \
+                               WHERE orders.key_id = fence.key_id) \
+             SELECT key_id FROM fence",
         )
         .bind(fence)
         .fetch_one(pool)
@@ -779,31 +780,6 @@ async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {
     assert_eq!(shipment, None, "the late statement's own write rolled back with its fence");
 }
 
-/// A one-statement phase whose statement is the fence alone.
-struct FenceAlone {
-    step: Step<Point>,
-}
-
-impl OneStatement for FenceAlone {
-    type Point = Point;
-    type Error = String;
-    type Output = ();
-
-    fn step(&self) -> Step<Point> {
-        self.step.clone()
-    }
-
-    async fn run(
-        &mut self,
-        pool: &PgPool,
-        fence: &FenceRecord,
-    ) -> Result<(i64, ()), PhaseError<String>> {
-        let key_id =
-            sqlx::query_scalar("SELECT idem_commit_fence($1)").bind(fence).fetch_one(pool).await?;
-        Ok((key_id, ()))
-    }
-}
-
 /// A new key stored by its first phase with a JSON `null` for its frozen call stores no call, as
 /// `idem_commit` did: the call is planned again before it is made, never read back as one.
 #[sqlx::test(migrations = "../../migrations")]
@@ -811,7 +787,7 @@ async fn a_null_plan_is_stored_as_no_plan(pool: PgPool) {
     let h = harness(pool).await;
     let mut lease = h.acquire("null-plan").await;
     lease
-        .phase_in_one(FenceAlone { step: Step::Call(Point::OrderCreated, Value::Null) })
+        .phase_in_one(ShipInOne { step: Step::Call(Point::OrderCreated, Value::Null) })
         .await
         .unwrap();
     assert_eq!(h.recovery_point("null-plan").await, "order_created");
