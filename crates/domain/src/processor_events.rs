@@ -168,8 +168,9 @@ pub enum Received {
     },
     /// Recorded against one of our payments, which has another charge recorded, or was recorded
     /// `failed` without one: the processor charged the card once more than the payment says (an
-    /// earlier generation of the downstream key made a charge that the lookups missed). Audited as `payment.extra_charge` for a person; nothing is
-    /// refunded automatically.
+    /// earlier generation of the downstream key made a charge that the lookups missed, or the
+    /// processor charged despite the refusal it answered). Audited as `payment.extra_charge` for
+    /// a person; nothing is refunded automatically.
     ExtraCharge {
         /// The payment.
         payment_id: PaymentId,
@@ -263,8 +264,9 @@ fn unaccounted(payment: &ChargeRecord, event: &ProcessorEvent) -> Option<ExtraCh
 }
 
 /// A successful charge at the processor for a payment that records another one (or none): an
-/// earlier generation of the downstream key made it, and the lookups missed it. The card was
-/// charged twice; a person refunds the extra charge.
+/// earlier generation of the downstream key made it, and the lookups missed it (or the processor
+/// made it despite refusing the call). The card was charged once more than the payment records;
+/// a person refunds the extra charge.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExtraCharge {
     /// The charge the payment does not account for.

@@ -133,15 +133,15 @@ impl Engine {
             if row.needs_human {
                 return Ok(Claim::NeedsHuman);
             }
+            if row.lease_active {
+                self.observer.event(Event::InUse);
+                return Ok(Claim::InUse);
+            }
             // Unfinished, so the read sent the operation's input.
             let params = row
                 .request_params
                 .clone()
                 .ok_or(IdemError::Corrupt("an unfinished key read without its input"))?;
-            if row.lease_active {
-                self.observer.event(Event::InUse);
-                return Ok(Claim::InUse);
-            }
             // The stall tests stop here, between reading the row and taking it over.
             crate::failpoint(|| "idem.claim.before_take_over".to_owned()).await;
             // Counted until the lease is recorded as held, so that a shutdown meanwhile waits

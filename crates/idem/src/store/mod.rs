@@ -31,7 +31,8 @@ pub(crate) use sweep::{flag_stale, reap, take_due};
 /// (migrations/20261201000300_idem_fence_record.sql): built by the engine, passed through
 /// unopened by an operation's statement to `idem_commit_fence($n)`, which inserts a new key or
 /// moves a stored one, fenced on the lease. Its fields travel as binary values: no JSON is built
-/// here or parsed there.
+/// here or parsed there. sqlx encodes the fields in the order they are declared: it must be the
+/// order of the type's attributes in the migration.
 #[derive(Debug, Clone, sqlx::Type)]
 #[sqlx(type_name = "idem_fence")]
 pub struct FenceRecord {
@@ -84,7 +85,6 @@ impl FenceRecord {
             ),
             None => (None, None, None),
         };
-        let owned = |text: &str| Some(text.to_owned());
         Ok(Self {
             key_id: fence.key_id,
             token: fence.token,
@@ -96,13 +96,13 @@ impl FenceRecord {
             status,
             headers,
             body,
-            account_id: new.as_ref().and_then(|new| owned(new.account_id)),
-            idempotency_key: new.as_ref().and_then(|new| owned(new.key)),
+            account_id: new.as_ref().map(|new| new.account_id.to_owned()),
+            idempotency_key: new.as_ref().map(|new| new.key.to_owned()),
             fingerprint: new.as_ref().map(|new| new.fingerprint.to_vec()),
-            method: new.as_ref().and_then(|new| owned(new.method)),
-            path: new.as_ref().and_then(|new| owned(new.path)),
-            request_id: new.as_ref().and_then(|new| owned(new.request_id)),
-            operation: new.as_ref().and_then(|new| owned(new.operation)),
+            method: new.as_ref().map(|new| new.method.to_owned()),
+            path: new.as_ref().map(|new| new.path.to_owned()),
+            request_id: new.as_ref().map(|new| new.request_id.to_owned()),
+            operation: new.as_ref().map(|new| new.operation.to_owned()),
             params: new.map(|new| new.params.clone()),
         })
     }
