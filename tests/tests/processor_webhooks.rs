@@ -597,6 +597,8 @@ enum Then {
     DeclineFound,
     /// During the charge call, which the processor then refuses outright: a 400, no charge.
     Refused,
+    /// During the charge call, which the processor then declines (`ch_declined`).
+    Declined,
 }
 
 impl AnotherChargeReportedMidCall {
@@ -626,16 +628,23 @@ impl CardProcessor for AnotherChargeReportedMidCall {
                 cause: provider::ReconcileCause::KeyReused,
                 message: "the processor will not say what the key did".into(),
             }),
-            Then::Refused => {
+            Then::Refused | Then::Declined => {
                 let payment_id =
                     request.form.iter().find(|(name, _)| name == "metadata[payment_id]");
                 self.report_the_other_charge(&payment_id.expect("the charge names its payment").1)
                     .await;
-                Err(ProcessorError::Invalid {
-                    status: 400,
-                    code: Some("amount_too_small".into()),
-                    param: Some("amount".into()),
-                    message: "Amount must be at least 50 cents.".into(),
+                Err(match self.then {
+                    Then::Declined => ProcessorError::Declined {
+                        decline_code: "generic_decline".into(),
+                        message: "Your card was declined.".into(),
+                        charge_id: Some("ch_declined".into()),
+                    },
+                    _ => ProcessorError::Invalid {
+                        status: 400,
+                        code: Some("amount_too_small".into()),
+                        param: Some("amount".into()),
+                        message: "Amount must be at least 50 cents.".into(),
+                    },
                 })
             }
             Then::Charged => {
@@ -781,5 +790,25 @@ async fn a_successful_charge_reported_while_the_call_was_being_refused_is_audite
     assert_eq!((id.as_str(), status.as_str(), charge), (payment_id.as_str(), "failed", None));
     // The event landed while the payment was still processing, so the webhook saw nothing amiss:
     // the phase that recorded the refusal found it.
+    assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "phase".to_owned())]);
+}
+
+/// As above, with a decline that names its failed charge: the phase that records the decline
+/// looks, under the first generation too.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_successful_charge_reported_while_the_call_was_being_declined_is_audited_for_a_person(
+    pool: PgPool,
+) {
+    let s =
+        setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    let payment_id = waiting_key_webhooks_by_hand(&s, &pool).await;
+    let processor = AnotherChargeReportedMidCall::new(&s, &pool, Then::Declined);
+    let report = complete(&s.worker(processor)).await;
+    assert_eq!(report.completed, 1, "{report:?}");
+    let (id, status, charge) = payment_row(&pool).await;
+    assert_eq!(
+        (id.as_str(), status.as_str(), charge.as_deref()),
+        (payment_id.as_str(), "failed", Some("ch_declined"))
+    );
     assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "phase".to_owned())]);
 }

@@ -317,6 +317,18 @@ impl Harness {
             .unwrap()
     }
 
+    /// The shipment of the order under `key_value`.
+    async fn shipment(&self, key_value: &str) -> Option<String> {
+        sqlx::query_scalar(
+            "SELECT shipment FROM orders o JOIN idempotency_keys k ON k.id = o.key_id \
+              WHERE k.idempotency_key = $1",
+        )
+        .bind(key_value)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+
     async fn orders(&self) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(&self.pool).await.unwrap()
     }
@@ -757,6 +769,7 @@ async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {
 
     lease.phase_in_one(ShipInOne { step: Step::Next(Point::Shipped) }).await.unwrap();
     assert_eq!(h.recovery_point("single").await, "shipped");
+    assert_eq!(h.shipment("single").await.as_deref(), Some("in one"), "the statement's own write");
     assert_eq!(lease.point::<Point>().unwrap(), Point::Shipped);
     let answer = StoredResponse::json(201, b"{\"shipped\":true}".to_vec());
     lease.phase_in_one(ShipInOne { step: Step::Finish(answer.clone()) }).await.unwrap();
@@ -770,13 +783,7 @@ async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {
     let late = stalled.phase_in_one(ShipInOne { step: Step::Next(Point::Shipped) }).await;
     assert!(matches!(late, Err(PhaseError::LeaseLost)), "{late:?}");
     assert_eq!(h.recovery_point("stalled").await, "order_created");
-    let shipment: Option<String> = sqlx::query_scalar(
-        "SELECT shipment FROM orders o JOIN idempotency_keys k ON k.id = o.key_id \
-          WHERE k.idempotency_key = 'stalled'",
-    )
-    .fetch_one(&h.pool)
-    .await
-    .unwrap();
+    let shipment = h.shipment("stalled").await;
     assert_eq!(shipment, None, "the late statement's own write rolled back with its fence");
 }
 

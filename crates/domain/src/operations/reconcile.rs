@@ -13,7 +13,7 @@ use sqlx::PgConnection;
 use super::{LeaseInfo, record};
 use crate::DomainError;
 use crate::ids::PaymentId;
-use crate::payments::Payment;
+use crate::payments::{Payment, PaymentStatus};
 use crate::processor_events::{self, ExtraCharge};
 
 /// A frozen request as the key stores it.
@@ -212,8 +212,8 @@ pub(super) async fn adopt_or_move_on<P: RecoveryPoint, T: Found>(
 /// audited for a person in the phase that records the outcome. It runs after that phase's update
 /// holds the payment's row, as `processor_events::receive` does: news of the other charge is seen
 /// here, or sees this record. Under the first generation every attempt sent the one downstream
-/// key, and the processor made one charge for it, which the payment records: nothing to look for
-/// then. A payment that records no charge (the processor refused the call outright) looks
+/// key, and the processor made one charge for it, which a payment that succeeded records: nothing
+/// to look for then. A refused payment (declined, or refused outright with no charge) looks
 /// whatever the generation: a success reported for it is a charge no phase will adopt.
 pub(super) async fn audit_other_charge(
     tx: &mut PgConnection,
@@ -221,10 +221,10 @@ pub(super) async fn audit_other_charge(
     key: &DownstreamKey,
     info: &LeaseInfo,
 ) -> Result<Option<ExtraCharge>, DomainError> {
-    let recorded = payment.processor_charge_id.as_deref();
-    if key.generation_number() <= 1 && recorded.is_some() {
+    if key.generation_number() <= 1 && payment.status != PaymentStatus::Failed {
         return Ok(None);
     }
+    let recorded = payment.processor_charge_id.as_deref();
     let Some(extra) =
         processor_events::other_succeeded_charge(&mut *tx, &payment.id, recorded).await?
     else {
