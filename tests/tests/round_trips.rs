@@ -79,6 +79,10 @@ async fn a_replay_costs_one_statement_and_a_new_payment_two_commits(pool: PgPool
         .with_filter(filter::Targets::new().with_target("sqlx::query", tracing::Level::TRACE));
     // This thread's own subscriber, whatever another test installed for the process.
     let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry().with(layer));
+    // Callsites cache whether anyone listens. sqlx's may have been cached as unheard by another
+    // test's thread while this subscriber was being registered (a CI run once saw no statement
+    // at all): ask every callsite again, now that this subscriber is there.
+    tracing::callsite::rebuild_interest_cache();
 
     let (app, _sim) = spawn_with_sim(pool, &[]).await;
     let (_, key) = app.create_account("shop").await;
