@@ -179,6 +179,48 @@ async fn readiness_fails_while_migrations_are_missing(pool: PgPool) {
     assert_eq!(app.send(app.http.get(app.url("/readyz"))).await.status(), 200);
 }
 
+/// A rolling deploy applies the next release's migrations while this one still serves: a schema
+/// ahead of the binary keeps it ready, and only a migration of its own that is missing does not.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn readiness_holds_when_the_schema_is_ahead_and_fails_when_one_migration_is_missing(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let ours = payments_api::MIGRATOR.iter().map(|m| m.version).max().unwrap();
+    let next = ours + 1;
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES ($1, 'the next release', true, '\\x00', 1)",
+    )
+    .bind(next)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let ahead = app.send(app.http.get(app.url("/readyz"))).await;
+    assert_eq!(ahead.status(), 200, "a newer schema must not take the old release out");
+    let checks = json(ahead).await["checks"].clone();
+    assert_eq!(
+        (checks["schema_version"].as_i64(), checks["missing_migrations"].as_i64()),
+        (Some(next), Some(0))
+    );
+    assert_eq!(checks["expected_schema_version"].as_i64(), Some(ours));
+
+    // One of this binary's own migrations gone (here: its newest) is "behind", whatever the
+    // newest version says.
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = $1")
+        .bind(ours)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let behind = app.send(app.http.get(app.url("/readyz"))).await;
+    assert_eq!(behind.status(), 503);
+    let checks = json(behind).await["checks"].clone();
+    assert_eq!(
+        (checks["schema_version"].as_i64(), checks["missing_migrations"].as_i64()),
+        (Some(next), Some(1))
+    );
+}
+
 /// Every operation of the OpenAPI document is served, and its path serves no other method.
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn the_openapi_document_and_the_router_agree(pool: PgPool) {

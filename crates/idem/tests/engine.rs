@@ -788,7 +788,8 @@ async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {
 }
 
 /// A new key stored by its first phase with a JSON `null` for its frozen call stores no call, as
-/// `idem_commit` did: the call is planned again before it is made, never read back as one.
+/// `idem_commit` did: the call is planned again before it is made, never read back as one, by
+/// the holder that planned it either.
 #[sqlx::test(migrations = "../../migrations")]
 async fn a_null_plan_is_stored_as_no_plan(pool: PgPool) {
     let h = harness(pool).await;
@@ -805,6 +806,8 @@ async fn a_null_plan_is_stored_as_no_plan(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(plan, None);
+    // The holder that planned it sees what a resumed holder would read: no plan.
+    assert_eq!(lease.before_call().await.unwrap(), None);
 }
 
 /// The completer flags a key that ran out of attempts; when that flag fails, the other keys the

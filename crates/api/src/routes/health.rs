@@ -47,16 +47,22 @@ pub async fn healthz() -> Json<Value> {
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let expected = crate::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    let applied = tokio::time::timeout(READY_TIMEOUT, applied_version(&state.pool)).await;
-    let (status, database, schema) = match applied {
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "timed out", None),
+    let known: Vec<i64> = crate::MIGRATOR.iter().map(|m| m.version).collect();
+    let expected = known.iter().copied().max().unwrap_or(0);
+    let checked = tokio::time::timeout(READY_TIMEOUT, schema(&state.pool, &known)).await;
+    let (status, database, schema) = match checked {
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "timed out", Schema::default()),
         Ok(Err(err)) => {
             tracing::warn!(error = %err, "readiness check could not reach the database");
-            (StatusCode::SERVICE_UNAVAILABLE, "unreachable", None)
+            (StatusCode::SERVICE_UNAVAILABLE, "unreachable", Schema::default())
         }
-        Ok(Ok(version)) if version == Some(expected) => (StatusCode::OK, "ok", version),
-        Ok(Ok(version)) => (StatusCode::SERVICE_UNAVAILABLE, "ok", version),
+        // A schema ahead of this binary is ready: migrations are applied before the release
+        // that needs them starts (README, "Upgrading"), so the release still serving meets the
+        // next one's migrations, and they only add what it does not use.
+        Ok(Ok(schema)) if schema.version.is_some() && schema.missing == 0 => {
+            (StatusCode::OK, "ok", schema)
+        }
+        Ok(Ok(schema)) => (StatusCode::SERVICE_UNAVAILABLE, "ok", schema),
     };
     let ready = status == StatusCode::OK;
     (
@@ -65,19 +71,40 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) 
             "status": if ready { "ready" } else { "unavailable" },
             "checks": {
                 "database": database,
-                "schema_version": schema,
+                "schema_version": schema.version,
                 "expected_schema_version": expected,
+                "missing_migrations": schema.missing,
             }
         })),
     )
 }
 
-async fn applied_version(pool: &sqlx::PgPool) -> Result<Option<i64>, sqlx::Error> {
-    // The migrations table may not exist yet on a fresh database; that is "not migrated".
-    sqlx::query_scalar(
-        "SELECT CASE WHEN to_regclass('_sqlx_migrations') IS NULL THEN NULL \
-         ELSE (SELECT max(version) FROM _sqlx_migrations WHERE success) END",
+/// What the database's migrations table says about the migrations this binary knows.
+#[derive(Debug, Default, sqlx::FromRow)]
+struct Schema {
+    /// The newest migration applied (this binary's, or a later release's), `None` when the
+    /// database has never been migrated.
+    version: Option<i64>,
+    /// How many of this binary's migrations are not applied (successfully).
+    missing: i64,
+}
+
+async fn schema(pool: &sqlx::PgPool, known: &[i64]) -> Result<Schema, sqlx::Error> {
+    // The migrations table may not exist yet on a fresh database; that is "not migrated", and
+    // the statement must not name the table then (it would not plan).
+    let migrated: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(pool)
+        .await?;
+    if !migrated {
+        return Ok(Schema { version: None, missing: known.len() as i64 });
+    }
+    sqlx::query_as(
+        "SELECT (SELECT max(version) FROM _sqlx_migrations WHERE success) AS version, \
+                (SELECT count(*) FROM unnest($1::bigint[]) AS k(version) \
+                  WHERE NOT EXISTS (SELECT 1 FROM _sqlx_migrations m \
+                                     WHERE m.version = k.version AND m.success)) AS missing",
     )
+    .bind(known)
     .fetch_one(pool)
     .await
 }

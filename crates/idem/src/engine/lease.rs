@@ -141,7 +141,8 @@ impl Lease {
         if let Some(plan) = self.just_planned.take()
             && !self.engine.is_closed()
         {
-            return Ok(Some(plan));
+            // As stored: a JSON null plan is no plan (`FenceRecord`), for this holder too.
+            return Ok(Some(plan).filter(|plan| !plan.is_null()));
         }
         self.store_new().await?;
         let lease_ms = self.engine.config.lease_ms();
