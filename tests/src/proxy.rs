@@ -1,8 +1,13 @@
 //! A TCP proxy in front of Postgres that a test can cut: `block` closes every open connection and
-//! refuses new ones (the database "goes away"), `unblock` lets traffic through again.
+//! refuses new ones (the database "goes away"), `unblock` lets traffic through again. Started
+//! with [`Proxy::recording`], it also reads what the clients send and records every statement the
+//! server is asked to run, as the server receives it.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -17,6 +22,18 @@ pub struct Proxy {
 impl Proxy {
     /// Starts a proxy to `target` on a free loopback port.
     pub async fn start(target: SocketAddr) -> std::io::Result<Self> {
+        Self::start_with(target, None).await
+    }
+
+    /// Starts a proxy to `target` that records, in order, the text of every statement its
+    /// clients have the server run: each simple query (`BEGIN`, `COMMIT`) and each execution of
+    /// a prepared statement. The clients must not use TLS (`sslmode=disable`).
+    pub async fn recording(target: SocketAddr) -> std::io::Result<(Self, Recorded)> {
+        let recorded = Recorded::default();
+        Ok((Self::start_with(target, Some(recorded.clone())).await?, recorded))
+    }
+
+    async fn start_with(target: SocketAddr, recorded: Option<Recorded>) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let (blocked, blocked_rx) = watch::channel(false);
@@ -26,7 +43,7 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
-                tokio::spawn(relay(client, target, blocked_rx.clone()));
+                tokio::spawn(relay(client, target, blocked_rx.clone(), recorded.clone()));
             }
         });
         Ok(Self { port, blocked, task })
@@ -54,12 +71,112 @@ impl Drop for Proxy {
     }
 }
 
-async fn relay(mut client: TcpStream, target: SocketAddr, mut blocked: watch::Receiver<bool>) {
+async fn relay(
+    mut client: TcpStream,
+    target: SocketAddr,
+    mut blocked: watch::Receiver<bool>,
+    recorded: Option<Recorded>,
+) {
     let Ok(mut server) = TcpStream::connect(target).await else {
         return;
     };
+    let Some(recorded) = recorded else {
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+            _ = blocked.wait_for(|blocked| *blocked) => {}
+        }
+        return;
+    };
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = server.into_split();
+    // What the client sends is read before it is passed on: a statement is recorded before the
+    // server can answer it.
+    let upstream = async {
+        let mut tap = Tap::default();
+        let mut buffer = vec![0; 16 * 1024];
+        loop {
+            let read = from_client.read(&mut buffer).await?;
+            if read == 0 {
+                return to_server.shutdown().await;
+            }
+            tap.feed(&buffer[..read], &recorded);
+            to_server.write_all(&buffer[..read]).await?;
+        }
+    };
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+        _ = upstream => {}
+        _ = tokio::io::copy(&mut from_server, &mut to_client) => {}
         _ = blocked.wait_for(|blocked| *blocked) => {}
+    }
+}
+
+/// The statements a recording proxy's clients had the server run, in the order it got them.
+#[derive(Debug, Clone, Default)]
+pub struct Recorded(Arc<Mutex<Vec<String>>>);
+
+impl Recorded {
+    /// The statements recorded since the last call.
+    pub fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    fn push(&self, statement: String) {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(statement);
+    }
+}
+
+/// Reads one connection's frontend messages (the protocol's version 3): the startup packets,
+/// then typed messages. A simple query (`Q`) is a statement; so is an execution (`E`) of a
+/// portal, whose text is the prepared statement's (`P`) that the portal was bound to (`B`).
+#[derive(Default)]
+struct Tap {
+    pending: Vec<u8>,
+    started: bool,
+    statements: HashMap<String, String>,
+    portals: HashMap<String, String>,
+}
+
+/// The request codes of the packets that may come before the startup message.
+const SSL_REQUEST: u32 = 80_877_103;
+const GSS_REQUEST: u32 = 80_877_104;
+
+impl Tap {
+    fn feed(&mut self, bytes: &[u8], recorded: &Recorded) {
+        self.pending.extend_from_slice(bytes);
+        loop {
+            let (header, typed) = if self.started { (5, true) } else { (8, false) };
+            if self.pending.len() < header {
+                return;
+            }
+            let at = usize::from(typed);
+            let length =
+                u32::from_be_bytes(self.pending[at..at + 4].try_into().unwrap_or_default());
+            let total = at + length as usize;
+            if self.pending.len() < total {
+                return;
+            }
+            let message: Vec<u8> = self.pending.drain(..total).collect();
+            if !typed {
+                let code = u32::from_be_bytes(message[4..8].try_into().unwrap_or_default());
+                self.started = code != SSL_REQUEST && code != GSS_REQUEST;
+                continue;
+            }
+            let mut fields = message[5..].split(|byte| *byte == 0).map(String::from_utf8_lossy);
+            let mut next = || fields.next().map(|field| field.into_owned()).unwrap_or_default();
+            match message[0] {
+                b'Q' => recorded.push(next()),
+                b'P' => {
+                    let name = next();
+                    self.statements.insert(name, next());
+                }
+                b'B' => {
+                    let portal = next();
+                    let text = self.statements.get(&next()).cloned().unwrap_or_default();
+                    self.portals.insert(portal, text);
+                }
+                b'E' => recorded.push(self.portals.get(&next()).cloned().unwrap_or_default()),
+                _ => {}
+            }
+        }
     }
 }

@@ -454,3 +454,71 @@ async fn ten_concurrent_refunds_of_sixty_percent_let_exactly_one_through(pool: P
     assert_eq!(refunded, 600);
     assert_eq!(sim_stats(&sim).await["refunds_created"], 1);
 }
+
+/// The second phase of a new payment is one statement that stores an answer computed from the
+/// row the first phase wrote. A change to the payment while the charge is on its way (a PATCH of
+/// a payment found in the list) makes that statement write nothing, and the phase runs the
+/// general way, from the row as it is: the answer, the stored row and the event all show the
+/// change, and nothing is written twice.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_payment_changed_during_its_charge_is_answered_as_it_is(pool: PgPool) {
+    let sim = payments_tests::start_sim(processor_sim::FaultConfig {
+        latency_ms: 1500,
+        ..Default::default()
+    })
+    .await;
+    let overrides = [("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str())];
+    let app = Arc::new(TestApp::spawn_with(pool.clone(), pool.clone(), &overrides).await);
+    let (_, key) = app.create_account("shop").await;
+    let creating = {
+        let (app, key) = (app.clone(), key.clone());
+        tokio::spawn(async move { app.post("/v1/payments", &key, Some("k"), &visa(500)).await })
+    };
+    // The payment is listed, `processing`, while the charge is on its way.
+    let mut listed = Value::Null;
+    for _ in 0..100 {
+        let list =
+            json(app.send(app.http.get(app.url("/v1/payments")).bearer_auth(&key)).await).await;
+        if let Some(payment) = list["data"].as_array().and_then(|data| data.first()) {
+            listed = payment.clone();
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(listed["status"], "processing", "{listed}");
+    let path = format!("/v1/payments/{}", listed["id"].as_str().unwrap());
+    let patched = app
+        .send(
+            app.http
+                .patch(app.url(&path))
+                .bearer_auth(&key)
+                .header("content-type", "application/merge-patch+json")
+                .body(json!({"description": "changed meanwhile"}).to_string()),
+        )
+        .await;
+    assert_eq!(patched.status(), 200);
+
+    let created = creating.await.unwrap();
+    assert_eq!(created.status(), 201);
+    let created = json(created).await;
+    assert_eq!(
+        (created["status"].as_str(), created["description"].as_str()),
+        (Some("succeeded"), Some("changed meanwhile"))
+    );
+    let stored = json(app.send(app.http.get(app.url(&path)).bearer_auth(&key)).await).await;
+    assert_eq!(stored, created);
+    let replayed = json(app.post("/v1/payments", &key, Some("k"), &visa(500)).await).await;
+    assert_eq!(replayed, created);
+    let event: Value =
+        sqlx::query_scalar("SELECT object FROM events WHERE type = 'payment.succeeded'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(event["description"], "changed meanwhile");
+    let charged: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE action = 'payment.charged'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(charged, 1);
+}

@@ -38,7 +38,7 @@ WITH fence AS (
                           capture_method, payment_method, description, metadata,
                           receipt_email)
     SELECT 'pay_' || :n, :account, fence.key_id, 1000, 'usd', 'processing', 'automatic', 'pm_card_visa', NULL, '{}', NULL FROM fence
-    RETURNING *
+    RETURNING *, xmin::text::bigint AS row_version
 ), audit AS (
     INSERT INTO audit_events (account_id, object_id, action, request_id,
                               idempotency_key_id, detail)
@@ -49,14 +49,17 @@ WITH fence AS (
 SELECT idempotency_key_id AS key_id, id, account_id, amount, currency, status,
        capture_method, amount_captured, amount_refunded, payment_method, description,
        metadata, receipt_email, processor_charge_id, failure_code, failure_message,
-       cancellation_reason, extract(epoch FROM created_at)::bigint AS created
-  FROM payment;
+       cancellation_reason, extract(epoch FROM created_at)::bigint AS created, row_version
+  FROM payment
+\gset p1_
 
 -- (payments-api calls the processor here.)
 
--- Phase 2 (payment_created → finished): the payment's update with its audit record, the event,
--- the fence that stores the answer (`idem_finish`, typed: crates/idem/src/store/mod.rs, `finish`).
-BEGIN;
+-- Phase 2 (payment_created → finished), one statement that commits on its own
+-- (crates/domain/src/payments/store.rs, `update_fenced`): the payment's update at the version
+-- phase 1 wrote, its audit record, the receipt job (none here: no receipt address), the event and
+-- its webhook deliveries, and the fence that stores the answer (the engine's `idem_fence`
+-- record, built here in SQL).
 WITH updated AS (
 UPDATE payments
    SET status = coalesce('succeeded', status),
@@ -69,28 +72,28 @@ UPDATE payments
        description = CASE WHEN false THEN NULL ELSE description END,
        metadata = coalesce(NULL, metadata),
        updated_at = now()
- WHERE id = 'pay_' || :n
-RETURNING *
+ WHERE id = 'pay_' || :n AND xmin::text::bigint = :p1_row_version
+RETURNING account_id, id
 ), audit AS (
     INSERT INTO audit_events (account_id, object_id, action, request_id,
                               idempotency_key_id, detail)
-    SELECT account_id, id, 'payment.charged', 'req_e8oJXKStH4I7DzCaPcWXJdX9', :key_id, '{"charge": "ch_jTSo8sJMqW8JXUKh6cdKllwH", "status": "succeeded", "downstream_key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge"}'::jsonb FROM updated WHERE 'payment.charged'::text IS NOT NULL
+    SELECT account_id, id, 'payment.charged', 'req_e8oJXKStH4I7DzCaPcWXJdX9', :key_id, '{"charge": "ch_jTSo8sJMqW8JXUKh6cdKllwH", "status": "succeeded", "downstream_key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge"}'::jsonb FROM updated
+), job AS (
+    INSERT INTO jobs (kind, dedupe_key, payload)
+    SELECT NULL, NULL, NULL FROM updated WHERE NULL::text IS NOT NULL
+    ON CONFLICT (kind, dedupe_key) DO NOTHING
+), event AS (
+    INSERT INTO events (id, account_id, type, object)
+    SELECT 'evt_' || :n, account_id, 'payment.succeeded', ('{"id": "pay_' || :n || '", "object": "payment", "amount": 1000, "currency": "usd", "status": "succeeded", "capture_method": "automatic", "amount_captured": 1000, "amount_refunded": 0, "refunded": false, "payment_method": "pm_card_visa", "description": null, "metadata": {}, "receipt_email": null, "processor_charge_id": "ch_jTSo8sJMqW8JXUKh6cdKllwH", "failure_code": null, "failure_message": null, "cancellation_reason": null, "created": 1764500000, "livemode": false}')::jsonb FROM updated
+    RETURNING id, account_id, type
+), deliveries AS (
+    INSERT INTO jobs (kind, dedupe_key, payload)
+    SELECT 'webhook', event.id || ':' || w.id,
+           jsonb_build_object('event_id', event.id, 'endpoint_id', w.id)
+      FROM event JOIN webhook_endpoints w ON w.account_id = event.account_id
+     WHERE w.status = 'enabled' AND w.deleted_at IS NULL
+       AND (event.type = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+    ON CONFLICT (kind, dedupe_key) DO NOTHING
 )
-SELECT id, account_id, amount, currency, status, capture_method, amount_captured,
-       amount_refunded, payment_method, description, metadata, receipt_email,
-       processor_charge_id, failure_code, failure_message, cancellation_reason,
-       extract(epoch FROM created_at)::bigint AS created
+SELECT idem_commit_fence(ROW(:key_id, 'c0a80101-0000-4000-8000-000000000001', 'payment_created', 60000, 'finished', NULL, 201, '[["content-type", "application/json"], ["etag", "\"963d41e78ce44c886e7cfd57\""], ["location", "/v1/payments/pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]', convert_to(repeat('x', 443), 'UTF8'), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idem_fence) AS key_id
   FROM updated;
-WITH event AS (
-    INSERT INTO events (id, account_id, type, object) VALUES ('evt_' || :n, :account, 'payment.succeeded', ('{"id": "pay_' || :n || '", "object": "payment", "amount": 1000, "currency": "usd", "status": "succeeded", "capture_method": "automatic", "amount_captured": 1000, "amount_refunded": 0, "refunded": false, "payment_method": "pm_card_visa", "description": null, "metadata": {}, "receipt_email": null, "processor_charge_id": "ch_jTSo8sJMqW8JXUKh6cdKllwH", "failure_code": null, "failure_message": null, "cancellation_reason": null, "created": 1764500000, "livemode": false}')::jsonb)
-    RETURNING id
-)
-INSERT INTO jobs (kind, dedupe_key, payload)
-SELECT 'webhook', event.id || ':' || w.id,
-       jsonb_build_object('event_id', event.id, 'endpoint_id', w.id)
-  FROM event, webhook_endpoints w
- WHERE w.account_id = :account AND w.status = 'enabled' AND w.deleted_at IS NULL
-   AND ('payment.succeeded' = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
-ON CONFLICT (kind, dedupe_key) DO NOTHING;
-SELECT idem_finish(:key_id, 'c0a80101-0000-4000-8000-000000000001', 'payment_created', 201::smallint, '[["content-type", "application/json"], ["etag", "\"963d41e78ce44c886e7cfd57\""], ["location", "/v1/payments/pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]', convert_to(repeat('x', 443), 'UTF8')) AS key_id;
-COMMIT;

@@ -81,7 +81,7 @@ impl Work {
     }
 
     /// The input, as the `payload` column holds it.
-    fn payload(&self) -> Result<Value, serde_json::Error> {
+    pub(crate) fn payload(&self) -> Result<Value, serde_json::Error> {
         match self {
             Self::Receipt(job) => serde_json::to_value(job),
             Self::Webhook(job) => serde_json::to_value(job),

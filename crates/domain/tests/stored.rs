@@ -349,3 +349,44 @@ fn stored_input_with_a_value_no_request_could_have_sent_does_not_parse() {
         "a refund's id is no payment's"
     );
 }
+
+/// The one-statement phase answers with `Changes::apply` of the row it read, and writes with
+/// `update`'s `SET`: the two must agree, column by column, for every kind of change.
+#[sqlx::test(migrations = "../../migrations")]
+async fn changes_apply_as_update_writes_them(pool: PgPool) {
+    let account = account_with_a_refunded_payment(&pool).await;
+    sql(&pool, "UPDATE payments SET description = 'old', metadata = '{\"a\": \"1\"}'").await;
+    let id = PaymentId::parse("pay_1").unwrap();
+    let metadata = [("b".to_owned(), "2".to_owned())].into_iter().collect();
+    let changes = [
+        payments::Changes::default(),
+        payments::Changes {
+            status: Some(PaymentStatus::Failed),
+            amount_captured: Some(0),
+            refunded_delta: -100,
+            processor_charge_id: Some("ch_1"),
+            failure_code: Some("card_declined"),
+            failure_message: Some("declined"),
+            ..Default::default()
+        },
+        payments::Changes {
+            cancellation_reason: Some(CancellationReason::Duplicate),
+            description: Some(None),
+            metadata: Some(&metadata),
+            ..Default::default()
+        },
+        payments::Changes {
+            description: Some(Some("new")),
+            amount_captured: Some(500),
+            refunded_delta: 50,
+            ..Default::default()
+        },
+    ];
+    for change in &changes {
+        let before = payments::find(&pool, &account, &id).await.unwrap().unwrap();
+        let mut conn = pool.acquire().await.unwrap();
+        let written = payments::update(&mut conn, &id, change, None).await.unwrap();
+        assert_eq!(change.apply(&before), written, "{change:?}");
+        assert_eq!(payments::find(&pool, &account, &id).await.unwrap().as_ref(), Some(&written));
+    }
+}

@@ -22,10 +22,13 @@ use super::{
 };
 use crate::DomainError;
 use crate::audit;
+use crate::audit::AuditEvent;
 use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
 use crate::jobs::Work;
-use crate::payments::{self, CaptureMethod, Changes, NewPayment, Payment, PaymentStatus};
+use crate::payments::{
+    self, CaptureMethod, Changes, NewPayment, Payment, PaymentStatus, RowVersion, Written,
+};
 use crate::problems::Problem;
 use crate::processor_events::{self, ExtraCharge};
 
@@ -48,8 +51,9 @@ pub struct CreatePaymentParams {
 pub struct CreatePayment<P> {
     ctx: Context<P>,
     params: CreatePaymentParams,
-    /// The payment the first phase made, so the next step need not read it back.
-    created: Option<Payment>,
+    /// The payment the first phase made and its row's version, so the next step need not read
+    /// it back (and may change it in one statement while the row is still at that version).
+    created: Option<(Payment, RowVersion)>,
 }
 
 impl<P: CardProcessor> CreatePayment<P> {
@@ -58,14 +62,16 @@ impl<P: CardProcessor> CreatePayment<P> {
         Self { ctx, params, created: None }
     }
 
-    async fn payment(&mut self, key_id: i64) -> Result<Payment, Interrupted> {
-        if let Some(payment) = self.created.take() {
-            return Ok(payment);
+    /// The payment, with its row's version when the first phase just made it.
+    async fn payment(&mut self, key_id: i64) -> Result<(Payment, Option<RowVersion>), Interrupted> {
+        if let Some((payment, version)) = self.created.take() {
+            return Ok((payment, Some(version)));
         }
-        payments::find_by_key(&self.ctx.pool, key_id)
+        let payment = payments::find_by_key(&self.ctx.pool, key_id)
             .await
             .map_err(internal)?
-            .ok_or_else(|| internal("the key is past `payment_created` but has no payment"))
+            .ok_or_else(|| internal("the key is past `payment_created` but has no payment"))?;
+        Ok((payment, None))
     }
 }
 
@@ -239,11 +245,10 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                 let request = charge_request(&id, &params.request, &self.ctx.charge_metadata);
                 let plan = plan_of(&request);
                 let insert = InsertPayment { id: &id, params, info: &info, plan };
-                let payment = lease.phase_in_one(insert).await?;
-                self.created = Some(payment);
+                self.created = Some(lease.phase_in_one(insert).await?);
             }
             CreatePoint::PaymentCreated => {
-                let payment = self.payment(info.key_id).await?;
+                let (payment, version) = self.payment(info.key_id).await?;
                 let metadata = &self.ctx.charge_metadata;
                 let request = planned_call(lease, at, || {
                     charge_request(&payment.id, &self.params.request, metadata)
@@ -301,6 +306,19 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                     // A charge found by reconciliation may be a declined one.
                     Ok(charge) if charge.paid => {
                         let (key, reconciled) = (&request.key, reconciled.as_ref());
+                        // The common case in one statement: the first call of the key's first
+                        // generation answered, and the row is as the first phase left it.
+                        if let (Some(version), None, 1) =
+                            (version, reconciled, key.generation_number())
+                        {
+                            let in_one = ChargedInOne::new(&payment, version, &charge, key, &info);
+                            match lease.phase_in_one(in_one).await {
+                                Ok(()) => return Ok(()),
+                                // Changed meanwhile (its description, say): from the row as it is.
+                                Err(PhaseError::Operation(InOne::Moved)) => {}
+                                Err(err) => return Err(err.into()),
+                            }
+                        }
                         let mut charged = Charged {
                             payment: &payment,
                             charge: &charge,
@@ -361,7 +379,7 @@ struct InsertPayment<'a> {
 impl OneStatement for InsertPayment<'_> {
     type Point = CreatePoint;
     type Error = DomainError;
-    type Output = Payment;
+    type Output = (Payment, RowVersion);
 
     fn step(&self) -> Step<CreatePoint> {
         Step::Call(CreatePoint::PaymentCreated, self.plan.clone())
@@ -371,10 +389,12 @@ impl OneStatement for InsertPayment<'_> {
         &mut self,
         pool: &PgPool,
         fence: &idem::FenceRecord,
-    ) -> Result<(i64, Payment), PhaseError<DomainError>> {
+    ) -> Result<(i64, (Payment, RowVersion)), PhaseError<DomainError>> {
         let (account, request_id) = (&self.params.account_id, &self.info.request_id);
         let request = &self.params.request;
-        Ok(payments::insert_fenced(pool, self.id, account, request_id, request, fence).await?)
+        let (key_id, payment, version) =
+            payments::insert_fenced(pool, self.id, account, request_id, request, fence).await?;
+        Ok((key_id, (payment, version)))
     }
 }
 
@@ -402,6 +422,28 @@ impl Phase for Charged<'_> {
         let (payment, charge, info) = (self.payment, self.charge, self.info);
         let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
         record_reconciled(tx, object, info, self.reconciled).await?;
+        let recorded = Recorded::of(charge, self.key);
+        let audit = recorded.audit(payment, info);
+        let payment = payments::update(tx, &payment.id, &recorded.changes, Some(&audit)).await?;
+        self.extra = audit_other_charge(tx, &payment, self.key, info).await?;
+        if let Some(receipt) = Recorded::receipt(&payment) {
+            audit::stage_job(tx, &receipt).await?;
+        }
+        events::record(tx, &payment.account_id, recorded.event, &payment.to_json()).await?;
+        Ok(Step::Finish(payment_answer(201, &payment, true)))
+    }
+}
+
+/// What recording a successful charge does to a payment, in either form of the phase.
+struct Recorded<'a> {
+    changes: Changes<'a>,
+    /// The audit record's detail.
+    detail: Value,
+    event: EventType,
+}
+
+impl<'a> Recorded<'a> {
+    fn of(charge: &'a Charge, key: &DownstreamKey) -> Self {
         let status =
             if charge.captured { PaymentStatus::Succeeded } else { PaymentStatus::RequiresCapture };
         let changes = Changes {
@@ -410,21 +452,93 @@ impl Phase for Charged<'_> {
             processor_charge_id: Some(&charge.id),
             ..Changes::default()
         };
-        let detail =
-            json!({"charge": charge.id, "downstream_key": self.key.as_str(), "status": status});
-        let audit = info.audit(&payment.account_id, &payment.id, "payment.charged", detail);
-        let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
-        self.extra = audit_other_charge(tx, &payment, self.key, info).await?;
-        if let (PaymentStatus::Succeeded, Some(receipt)) = (payment.status, Work::receipt(&payment))
-        {
-            audit::stage_job(tx, &receipt).await?;
-        }
+        let detail = json!({"charge": charge.id, "downstream_key": key.as_str(), "status": status});
         let event = match status {
             PaymentStatus::Succeeded => EventType::PaymentSucceeded,
             _ => EventType::PaymentRequiresCapture,
         };
-        events::record(tx, &payment.account_id, event, &payment.to_json()).await?;
-        Ok(Step::Finish(payment_answer(201, &payment, true)))
+        Self { changes, detail, event }
+    }
+
+    fn audit<'p>(&self, payment: &'p Payment, info: &'p LeaseInfo) -> AuditEvent<'p> {
+        info.audit(&payment.account_id, &payment.id, "payment.charged", self.detail.clone())
+    }
+
+    /// The receipt of the payment as recorded, when it succeeded and has an address.
+    fn receipt(recorded: &Payment) -> Option<Work> {
+        Work::receipt(recorded).filter(|_| recorded.status == PaymentStatus::Succeeded)
+    }
+}
+
+/// Why the second phase did not run as one statement.
+#[derive(Debug, thiserror::Error)]
+enum InOne {
+    /// The payment's row changed since the first phase: nothing was written.
+    #[error("the payment changed since the first phase")]
+    Moved,
+    #[error(transparent)]
+    Failed(DomainError),
+}
+
+/// The second phase when the processor charged the card, as one statement
+/// (`payments::update_fenced`): `Charged` without its round trips. It needs the payment's row as
+/// the first phase wrote it (the answer is computed before the statement, with
+/// [`Changes::apply`]), and nothing to look up: the call was the key's first generation, so
+/// there is no other charge to look for (`audit_other_charge`), and no reconciliation to record.
+struct ChargedInOne<'a> {
+    payment: &'a Payment,
+    version: RowVersion,
+    key_id: i64,
+    recorded: Recorded<'a>,
+    audit: AuditEvent<'a>,
+    /// The payment as the statement leaves it.
+    charged: Payment,
+}
+
+impl<'a> ChargedInOne<'a> {
+    fn new(
+        payment: &'a Payment,
+        version: RowVersion,
+        charge: &'a Charge,
+        key: &DownstreamKey,
+        info: &'a LeaseInfo,
+    ) -> Self {
+        let recorded = Recorded::of(charge, key);
+        let audit = recorded.audit(payment, info);
+        let charged = recorded.changes.apply(payment);
+        Self { payment, version, key_id: info.key_id, recorded, audit, charged }
+    }
+}
+
+impl OneStatement for ChargedInOne<'_> {
+    type Point = CreatePoint;
+    type Error = InOne;
+    type Output = ();
+
+    fn step(&self) -> Step<CreatePoint> {
+        Step::Finish(payment_answer(201, &self.charged, true))
+    }
+
+    async fn run(
+        &mut self,
+        pool: &PgPool,
+        fence: &idem::FenceRecord,
+    ) -> Result<(i64, ()), PhaseError<InOne>> {
+        debug_assert_eq!(self.audit.idempotency_key_id, self.key_id);
+        let receipt = Recorded::receipt(&self.charged);
+        let object = self.charged.to_json();
+        let written = Written {
+            audit: &self.audit,
+            job: receipt.as_ref(),
+            event: (self.recorded.event, &object),
+        };
+        let (id, version, changes) = (&self.payment.id, self.version, &self.recorded.changes);
+        match payments::update_fenced(pool, id, version, changes, &written, fence).await {
+            Ok(Some(key_id)) => Ok((key_id, ())),
+            Ok(None) => Err(PhaseError::Operation(InOne::Moved)),
+            Err(DomainError::Database(err)) => Err(PhaseError::Database(err)),
+            Err(other) => Err(PhaseError::Operation(InOne::Failed(other))),
+        }
     }
 }
 

@@ -413,7 +413,15 @@ struct PaymentRow {
     failure_message: Option<String>,
     cancellation_reason: Option<CancellationReason>,
     created: i64,
+    /// The row's version (`xmin`), where the query reads it.
+    row_version: Option<i64>,
 }
+
+/// A version of a payment's row: the transaction that wrote the row as it is (Postgres'
+/// `xmin`). Any change to the row makes a new one; a lock (`FOR UPDATE`) does not. A statement
+/// that changes the row only at a version it read knows the row's every column before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowVersion(i64);
 
 impl From<PaymentRow> for Payment {
     fn from(row: PaymentRow) -> Self {
@@ -444,7 +452,7 @@ mod store;
 mod tests;
 
 pub use store::{
-    Changes, ChargeRecord, Cursor, find, find_by_key, insert_fenced, list, lock, lock_for_news,
-    update,
+    Changes, ChargeRecord, Cursor, Written, find, find_by_key, insert_fenced, list, lock,
+    lock_for_news, update, update_fenced,
 };
 pub(crate) use store::{finish_page, in_walk_order};

@@ -2,20 +2,25 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgExecutor};
 
-use super::{CancellationReason, CaptureMethod, NewPayment, Payment, PaymentRow, PaymentStatus};
+use super::{
+    CancellationReason, CaptureMethod, NewPayment, Payment, PaymentRow, PaymentStatus, RowVersion,
+};
 use crate::DomainError;
 use crate::audit::AuditEvent;
-use crate::ids::{AccountId, PaymentId};
+use crate::events::EventType;
+use crate::ids::{AccountId, EventId, PaymentId};
+use crate::jobs::{JobKind, Work};
 use crate::money::{Amount, Currency};
 
 /// The first phase of a new payment, as one statement that commits on its own: inserts the
 /// payment, `processing`, with its `payment.created` audit record, and ends the phase with
 /// `idem_commit_fence(fence)` (the idempotency engine's fence, which stores a new key), so that
 /// the payment exists exactly when its key records it. Returns the key's id, as the fence did,
-/// and the payment.
+/// the payment, and its row's version.
 pub async fn insert_fenced(
     executor: impl PgExecutor<'_>,
     id: &PaymentId,
@@ -23,7 +28,7 @@ pub async fn insert_fenced(
     request_id: &str,
     new: &NewPayment,
     fence: &idem::FenceRecord,
-) -> Result<(i64, Payment), DomainError> {
+) -> Result<(i64, Payment, RowVersion), DomainError> {
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
@@ -34,7 +39,7 @@ pub async fn insert_fenced(
                                   capture_method, payment_method, description, metadata,
                                   receipt_email)
             SELECT $1, $2, fence.key_id, $3, $4, 'processing', $5, $6, $7, $8, $9 FROM fence
-            RETURNING *
+            RETURNING *, xmin::text::bigint AS row_version
         ), audit AS (
             INSERT INTO audit_events (account_id, object_id, action, request_id,
                                       idempotency_key_id, detail)
@@ -48,7 +53,8 @@ pub async fn insert_fenced(
                payment_method, description, metadata AS "metadata: _", receipt_email,
                processor_charge_id, failure_code, failure_message,
                cancellation_reason AS "cancellation_reason: _",
-               extract(epoch FROM created_at)::bigint AS "created!"
+               extract(epoch FROM created_at)::bigint AS "created!",
+               row_version
           FROM payment
         "#,
         id as &PaymentId,
@@ -67,7 +73,8 @@ pub async fn insert_fenced(
     .await?;
     let key_id =
         row.idempotency_key_id.ok_or(DomainError::Corrupt("a fenced payment without its key"))?;
-    Ok((key_id, row.into()))
+    let version = RowVersion(row.row_version.ok_or(DomainError::Corrupt("a row without xmin"))?);
+    Ok((key_id, row.into(), version))
 }
 
 /// A payment of the account.
@@ -85,7 +92,8 @@ pub async fn find(
                payment_method, description, metadata AS "metadata: _", receipt_email,
                processor_charge_id, failure_code, failure_message,
                cancellation_reason AS "cancellation_reason: _",
-               extract(epoch FROM created_at)::bigint AS "created!"
+               extract(epoch FROM created_at)::bigint AS "created!",
+               xmin::text::bigint AS row_version
           FROM payments WHERE account_id = $1 AND id = $2
         "#,
         account_id as &AccountId,
@@ -110,7 +118,8 @@ pub async fn find_by_key(
                payment_method, description, metadata AS "metadata: _", receipt_email,
                processor_charge_id, failure_code, failure_message,
                cancellation_reason AS "cancellation_reason: _",
-               extract(epoch FROM created_at)::bigint AS "created!"
+               extract(epoch FROM created_at)::bigint AS "created!",
+               xmin::text::bigint AS row_version
           FROM payments WHERE idempotency_key_id = $1
         "#,
         key_id
@@ -169,7 +178,8 @@ pub async fn lock(
                payment_method, description, metadata AS "metadata: _", receipt_email,
                processor_charge_id, failure_code, failure_message,
                cancellation_reason AS "cancellation_reason: _",
-               extract(epoch FROM created_at)::bigint AS "created!"
+               extract(epoch FROM created_at)::bigint AS "created!",
+               xmin::text::bigint AS row_version
           FROM payments WHERE account_id = $1 AND id = $2
            FOR UPDATE
         "#,
@@ -228,7 +238,7 @@ pub async fn update(
                metadata = coalesce($11, metadata),
                updated_at = now()
          WHERE id = $1
-        RETURNING *
+        RETURNING *, xmin::text::bigint AS row_version
         ), audit AS (
             INSERT INTO audit_events (account_id, object_id, action, request_id,
                                       idempotency_key_id, detail)
@@ -240,7 +250,8 @@ pub async fn update(
                payment_method, description, metadata AS "metadata: _", receipt_email,
                processor_charge_id, failure_code, failure_message,
                cancellation_reason AS "cancellation_reason: _",
-               extract(epoch FROM created_at)::bigint AS "created!"
+               extract(epoch FROM created_at)::bigint AS "created!",
+               row_version
           FROM updated
         "#,
         id as &PaymentId,
@@ -262,6 +273,133 @@ pub async fn update(
     .fetch_one(conn)
     .await?;
     Ok(row.into())
+}
+
+impl Changes<'_> {
+    /// `payment` as [`update`] leaves it: what the statement's `SET` does, column by column.
+    pub fn apply(&self, payment: &Payment) -> Payment {
+        let text = |new: Option<&str>, old: &Option<String>| new.map(str::to_owned).or(old.clone());
+        Payment {
+            status: self.status.unwrap_or(payment.status),
+            amount_captured: self.amount_captured.unwrap_or(payment.amount_captured),
+            amount_refunded: payment.amount_refunded + self.refunded_delta,
+            processor_charge_id: text(self.processor_charge_id, &payment.processor_charge_id),
+            failure_code: text(self.failure_code, &payment.failure_code),
+            failure_message: text(self.failure_message, &payment.failure_message),
+            cancellation_reason: self.cancellation_reason.or(payment.cancellation_reason),
+            description: match self.description {
+                Some(description) => description.map(str::to_owned),
+                None => payment.description.clone(),
+            },
+            metadata: self.metadata.cloned().unwrap_or_else(|| payment.metadata.clone()),
+            ..payment.clone()
+        }
+    }
+}
+
+/// What a phase of one statement writes beside the payment's changes.
+#[derive(Debug)]
+pub struct Written<'a> {
+    /// The audit record of the change.
+    pub audit: &'a AuditEvent<'a>,
+    /// A job to stage with it (staging it twice is a no-op, as `jobs::stage`).
+    pub job: Option<&'a Work>,
+    /// The event the change makes, with the payment's representation as it now is (its
+    /// webhook deliveries are staged with it, as `events::record` does).
+    pub event: (EventType, &'a [u8]),
+}
+
+/// A phase that changes a payment, as one statement that commits on its own: applies `changes`
+/// to payment `id` if its row is still at `version`, writes what `written` says, and ends the
+/// phase with `idem_commit_fence(fence)` (the engine's fence, which may store the answer the
+/// caller computed from the row at `version` with [`Changes::apply`]). Returns the key id the
+/// fence returned, or `None`, having written nothing, when the row has changed since `version`
+/// (the caller then runs the phase the general way, from the row as it is).
+pub async fn update_fenced(
+    executor: impl PgExecutor<'_>,
+    id: &PaymentId,
+    version: RowVersion,
+    changes: &Changes<'_>,
+    written: &Written<'_>,
+    fence: &idem::FenceRecord,
+) -> Result<Option<i64>, DomainError> {
+    let job = written.job;
+    let payload =
+        job.map(Work::payload).transpose().map_err(|_| DomainError::Corrupt("a job's payload"))?;
+    let (event_type, object) = written.event;
+    let object: Value =
+        serde_json::from_slice(object).map_err(|_| DomainError::Corrupt("an event's object"))?;
+    let audit = written.audit;
+    // The same `SET` as `update`'s (which `Changes::apply` mirrors). Every write reads `updated`,
+    // so a row that moved on (no row there) writes nothing, and the fence is not called. The
+    // webhook fan-out is `events::record`'s.
+    let key_id = sqlx::query_scalar!(
+        r#"
+        WITH updated AS (
+        UPDATE payments
+           SET status = coalesce($3, status),
+               amount_captured = coalesce($4, amount_captured),
+               amount_refunded = amount_refunded + $5,
+               processor_charge_id = coalesce($6, processor_charge_id),
+               failure_code = coalesce($7, failure_code),
+               failure_message = coalesce($8, failure_message),
+               cancellation_reason = coalesce($9, cancellation_reason),
+               description = CASE WHEN $10 THEN $11 ELSE description END,
+               metadata = coalesce($12, metadata),
+               updated_at = now()
+         WHERE id = $1 AND xmin::text::bigint = $2
+        RETURNING account_id, id
+        ), audit AS (
+            INSERT INTO audit_events (account_id, object_id, action, request_id,
+                                      idempotency_key_id, detail)
+            SELECT account_id, id, $13, $14, $15, $16 FROM updated
+        ), job AS (
+            INSERT INTO jobs (kind, dedupe_key, payload)
+            SELECT $17, $18, $19 FROM updated WHERE $17::text IS NOT NULL
+            ON CONFLICT (kind, dedupe_key) DO NOTHING
+        ), event AS (
+            INSERT INTO events (id, account_id, type, object)
+            SELECT $20, account_id, $21, $22 FROM updated
+            RETURNING id, account_id, type
+        ), deliveries AS (
+            INSERT INTO jobs (kind, dedupe_key, payload)
+            SELECT $23, event.id || ':' || w.id,
+                   jsonb_build_object('event_id', event.id, 'endpoint_id', w.id)
+              FROM event JOIN webhook_endpoints w ON w.account_id = event.account_id
+             WHERE w.status = 'enabled' AND w.deleted_at IS NULL
+               AND (event.type = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+            ON CONFLICT (kind, dedupe_key) DO NOTHING
+        )
+        SELECT idem_commit_fence($24) AS "key_id!" FROM updated
+        "#,
+        id as &PaymentId,
+        version.0,
+        changes.status as Option<PaymentStatus>,
+        changes.amount_captured,
+        changes.refunded_delta,
+        changes.processor_charge_id,
+        changes.failure_code,
+        changes.failure_message,
+        changes.cancellation_reason as Option<CancellationReason>,
+        changes.description.is_some(),
+        changes.description.flatten(),
+        changes.metadata.map(Json) as Option<Json<&BTreeMap<String, String>>>,
+        audit.action,
+        audit.request_id,
+        audit.idempotency_key_id,
+        &audit.detail,
+        job.map(Work::kind) as Option<JobKind>,
+        job.map(Work::dedupe_key),
+        payload,
+        &EventId::generate() as &EventId,
+        event_type as EventType,
+        object,
+        JobKind::Webhook as JobKind,
+        fence as &idem::FenceRecord,
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(key_id)
 }
 
 /// Which side of a cursor a page lies on: the cursor is an object of the list, by its id.
@@ -386,6 +524,7 @@ pub async fn list(
             failure_message: r.failure_message,
             cancellation_reason: r.cancellation_reason,
             created: r.created.unwrap_or_default(),
+            row_version: None,
         }));
     }
     let payments = in_walk_order(payments, positions, before.is_some());
