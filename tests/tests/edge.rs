@@ -153,7 +153,10 @@ async fn readiness_fails_while_the_database_is_unreachable_and_recovers(pool: Pg
     proxy.block();
     let unready = app.send(app.http.get(app.url("/readyz"))).await;
     assert_eq!(unready.status(), 503);
-    assert_eq!(json(unready).await["status"], "unavailable");
+    let unready = json(unready).await;
+    assert_eq!(unready["status"], "unavailable");
+    // Unknown, not "none missing".
+    assert_eq!(unready["checks"]["missing_migrations"], serde_json::Value::Null);
     // Liveness does not depend on the database.
     assert_eq!(app.send(app.http.get(app.url("/healthz"))).await.status(), 200);
 
@@ -204,6 +207,16 @@ async fn readiness_holds_when_the_schema_is_ahead_and_fails_when_one_migration_i
         (Some(next), Some(0))
     );
     assert_eq!(checks["expected_schema_version"].as_i64(), Some(ours));
+
+    // A migration of its own applied with other contents is not its own.
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = '\\x00' WHERE version = $1")
+        .bind(ours)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let edited = app.send(app.http.get(app.url("/readyz"))).await;
+    assert_eq!(edited.status(), 503);
+    assert_eq!(json(edited).await["checks"]["missing_migrations"].as_i64(), Some(1));
 
     // One of this binary's own migrations gone (here: its newest) is "behind", whatever the
     // newest version says.

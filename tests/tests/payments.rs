@@ -459,7 +459,8 @@ async fn ten_concurrent_refunds_of_sixty_percent_let_exactly_one_through(pool: P
 /// row the first phase wrote. A change to the payment while the charge is on its way (a PATCH of
 /// a payment found in the list) makes that statement write nothing, and the phase runs the
 /// general way, from the row as it is: the answer, the stored row and the event all show the
-/// change, and nothing is written twice.
+/// change, and nothing is written twice (the statement that wrote nothing staged no receipt, no
+/// event and no delivery).
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn a_payment_changed_during_its_charge_is_answered_as_it_is(pool: PgPool) {
     let sim = payments_tests::start_sim(processor_sim::FaultConfig {
@@ -467,12 +468,19 @@ async fn a_payment_changed_during_its_charge_is_answered_as_it_is(pool: PgPool) 
         ..Default::default()
     })
     .await;
-    let overrides = [("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str())];
+    let overrides = [
+        ("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str()),
+        ("PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK", "true"),
+    ];
     let app = Arc::new(TestApp::spawn_with(pool.clone(), pool.clone(), &overrides).await);
     let (_, key) = app.create_account("shop").await;
+    let endpoint = json!({"url": "http://127.0.0.1:9/webhooks", "enabled_events": ["*"]});
+    assert_eq!(app.post("/v1/webhook_endpoints", &key, None, &endpoint).await.status(), 201);
+    let body = json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa",
+                      "receipt_email": "buyer@example.com"});
     let creating = {
-        let (app, key) = (app.clone(), key.clone());
-        tokio::spawn(async move { app.post("/v1/payments", &key, Some("k"), &visa(500)).await })
+        let (app, key, body) = (app.clone(), key.clone(), body.clone());
+        tokio::spawn(async move { app.post("/v1/payments", &key, Some("k"), &body).await })
     };
     // The payment is listed, `processing`, while the charge is on its way.
     let mut listed = Value::Null;
@@ -507,14 +515,24 @@ async fn a_payment_changed_during_its_charge_is_answered_as_it_is(pool: PgPool) 
     );
     let stored = json(app.send(app.http.get(app.url(&path)).bearer_auth(&key)).await).await;
     assert_eq!(stored, created);
-    let replayed = json(app.post("/v1/payments", &key, Some("k"), &visa(500)).await).await;
+    let replayed = json(app.post("/v1/payments", &key, Some("k"), &body).await).await;
     assert_eq!(replayed, created);
-    let event: Value =
-        sqlx::query_scalar("SELECT object FROM events WHERE type = 'payment.succeeded'")
-            .fetch_one(&pool)
+    let events: Vec<(String, Value)> =
+        sqlx::query_as("SELECT type, object FROM events ORDER BY seq")
+            .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(event["description"], "changed meanwhile");
+    let succeeded: Vec<&Value> =
+        events.iter().filter(|(kind, _)| kind == "payment.succeeded").map(|(_, o)| o).collect();
+    assert_eq!(succeeded.len(), 1, "{events:?}");
+    assert_eq!(succeeded[0]["description"], "changed meanwhile");
+    let jobs: Vec<(String, i64)> =
+        sqlx::query_as("SELECT kind, count(*) FROM jobs GROUP BY kind ORDER BY kind")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    // One receipt; one delivery per event to the one endpoint.
+    assert_eq!(jobs, [("receipt".to_owned(), 1), ("webhook".to_owned(), events.len() as i64)]);
     let charged: i64 =
         sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE action = 'payment.charged'")
             .fetch_one(&pool)

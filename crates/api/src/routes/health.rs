@@ -47,8 +47,9 @@ pub async fn healthz() -> Json<Value> {
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let known: Vec<i64> = crate::MIGRATOR.iter().map(|m| m.version).collect();
-    let expected = known.iter().copied().max().unwrap_or(0);
+    let known: Vec<(i64, &[u8])> =
+        crate::MIGRATOR.iter().map(|m| (m.version, m.checksum.as_ref())).collect();
+    let expected = known.iter().map(|(version, _)| *version).max().unwrap_or(0);
     let checked = tokio::time::timeout(READY_TIMEOUT, schema(&state.pool, &known)).await;
     let (status, database, schema) = match checked {
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "timed out", Schema::default()),
@@ -59,7 +60,7 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) 
         // A schema ahead of this binary is ready: migrations are applied before the release
         // that needs them starts (README, "Upgrading"), so the release still serving meets the
         // next one's migrations, and they only add what it does not use.
-        Ok(Ok(schema)) if schema.version.is_some() && schema.missing == 0 => {
+        Ok(Ok(schema)) if schema.version.is_some() && schema.missing == Some(0) => {
             (StatusCode::OK, "ok", schema)
         }
         Ok(Ok(schema)) => (StatusCode::SERVICE_UNAVAILABLE, "ok", schema),
@@ -85,26 +86,30 @@ struct Schema {
     /// The newest migration applied (this binary's, or a later release's), `None` when the
     /// database has never been migrated.
     version: Option<i64>,
-    /// How many of this binary's migrations are not applied (successfully).
-    missing: i64,
+    /// How many of this binary's migrations are not applied (successfully, with the same
+    /// checksum: a migration edited since is not this binary's); `None` when the database did
+    /// not say.
+    missing: Option<i64>,
 }
 
-async fn schema(pool: &sqlx::PgPool, known: &[i64]) -> Result<Schema, sqlx::Error> {
+async fn schema(pool: &sqlx::PgPool, known: &[(i64, &[u8])]) -> Result<Schema, sqlx::Error> {
     // The migrations table may not exist yet on a fresh database; that is "not migrated", and
     // the statement must not name the table then (it would not plan).
     let migrated: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
         .fetch_one(pool)
         .await?;
     if !migrated {
-        return Ok(Schema { version: None, missing: known.len() as i64 });
+        return Ok(Schema { version: None, missing: Some(known.len() as i64) });
     }
     sqlx::query_as(
         "SELECT (SELECT max(version) FROM _sqlx_migrations WHERE success) AS version, \
-                (SELECT count(*) FROM unnest($1::bigint[]) AS k(version) \
+                (SELECT count(*) FROM unnest($1::bigint[], $2::bytea[]) AS k(version, checksum) \
                   WHERE NOT EXISTS (SELECT 1 FROM _sqlx_migrations m \
-                                     WHERE m.version = k.version AND m.success)) AS missing",
+                                     WHERE m.version = k.version AND m.checksum = k.checksum \
+                                       AND m.success)) AS missing",
     )
-    .bind(known)
+    .bind(known.iter().map(|(version, _)| *version).collect::<Vec<i64>>())
+    .bind(known.iter().map(|(_, checksum)| checksum.to_vec()).collect::<Vec<Vec<u8>>>())
     .fetch_one(pool)
     .await
 }

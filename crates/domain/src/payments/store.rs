@@ -222,6 +222,7 @@ pub async fn update(
     changes: &Changes<'_>,
     audit: Option<&AuditEvent<'_>>,
 ) -> Result<Payment, DomainError> {
+    // The `SET` is `update_fenced`'s too (and `Changes::apply`'s): change the three together.
     let row = sqlx::query_as!(
         PaymentRow,
         r#"
@@ -330,7 +331,8 @@ pub async fn update_fenced(
     let object: Value =
         serde_json::from_slice(object).map_err(|_| DomainError::Corrupt("an event's object"))?;
     let audit = written.audit;
-    // The same `SET` as `update`'s (which `Changes::apply` mirrors). Every write reads `updated`,
+    // The same `SET` as `update`'s (which `Changes::apply` mirrors; `stored.rs` checks the two,
+    // and a new payment's answer read back byte for byte checks this one, in `payments.rs`). Every write reads `updated`,
     // so a row that moved on (no row there) writes nothing, and the fence is not called. The
     // webhook fan-out is `events::record`'s.
     let key_id = sqlx::query_scalar!(
