@@ -3,6 +3,8 @@
 //! with [`Proxy::recording`], it also reads what the clients send and records every statement the
 //! server is asked to run, as the server receives it.
 
+#![allow(clippy::expect_used)] // test support: a message the tap cannot read fails the test
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -149,20 +151,25 @@ impl Tap {
                 return;
             }
             let at = usize::from(typed);
-            let length =
-                u32::from_be_bytes(self.pending[at..at + 4].try_into().unwrap_or_default());
+            let length = u32::from_be_bytes(
+                self.pending[at..at + 4].try_into().expect("four bytes make a message length"),
+            );
             let total = at + length as usize;
             if self.pending.len() < total {
                 return;
             }
             let message: Vec<u8> = self.pending.drain(..total).collect();
             if !typed {
-                let code = u32::from_be_bytes(message[4..8].try_into().unwrap_or_default());
+                let code = u32::from_be_bytes(
+                    message[4..8].try_into().expect("four bytes make a request code"),
+                );
                 self.started = code != SSL_REQUEST && code != GSS_REQUEST;
                 continue;
             }
             let mut fields = message[5..].split(|byte| *byte == 0).map(String::from_utf8_lossy);
-            let mut next = || fields.next().map(|field| field.into_owned()).unwrap_or_default();
+            let mut next = || {
+                fields.next().map(|field| field.into_owned()).expect("a message names its fields")
+            };
             match message[0] {
                 b'Q' => recorded.push(next()),
                 b'P' => {
@@ -171,10 +178,14 @@ impl Tap {
                 }
                 b'B' => {
                     let portal = next();
-                    let text = self.statements.get(&next()).cloned().unwrap_or_default();
+                    let text = self.statements.get(&next()).cloned();
+                    let text = text.expect("a portal is bound to a statement the client parsed");
                     self.portals.insert(portal, text);
                 }
-                b'E' => recorded.push(self.portals.get(&next()).cloned().unwrap_or_default()),
+                b'E' => {
+                    let text = self.portals.get(&next()).cloned();
+                    recorded.push(text.expect("an execution names a portal the client bound"));
+                }
                 _ => {}
             }
         }

@@ -488,7 +488,6 @@ enum InOne {
 struct ChargedInOne<'a> {
     payment: &'a Payment,
     version: RowVersion,
-    key_id: i64,
     recorded: Recorded<'a>,
     audit: AuditEvent<'a>,
     /// The payment as the statement leaves it.
@@ -506,7 +505,7 @@ impl<'a> ChargedInOne<'a> {
         let recorded = Recorded::of(charge, key);
         let audit = recorded.audit(payment, info);
         let charged = recorded.changes.apply(payment);
-        Self { payment, version, key_id: info.key_id, recorded, audit, charged }
+        Self { payment, version, recorded, audit, charged }
     }
 }
 
@@ -524,7 +523,6 @@ impl OneStatement for ChargedInOne<'_> {
         pool: &PgPool,
         fence: &idem::FenceRecord,
     ) -> Result<(i64, ()), PhaseError<InOne>> {
-        debug_assert_eq!(self.audit.idempotency_key_id, self.key_id);
         let receipt = Recorded::receipt(&self.charged);
         let object = self.charged.to_json();
         let written = Written {

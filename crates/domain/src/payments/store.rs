@@ -332,9 +332,9 @@ pub async fn update_fenced(
         serde_json::from_slice(object).map_err(|_| DomainError::Corrupt("an event's object"))?;
     let audit = written.audit;
     // The same `SET` as `update`'s (which `Changes::apply` mirrors; `stored.rs` checks the two,
-    // and a new payment's answer read back byte for byte checks this one, in `payments.rs`). Every write reads `updated`,
-    // so a row that moved on (no row there) writes nothing, and the fence is not called. The
-    // webhook fan-out is `events::record`'s.
+    // and a new payment's answer read back byte for byte checks this one, in `payments.rs`).
+    // Every write reads `updated`, so a row that moved on (no row there) writes nothing, and the
+    // fence is not called. The webhook fan-out is `events::record`'s.
     let key_id = sqlx::query_scalar!(
         r#"
         WITH updated AS (
