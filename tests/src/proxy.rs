@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -112,18 +113,31 @@ async fn relay(
     }
 }
 
-/// The statements a recording proxy's clients had the server run, in the order it got them.
+/// The statements a recording proxy's clients had the server run, in the order it got them, and
+/// how many times a client checked a connection.
 #[derive(Debug, Clone, Default)]
-pub struct Recorded(Arc<Mutex<Vec<String>>>);
+pub struct Recorded {
+    statements: Arc<Mutex<Vec<String>>>,
+    checks: Arc<AtomicUsize>,
+}
 
 impl Recorded {
     /// The statements recorded since the last call.
     pub fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+        let mut statements =
+            self.statements.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        std::mem::take(&mut *statements)
+    }
+
+    /// The checks of a connection since the last call: a `Sync` with no other message since the
+    /// connection's last `Sync` or simple query, a round trip that runs nothing (sqlx's `ping`,
+    /// which its pool sends when a connection is given back).
+    pub fn take_checks(&self) -> usize {
+        self.checks.swap(0, Ordering::SeqCst)
     }
 
     fn push(&self, statement: String) {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(statement);
+        self.statements.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(statement);
     }
 }
 
@@ -136,6 +150,8 @@ struct Tap {
     started: bool,
     statements: HashMap<String, String>,
     portals: HashMap<String, String>,
+    /// Whether the client sent a message since its last `Sync` or simple query.
+    since_sync: bool,
 }
 
 /// The request codes of the packets that may come before the startup message.
@@ -170,8 +186,12 @@ impl Tap {
             let mut next = || {
                 fields.next().map(|field| field.into_owned()).expect("a message names its fields")
             };
-            match message[0] {
+            let kind = message[0];
+            match kind {
                 b'Q' => recorded.push(next()),
+                b'S' if !self.since_sync => {
+                    recorded.checks.fetch_add(1, Ordering::SeqCst);
+                }
                 b'P' => {
                     let name = next();
                     self.statements.insert(name, next());
@@ -188,6 +208,8 @@ impl Tap {
                 }
                 _ => {}
             }
+            // A simple query or a `Sync` ends what the server answers at once.
+            self.since_sync = !matches!(kind, b'S' | b'Q');
         }
     }
 }

@@ -55,10 +55,17 @@ async fn a_replay_costs_one_statement_and_a_new_payment_two_commits(pool: PgPool
     assert_eq!(first.len(), NEW_PAYMENT.len() + 1, "auth, then as below: {first:#?}");
     assert!(first[0].contains("api_keys") && !first[0].contains("idempotency_keys"), "{first:#?}");
 
+    recorded.take_checks();
     assert_eq!(app.post("/v1/payments", &key, Some("k"), &body).await.status(), 201);
     let new = take(&recorded);
+    let new_checks = recorded.take_checks();
     assert_eq!(app.post("/v1/payments", &key, Some("k"), &body).await.status(), 201);
     let replay = take(&recorded);
+    let replay_checks = recorded.take_checks();
+
+    // No round trip but the statements': no connection is checked when it is given back (the
+    // claim runs on a claim lane, the phases on kept connections).
+    assert_eq!((new_checks, replay_checks), (0, 0), "connection checks of a new payment, a replay");
 
     // One statement: the claim's read, which checks the API key and reads the stored answer,
     // writing nothing.

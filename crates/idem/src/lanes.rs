@@ -27,6 +27,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tracing::Instrument as _;
 
 use crate::error::IdemError;
+use crate::kept::connection_lost;
 use crate::store::{self, Lookup, Seen};
 
 /// Claims waiting for a lane, at most; a request beyond them waits to hand its claim over.
@@ -169,16 +170,4 @@ async fn run_once(
         *connection = None;
     }
     result
-}
-
-/// A failure of the connection rather than of the statement: no answer at all (I/O, protocol),
-/// the server ending the session (SQLSTATE class 08, connection exception, or 57P, the server
-/// shutting down or terminating the backend), or a session that can no longer write (25006,
-/// read-only transaction: the node it reached is a standby now, after a failover, and a new
-/// connection through the same address reaches the new primary).
-fn connection_lost(err: &sqlx::Error) -> bool {
-    match err.as_database_error().and_then(|db| db.code()) {
-        Some(code) => code.starts_with("08") || code.starts_with("57P") || code == "25006",
-        None => err.as_database_error().is_none(),
-    }
 }

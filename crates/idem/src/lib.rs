@@ -138,6 +138,7 @@ mod error;
 pub mod failpoint;
 pub mod fingerprint;
 pub mod inspect;
+mod kept;
 pub mod key;
 mod lanes;
 mod observe;

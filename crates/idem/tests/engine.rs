@@ -408,13 +408,7 @@ async fn claims_survive_their_connections_being_cut(pool: PgPool) {
     for i in 1..=16 {
         h.run(h.acquire(&format!("k{i}")).await).await.unwrap();
     }
-    let cut: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = current_database() AND pid <> pg_backend_pid()",
-    )
-    .fetch_all(&h.pool)
-    .await
-    .unwrap();
+    let cut = h.cut_sessions().await;
     assert!(cut.len() >= 8, "the lanes' connections were open: {cut:?}");
     // The pool checks a connection idle for a second before handing it out again.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -741,7 +735,7 @@ impl OneStatement for ShipInOne {
 
     async fn run(
         &mut self,
-        pool: &PgPool,
+        connection: &mut PgConnection,
         fence: &FenceRecord,
     ) -> Result<(i64, ()), PhaseError<String>> {
         let key_id = sqlx::query_scalar(
@@ -751,7 +745,7 @@ impl OneStatement for ShipInOne {
              SELECT key_id FROM fence",
         )
         .bind(fence)
-        .fetch_one(pool)
+        .fetch_one(connection)
         .await?;
         Ok((key_id, ()))
     }
@@ -785,6 +779,124 @@ async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {
     assert_eq!(h.recovery_point("stalled").await, "order_created");
     let shipment = h.shipment("stalled").await;
     assert_eq!(shipment, None, "the late statement's own write rolled back with its fence");
+}
+
+/// A one-statement phase that reports the server session it ran on, after `pause` in the server.
+struct ShipSlowly {
+    pause: Duration,
+}
+
+impl OneStatement for ShipSlowly {
+    type Point = Point;
+    type Error = String;
+    type Output = i32;
+
+    fn step(&self) -> Step<Point> {
+        Step::Next(Point::Shipped)
+    }
+
+    async fn run(
+        &mut self,
+        connection: &mut PgConnection,
+        fence: &FenceRecord,
+    ) -> Result<(i64, i32), PhaseError<String>> {
+        let (key_id, pid) = sqlx::query_as(
+            "WITH pause AS (SELECT pg_sleep($2)), \
+                  fence AS (SELECT idem_commit_fence($1) AS key_id FROM pause) \
+             SELECT key_id, pg_backend_pid() FROM fence",
+        )
+        .bind(fence)
+        .bind(self.pause.as_secs_f64())
+        .fetch_one(connection)
+        .await?;
+        Ok((key_id, pid))
+    }
+}
+
+impl Harness {
+    /// Ends every server session of this test's database but the asking one, as a restart would:
+    /// whether each was ended.
+    async fn cut_sessions(&self) -> Vec<bool> {
+        sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    /// A key taken to `order_created`, then moved by a one-statement phase: the session it ran on.
+    async fn ship_in_one(&self, key_value: &str) -> i32 {
+        let mut lease = self.acquire(key_value).await;
+        self.operation().step(&mut lease, Point::Started).await.unwrap();
+        lease.phase_in_one(ShipSlowly { pause: Duration::ZERO }).await.unwrap()
+    }
+}
+
+/// One-statement phases run on connections the engine keeps beside the pool, given back as they
+/// are when the statement returned: the next phase runs on the same session.
+#[sqlx::test(migrations = "../../migrations")]
+async fn one_statement_phases_reuse_a_kept_connection(pool: PgPool) {
+    let config = EngineConfig { phase_connections: 1, ..EngineConfig::default() };
+    let h = harness_with(pool, config).await;
+    let first = h.ship_in_one("a").await;
+    assert_eq!(h.ship_in_one("b").await, first);
+
+    // A phase cut off in the middle of its statement (its future dropped) leaves the session
+    // half way through an answer: it is checked, which waits for the rest, and taken back. The
+    // next phase waits for it (one connection is kept) and runs on the same session.
+    let mut lease = h.acquire("cut").await;
+    h.operation().step(&mut lease, Point::Started).await.unwrap();
+    let cut = tokio::time::timeout(
+        Duration::from_millis(100),
+        lease.phase_in_one(ShipSlowly { pause: Duration::from_millis(500) }),
+    )
+    .await;
+    assert!(cut.is_err(), "the phase was cut off");
+    assert_eq!(h.ship_in_one("after").await, first, "the same session, checked and kept");
+    // The cut statement ran to its end in the server: it committed on its own.
+    assert_eq!(h.recovery_point("cut").await, "shipped");
+}
+
+/// When the server ends the kept connections' sessions (a restart), the next one-statement phases
+/// connect again instead of failing on a dead session.
+#[sqlx::test(migrations = "../../migrations")]
+async fn one_statement_phases_survive_their_connections_being_cut(pool: PgPool) {
+    let h = harness(pool).await;
+    let before = h.ship_in_one("before").await;
+    let cut = h.cut_sessions().await;
+    assert!(cut.len() >= 2, "the kept connection and a claim lane's were open: {cut:?}");
+    // A connection idle for a second is checked before it is lent, as the pool's are.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for i in 0..4 {
+        assert_ne!(h.ship_in_one(&format!("after{i}")).await, before, "a new session");
+    }
+}
+
+/// The kept connections close with the pool, as the pool's own do.
+#[sqlx::test(migrations = "../../migrations")]
+async fn kept_connections_close_with_the_pool(pool: PgPool) {
+    let h = harness(pool).await;
+    h.ship_in_one("k").await;
+    let options = h.pool.connect_options();
+    let mut watcher = <PgConnection as sqlx::Connection>::connect_with(&options).await.unwrap();
+    h.pool.close().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&mut watcher)
+        .await
+        .unwrap();
+        if open == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{open} sessions still open");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A new key stored by its first phase with a JSON `null` for its frozen call stores no call, as

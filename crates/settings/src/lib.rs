@@ -159,6 +159,8 @@ pub struct IdempotencySettings {
     pub claim_connections: u32,
     /// The longest a claim statement on those connections runs or waits for a row lock.
     pub claim_timeout_ms: u64,
+    /// Connections kept for one-statement phases, beside the pool; 0: they use the pool.
+    pub phase_connections: u32,
 }
 
 impl IdempotencySettings {
@@ -168,6 +170,7 @@ impl IdempotencySettings {
             lease: Duration::from_millis(self.lease_ms),
             db_retries: self.db_retries,
             claim_connections: self.claim_connections as usize,
+            phase_connections: self.phase_connections as usize,
             claim_timeout: Duration::from_millis(self.claim_timeout_ms),
             ..idem::EngineConfig::default()
         }

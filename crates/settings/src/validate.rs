@@ -156,6 +156,9 @@ impl Settings {
         if self.idempotency.claim_connections > 256 {
             return Err(invalid("idempotency.claim_connections", "must be at most 256".into()));
         }
+        if self.idempotency.phase_connections > 256 {
+            return Err(invalid("idempotency.phase_connections", "must be at most 256".into()));
+        }
         if self.idempotency.retention_hours == 0 {
             return Err(invalid("idempotency.retention_hours", "must be at least 1".into()));
         }

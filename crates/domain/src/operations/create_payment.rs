@@ -10,7 +10,7 @@ use provider::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 
 use super::reconcile::{
     Reconciled, adopt_or_move_on, audit_other_charge, count_reconciliation, plan_of, planned_call,
@@ -387,13 +387,14 @@ impl OneStatement for InsertPayment<'_> {
 
     async fn run(
         &mut self,
-        pool: &PgPool,
+        connection: &mut PgConnection,
         fence: &idem::FenceRecord,
     ) -> Result<(i64, (Payment, RowVersion)), PhaseError<DomainError>> {
         let (account, request_id) = (&self.params.account_id, &self.info.request_id);
         let request = &self.params.request;
         let (key_id, payment, version) =
-            payments::insert_fenced(pool, self.id, account, request_id, request, fence).await?;
+            payments::insert_fenced(connection, self.id, account, request_id, request, fence)
+                .await?;
         Ok((key_id, (payment, version)))
     }
 }
@@ -520,7 +521,7 @@ impl OneStatement for ChargedInOne<'_> {
 
     async fn run(
         &mut self,
-        pool: &PgPool,
+        connection: &mut PgConnection,
         fence: &idem::FenceRecord,
     ) -> Result<(i64, ()), PhaseError<InOne>> {
         let receipt = Recorded::receipt(&self.charged);
@@ -531,7 +532,7 @@ impl OneStatement for ChargedInOne<'_> {
             event: (self.recorded.event, &object),
         };
         let (id, version, changes) = (&self.payment.id, self.version, &self.recorded.changes);
-        match payments::update_fenced(pool, id, version, changes, &written, fence).await {
+        match payments::update_fenced(connection, id, version, changes, &written, fence).await {
             Ok(Some(key_id)) => Ok((key_id, ())),
             Ok(None) => Err(PhaseError::Operation(InOne::Moved)),
             Err(DomainError::Database(err)) => Err(PhaseError::Database(err)),

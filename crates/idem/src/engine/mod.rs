@@ -21,6 +21,7 @@ use payments_backoff::{Backoff, Jitter};
 use sqlx::PgPool;
 
 use crate::error::{IdemError, is_retryable};
+use crate::kept::Kept;
 use crate::lanes::Lanes;
 use crate::observe::{Event, Observer};
 
@@ -62,6 +63,9 @@ pub struct EngineConfig {
     /// Connections the engine keeps for the claim statement, beside the pool (`lanes.rs`); 0
     /// runs claims on the pool instead.
     pub claim_connections: usize,
+    /// Connections the engine keeps for one-statement phases, beside the pool (`kept.rs`): given
+    /// back without the pool's check when the statement returned; 0 runs them on the pool.
+    pub phase_connections: usize,
     /// How long the downstream service remembers the idempotency keys we send it (Stripe: 24 h),
     /// less a margin. An unfinished key older than this is never driven again by anyone, neither
     /// a retry nor a takeover nor the completer, because a call made now could act a second time;
@@ -81,6 +85,7 @@ impl Default for EngineConfig {
             retry_base: Duration::from_secs(1),
             retry_cap: Duration::from_secs(300),
             claim_connections: 8,
+            phase_connections: 8,
             processor_window: Some(Duration::from_secs(20 * 3600)),
             claim_timeout: Duration::from_secs(2),
         }
@@ -133,6 +138,8 @@ pub struct Engine {
     /// Started on the first claim, so that an engine that never claims (the worker's) opens no
     /// connections for it.
     lanes: Arc<OnceLock<Lanes>>,
+    /// Started on the first one-statement phase, likewise.
+    kept: Arc<OnceLock<Arc<Kept>>>,
     /// The leases this process holds, so that a shutdown can give back those it cannot finish
     /// (`release_held`). A lease leaves when it is dropped.
     held: Arc<Mutex<Held>>,
@@ -152,6 +159,7 @@ impl Engine {
             config: Arc::new(config),
             observer,
             lanes: Arc::default(),
+            kept: Arc::default(),
             held: Arc::default(),
         }
     }
@@ -172,6 +180,13 @@ impl Engine {
         (count > 0).then(|| {
             self.lanes.get_or_init(|| Lanes::start(&self.pool, count, self.config.claim_timeout))
         })
+    }
+
+    /// The connections kept for one-statement phases, started on first use; `None` when those
+    /// phases use the pool.
+    fn kept(&self) -> Option<&Arc<Kept>> {
+        let count = self.config.phase_connections;
+        (count > 0).then(|| self.kept.get_or_init(|| Kept::start(&self.pool, count)))
     }
 
     /// Runs `statement` again on retryable errors, a bounded number of times.

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use tracing::Instrument;
 
 use super::lease::Lease;
@@ -238,7 +238,7 @@ pub trait OneStatement: Send {
     /// once, as [`Phase::run`].
     fn run(
         &mut self,
-        pool: &PgPool,
+        connection: &mut PgConnection,
         fence: &FenceRecord,
     ) -> impl Future<Output = Result<(i64, Self::Output), PhaseError<Self::Error>>> + Send;
 }
@@ -320,7 +320,7 @@ impl Lease {
                 if self.finished.is_some() {
                     return Err(PhaseError::LeaseLost);
                 }
-                match statement.run(&self.engine.pool, &fence).await {
+                match self.run_in_one(&mut statement, &fence).await {
                     Ok((key_id, made)) if key_id == self.key_id => Ok((step.clone(), made)),
                     Ok(_) => Err(PhaseError::Database(sqlx::Error::Protocol(
                         "a one-statement phase did not return its fence's key".into(),
@@ -335,6 +335,25 @@ impl Lease {
                 return settled.map(|(_, made)| made);
             }
         }
+    }
+
+    /// Sends the statement once, on a kept connection (`kept.rs`) or a pooled one.
+    async fn run_in_one<S: OneStatement>(
+        &self,
+        statement: &mut S,
+        fence: &FenceRecord,
+    ) -> Result<(i64, S::Output), PhaseError<S::Error>> {
+        let Some(kept) = self.engine.kept() else {
+            let mut pooled = self.engine.pool.acquire().await?;
+            return statement.run(&mut pooled, fence).await;
+        };
+        let mut lent = kept.lend().await?;
+        let sent = statement.run(lent.connection(), fence).await;
+        lent.give_back(match &sent {
+            Err(PhaseError::Database(err)) => Some(err),
+            _ => None,
+        });
+        sent
     }
 
     fn phase_span(&self) -> tracing::Span {
