@@ -146,7 +146,7 @@ async fn a_key_row_held_by_a_stuck_transaction_blocks_no_other_accounts_claims(p
         .await
         .unwrap();
 
-    // More retries of that key than there are claim lanes, and another account's payments.
+    // More retries of that key than there are claim connections, and another account's payments.
     let retry = |_| {
         let request = http
             .post(app.url("/v1/payments"))
@@ -167,7 +167,7 @@ async fn a_key_row_held_by_a_stuck_transaction_blocks_no_other_accounts_claims(p
     }
     for (status, took) in creates {
         assert_eq!(status, 201);
-        // At most two rounds of lanes held by the claim timeout (500 ms), beyond its normal time.
+        // At most two rounds of claim connections held by the claim timeout (500 ms), beyond its normal time.
         let bound = normal + Duration::from_millis(2 * 500 + 500);
         assert!(took < bound, "another account's payment took {took:?} (normally {normal:?})");
     }

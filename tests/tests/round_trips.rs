@@ -64,7 +64,7 @@ async fn a_replay_costs_one_statement_and_a_new_payment_two_commits(pool: PgPool
     let replay_checks = recorded.take_checks();
 
     // No round trip but the statements': no connection is checked when it is given back (the
-    // claim runs on a claim lane, the phases on kept connections).
+    // claim and the phases run on connections the engine keeps).
     assert_eq!((new_checks, replay_checks), (0, 0), "connection checks of a new payment, a replay");
 
     // One statement: the claim's read, which checks the API key and reads the stored answer,

@@ -387,7 +387,7 @@ enum Ran {
     Claimed(Claim),
 }
 
-/// `503 service_unavailable`: the claim gave up waiting (for a claim lane, or for the key's row
+/// `503 service_unavailable`: the claim gave up waiting (for a claim connection, or for the key's row
 /// held by another transaction); nothing was stored.
 fn claim_timed_out() -> ApiError {
     ApiError::new(

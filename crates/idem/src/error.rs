@@ -22,7 +22,7 @@ pub enum IdemError {
 }
 
 impl IdemError {
-    /// Whether the engine gave up waiting rather than failed: no connection or claim lane within
+    /// Whether the engine gave up waiting rather than failed: no connection (pooled or kept) within
     /// the acquire timeout, or a statement stopped by `lock_timeout` (55P03) or
     /// `statement_timeout` (57014). Nothing was stored; the request may be retried at once.
     pub fn timed_out(&self) -> bool {

@@ -44,13 +44,14 @@ pub(crate) struct Kept {
 }
 
 impl Kept {
-    /// Keeps up to `count` connections made with the pool's options, connected on first use.
-    /// Must be called within a Tokio runtime: a task closes the idle ones when the pool closes.
-    pub(crate) fn start(pool: &PgPool, count: usize) -> Arc<Self> {
+    /// Keeps up to `count` connections made with `options` (the pool's, or the pool's with
+    /// settings of their own), connected on first use. Must be called within a Tokio runtime: a
+    /// task closes the idle ones when the pool closes.
+    pub(crate) fn start(pool: &PgPool, count: usize, options: PgConnectOptions) -> Arc<Self> {
         let kept = Arc::new(Self {
             idle: Mutex::new(Vec::with_capacity(count)),
             permits: Arc::new(Semaphore::new(count)),
-            options: (*pool.connect_options()).clone(),
+            options,
             acquire_timeout: pool.options().get_acquire_timeout(),
             pool: pool.clone(),
         });
@@ -91,13 +92,14 @@ impl Kept {
             }
             None => None,
         };
+        let reused = checked.is_some();
         let connection = match checked {
             Some(connection) => connection,
             None => tokio::time::timeout_at(deadline, self.options.connect())
                 .await
                 .map_err(|_| sqlx::Error::PoolTimedOut)??,
         };
-        Ok(Lent { connection: Some(connection), kept: self.clone(), permit: Some(permit) })
+        Ok(Lent { connection: Some(connection), reused, kept: self.clone(), permit: Some(permit) })
     }
 
     fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<(PgConnection, Instant)>> {
@@ -120,6 +122,8 @@ impl Kept {
 #[derive(Debug)]
 pub(crate) struct Lent {
     connection: Option<PgConnection>,
+    /// Whether the connection had been lent before (not made for this statement).
+    reused: bool,
     kept: Arc<Kept>,
     permit: Option<OwnedSemaphorePermit>,
 }
@@ -130,6 +134,12 @@ impl Lent {
         self.connection
             .as_mut()
             .unwrap_or_else(|| unreachable!("a lent connection is present until given back"))
+    }
+
+    /// Whether the connection had served an earlier statement: one that fails as a connection
+    /// may have been ended by the server while it sat idle (a restart within the last second).
+    pub(crate) fn reused(&self) -> bool {
+        self.reused
     }
 
     /// The statement returned, with `error` if it failed: the connection goes back as it is,

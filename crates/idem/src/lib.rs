@@ -125,8 +125,8 @@
 //!
 //! A replay, a mismatch and a key in use cost one statement (`read`), which can also check the
 //! request's API key (`ClaimRequest::credential`) on the way and writes nothing; it runs on
-//! connections the engine keeps for it (`lanes.rs`), which spares the pool's check of a returned
-//! connection. A new key costs that read and no commit of its own: its first phase stores it. A
+//! connections the engine keeps for it (`kept.rs`), which spares the pool's check of a returned
+//! connection; so do one-statement phases, on connections of their own. A new key costs that read and no commit of its own: its first phase stores it. A
 //! phase is one transaction with the caller's statements plus the fence (`idem_advance` or
 //! `idem_finish`, one statement; a new key's first phase adds one more, the key's insert), or,
 //! with [`Lease::phase_in_one`], a single statement of the caller's that calls the fence itself
@@ -140,7 +140,6 @@ pub mod fingerprint;
 pub mod inspect;
 mod kept;
 pub mod key;
-mod lanes;
 mod observe;
 mod response;
 mod store;

@@ -1,6 +1,7 @@
 //! Claims: a request's claim of a key (a read, and a takeover when the key is free), the
 //! completer's `take_due`, and the reaper.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -11,6 +12,7 @@ use super::lease::{Lease, NewKey};
 use super::{Engine, STARTED};
 use crate::error::IdemError;
 use crate::fingerprint::Fingerprint;
+use crate::kept::{Kept, connection_lost};
 use crate::key::IdempotencyKey;
 use crate::observe::Event;
 use crate::response::StoredResponse;
@@ -76,6 +78,30 @@ impl Engine {
         self.claim_inner(request).instrument(span).await
     }
 
+    /// Runs the claim's read on a kept connection. One that had served before and fails as a
+    /// connection (the server ended its session while it sat idle: a restart) is closed, and the
+    /// read is sent again, on the next kept connection or a new one: safe, because the statement
+    /// only reads (an id it reserved from the sequence is simply not used).
+    async fn read_on(&self, kept: &Arc<Kept>, lookup: &Lookup) -> Result<Seen, IdemError> {
+        let mut tries = 0;
+        loop {
+            let mut lent = kept.lend().await?;
+            let reused = lent.reused();
+            let read = store::read(lent.connection(), lookup).await;
+            let failed = match &read {
+                Err(IdemError::Database(err)) => Some(err),
+                _ => None,
+            };
+            let lost = failed.is_some_and(connection_lost);
+            lent.give_back(failed);
+            if !(lost && reused) || tries >= self.config.claim_connections {
+                return read;
+            }
+            tries += 1;
+            tracing::debug!("a claim connection was ended by the server; sending the claim again");
+        }
+    }
+
     async fn claim_inner(&self, request: &ClaimRequest<'_>) -> Result<Claim, IdemError> {
         let lookup = Lookup {
             account_id: request.account_id.to_owned(),
@@ -83,8 +109,8 @@ impl Engine {
             key: request.key.as_str().to_owned(),
         };
         for _ in 0..=self.config.db_retries {
-            let seen = match self.lanes() {
-                Some(lanes) => self.retrying(|| lanes.read(lookup.clone())).await?,
+            let seen = match self.claim_connections() {
+                Some(kept) => self.retrying(|| self.read_on(kept, &lookup)).await?,
                 None => self.retrying(|| store::read(&self.pool, &lookup)).await?,
             };
             let row = match seen {
@@ -151,7 +177,7 @@ impl Engine {
             let token = Uuid::new_v4();
             let taken = self
                 .retrying(|| async {
-                    // Bounded like a claim lane's statement: the row may be held by a stuck
+                    // Bounded like a claim connection's: the row may be held by a stuck
                     // transaction that updated it after the claim read it.
                     let mut tx = self.pool.begin().await?;
                     store::bound_waits(&mut tx, self.config.claim_timeout_ms()).await?;

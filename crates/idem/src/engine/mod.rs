@@ -22,7 +22,6 @@ use sqlx::PgPool;
 
 use crate::error::{IdemError, is_retryable};
 use crate::kept::Kept;
-use crate::lanes::Lanes;
 use crate::observe::{Event, Observer};
 
 pub use claim::{Claim, ClaimRequest, Due, Reaped};
@@ -60,8 +59,8 @@ pub struct EngineConfig {
     pub retry_base: Duration,
     /// Longest delay before the completer retries a released key.
     pub retry_cap: Duration,
-    /// Connections the engine keeps for the claim statement, beside the pool (`lanes.rs`); 0
-    /// runs claims on the pool instead.
+    /// Connections the engine keeps for the claim statement, beside the pool (`kept.rs`), with
+    /// their waits bounded by `claim_timeout`; 0 runs claims on the pool instead.
     pub claim_connections: usize,
     /// Connections the engine keeps for one-statement phases, beside the pool (`kept.rs`): given
     /// back without the pool's check when the statement returned; 0 runs them on the pool.
@@ -71,9 +70,9 @@ pub struct EngineConfig {
     /// a retry nor a takeover nor the completer, because a call made now could act a second time;
     /// it is flagged for a person. `None`: no such window.
     pub processor_window: Option<Duration>,
-    /// The longest a claim statement may run or wait for a row lock on a claim lane
+    /// The longest a claim statement may run or wait for a row lock on a claim connection
     /// (`statement_timeout`, `lock_timeout`): a key row held by a stuck transaction must not
-    /// hold a lane, and every request queued behind it, for ever.
+    /// hold a claim connection, and every request waiting for one, for ever.
     pub claim_timeout: Duration,
 }
 
@@ -135,11 +134,11 @@ pub struct Engine {
     pool: PgPool,
     config: Arc<EngineConfig>,
     observer: Arc<dyn Observer>,
-    /// Started on the first claim, so that an engine that never claims (the worker's) opens no
-    /// connections for it.
-    lanes: Arc<OnceLock<Lanes>>,
+    /// The connections kept for claims, started on the first claim, so that an engine that
+    /// never claims (the worker's) opens no connections for it.
+    claims: Arc<OnceLock<Arc<Kept>>>,
     /// Started on the first one-statement phase, likewise.
-    kept: Arc<OnceLock<Arc<Kept>>>,
+    phases: Arc<OnceLock<Arc<Kept>>>,
     /// The leases this process holds, so that a shutdown can give back those it cannot finish
     /// (`release_held`). A lease leaves when it is dropped.
     held: Arc<Mutex<Held>>,
@@ -158,8 +157,8 @@ impl Engine {
             pool,
             config: Arc::new(config),
             observer,
-            lanes: Arc::default(),
-            kept: Arc::default(),
+            claims: Arc::default(),
+            phases: Arc::default(),
             held: Arc::default(),
         }
     }
@@ -174,19 +173,31 @@ impl Engine {
         &self.config
     }
 
-    /// The claim lanes, started on first use; `None` when claims use the pool.
-    fn lanes(&self) -> Option<&Lanes> {
+    /// The connections kept for claims, started on first use; `None` when claims use the pool.
+    /// Their sessions bound every statement and lock wait by `claim_timeout`.
+    fn claim_connections(&self) -> Option<&Arc<Kept>> {
         let count = self.config.claim_connections;
         (count > 0).then(|| {
-            self.lanes.get_or_init(|| Lanes::start(&self.pool, count, self.config.claim_timeout))
+            self.claims.get_or_init(|| {
+                let bound = format!("{}ms", self.config.claim_timeout_ms());
+                let options = (*self.pool.connect_options()).clone().options([
+                    ("lock_timeout", bound.as_str()),
+                    ("statement_timeout", bound.as_str()),
+                ]);
+                Kept::start(&self.pool, count, options)
+            })
         })
     }
 
     /// The connections kept for one-statement phases, started on first use; `None` when those
     /// phases use the pool.
-    fn kept(&self) -> Option<&Arc<Kept>> {
+    fn phase_connections(&self) -> Option<&Arc<Kept>> {
         let count = self.config.phase_connections;
-        (count > 0).then(|| self.kept.get_or_init(|| Kept::start(&self.pool, count)))
+        (count > 0).then(|| {
+            self.phases.get_or_init(|| {
+                Kept::start(&self.pool, count, (*self.pool.connect_options()).clone())
+            })
+        })
     }
 
     /// Runs `statement` again on retryable errors, a bounded number of times.

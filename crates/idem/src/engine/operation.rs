@@ -343,7 +343,7 @@ impl Lease {
         statement: &mut S,
         fence: &FenceRecord,
     ) -> Result<(i64, S::Output), PhaseError<S::Error>> {
-        let Some(kept) = self.engine.kept() else {
+        let Some(kept) = self.engine.phase_connections() else {
             let mut pooled = self.engine.pool.acquire().await?;
             return statement.run(&mut pooled, fence).await;
         };
