@@ -2,13 +2,14 @@
 //!
 //! `IdempotentPost` takes a money-moving POST apart in the contract's order; `RequiredKey` parses
 //! the `Idempotency-Key` header (400 when missing or malformed). `Runner::run`
-//! fingerprints the request and, on a task of its own, claims the key and either replays the
-//! stored answer (with `Idempotent-Replayed: true`), refuses (409 with `Retry-After`, 422), or
-//! runs the operation. axum drops a handler's future when the client hangs up: a claim cut off
-//! after the database granted its lease would leave the key leased to nobody until the lease
-//! expired, and an operation cut off halfway likewise. The task claims, and finishes the phase it
-//! is in, whatever the client does; graceful shutdown waits for it, and gives back at their
-//! recovery points the leases of tasks it cannot wait for.
+//! fingerprints the request and reads the key's claim, which either replays the stored answer
+//! (with `Idempotent-Replayed: true`), refuses (409 with `Retry-After`, 422), or finds the key open
+//! to this request; then, on a task of its own, it takes the key and runs the operation. axum
+//! drops a handler's future when the client hangs up: the claim's read writes nothing, so it may
+//! be cut off, but a takeover cut off after the database granted its lease would leave the key
+//! leased to nobody until the lease expired, and an operation cut off halfway likewise. The task
+//! takes the key, and finishes the phase it is in, whatever the client does; graceful shutdown
+//! waits for it, and gives back at their recovery points the leases of tasks it cannot wait for.
 
 use axum::body::Body;
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -16,8 +17,8 @@ use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use idem::{
-    Claim, ClaimRequest, Engine, Fingerprint, IdempotencyKey, Interrupted, Operation, RequestParts,
-    StoredResponse, TransientKind,
+    Claim, ClaimRequest, Engine, Fingerprint, IdempotencyKey, Interrupted, Operation, Read,
+    RequestParts, StoredResponse, TransientKind,
 };
 use payments_domain::AccountId;
 use payments_domain::operations::PaymentOperation;
@@ -276,8 +277,9 @@ impl Runner {
         &self.engine
     }
 
-    /// Claims the key and answers: a replay, a refusal, or the operation's own answer. The claim
-    /// and the operation run on a task that outlives the request.
+    /// Claims the key and answers: a replay, a refusal, or the operation's own answer. The
+    /// claim's read runs here; taking the key and the operation run on a task that outlives the
+    /// request.
     pub async fn run<O: Operation + 'static>(
         &self,
         attempt: Attempt<'_>,
@@ -303,12 +305,32 @@ impl Runner {
             params: attempt.params.clone(),
         };
         let engine = self.engine.clone();
+        // The claim's read runs on the request's own task: it writes nothing, so a client that
+        // hangs up meanwhile leaves nothing behind, and a replay or a refusal is answered without
+        // a task of its own. A key this request may take is taken on the task.
+        let open = match engine.read_claim(&owned.request()).await {
+            Ok(Read::Decided(claim)) => return claimed(claim, attempt.key),
+            Ok(Read::Open(open)) => open,
+            Err(err) if err.timed_out() => return Err(claim_timed_out()),
+            Err(err) => return Err(ApiError::internal(&err)),
+        };
         let task = self.tasks.spawn(
             async move {
+                let mut open = Some(open);
                 // A new key's first phase can find that another request stored the key first;
                 // claiming again then reads it (stored now, so at most once more).
                 for _ in 0..2 {
-                    let lease = match engine.claim(&owned.request()).await? {
+                    let request = owned.request();
+                    let taken = match open.take() {
+                        Some(open) => engine.take(open, &request).await?,
+                        None => None,
+                    };
+                    // Taken by another request between the read and the take: claim again.
+                    let claim = match taken {
+                        Some(claim) => claim,
+                        None => engine.claim(&request).await?,
+                    };
+                    let lease = match claim {
                         Claim::Acquired(lease) => lease,
                         other => return Ok(Ran::Claimed(other)),
                     };
@@ -321,31 +343,34 @@ impl Runner {
             }
             .in_current_span(),
         );
-        let claim = match task.await {
-            Ok(Ok(Ran::Driven(Ok(stored)))) => return Ok(stored_response(stored, false)),
-            Ok(Ok(Ran::Driven(Err(interrupted)))) => return Err(interrupted_error(interrupted)),
-            Ok(Ok(Ran::Claimed(claim))) => claim,
-            Ok(Err(err)) if err.timed_out() => return Err(claim_timed_out()),
-            Ok(Err(err)) => return Err(ApiError::internal(&err)),
-            Err(join_error) => return Err(ApiError::internal(&join_error)),
-        };
-        match claim {
-            // Driven on the task above.
-            Claim::Acquired(_) => Err(ApiError::internal(&std::io::Error::other(
-                "a claimed lease came back undriven",
-            ))),
-            Claim::Replay(stored) => Ok(stored_response(stored, true)),
-            Claim::InUse => Err(in_use()),
-            Claim::Mismatch { method, path } => Err(ApiError::new(
-                ProblemCode::IdempotencyKeyReused,
-                format!(
-                    "The key '{}' was first used for {method} {path} with different parameters.",
-                    attempt.key
-                ),
-            )),
-            Claim::Unauthenticated => Err(invalid_api_key()),
-            Claim::NeedsHuman => Err(needs_review()),
+        match task.await {
+            Ok(Ok(Ran::Driven(Ok(stored)))) => Ok(stored_response(stored, false)),
+            Ok(Ok(Ran::Driven(Err(interrupted)))) => Err(interrupted_error(interrupted)),
+            Ok(Ok(Ran::Claimed(claim))) => claimed(claim, attempt.key),
+            Ok(Err(err)) if err.timed_out() => Err(claim_timed_out()),
+            Ok(Err(err)) => Err(ApiError::internal(&err)),
+            Err(join_error) => Err(ApiError::internal(&join_error)),
         }
+    }
+}
+
+/// The answer to a claim decided without a lease.
+fn claimed(claim: Claim, key: &IdempotencyKey) -> Result<Response, ApiError> {
+    match claim {
+        // Driven on the request's task.
+        Claim::Acquired(_) => {
+            Err(ApiError::internal(&std::io::Error::other("a claimed lease came back undriven")))
+        }
+        Claim::Replay(stored) => Ok(stored_response(stored, true)),
+        Claim::InUse => Err(in_use()),
+        Claim::Mismatch { method, path } => Err(ApiError::new(
+            ProblemCode::IdempotencyKeyReused,
+            format!(
+                "The key '{key}' was first used for {method} {path} with different parameters."
+            ),
+        )),
+        Claim::Unauthenticated => Err(invalid_api_key()),
+        Claim::NeedsHuman => Err(needs_review()),
     }
 }
 

@@ -146,7 +146,7 @@ mod store;
 
 pub use engine::{
     Claim, ClaimRequest, Due, Engine, EngineConfig, FINISHED, Interrupted, Lease, OneStatement,
-    Operation, Phase, Reaped, RecoveryPoint, STARTED, Step, TransientKind, drive,
+    Open, Operation, Phase, Read, Reaped, RecoveryPoint, STARTED, Step, TransientKind, drive,
 };
 pub use error::{IdemError, PhaseError, is_retryable};
 pub use failpoint::failpoint;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem::{
     Claim, ClaimRequest, Engine, EngineConfig, Event, FenceRecord, Fingerprint, IdempotencyKey,
-    Interrupted, Lease, Observer, OneStatement, Operation, Phase, PhaseError, RecoveryPoint,
+    Interrupted, Lease, Observer, OneStatement, Operation, Phase, PhaseError, Read, RecoveryPoint,
     RequestParts, Step, StoredResponse, TransientKind, drive,
 };
 use serde_json::{Value, json};
@@ -383,6 +383,33 @@ async fn a_claim_checks_the_credential_it_is_given_in_the_same_statement(pool: P
         Claim::Replay(replayed) => assert_eq!(replayed, first),
         other => panic!("expected a replay, got {other:?}"),
     }
+}
+
+/// A claim in two halves, as the API makes it: the read decides a replay or a refusal on its own
+/// and writes nothing; a key it finds open is taken by `take`, which answers `None` when another
+/// request took the key between the read and the take.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_claims_read_decides_alone_and_its_take_can_miss(pool: PgPool) {
+    let h = harness(pool).await;
+    let (body, keys) = (json!({"item": "book"}), ["done", "stalled"].map(key));
+    let [done, stalled] = keys.each_ref().map(|key| order_claim("acct_1", key, &body));
+    let first = h.run(h.acquire("done").await).await.unwrap();
+    match h.engine.read_claim(&done).await.unwrap() {
+        Read::Decided(Claim::Replay(replayed)) => assert_eq!(replayed, first),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+
+    // An unfinished key whose holder's lease ran out: two requests read it open.
+    let mut lease = h.acquire("stalled").await;
+    h.operation().step(&mut lease, Point::Started).await.unwrap();
+    h.expire_lease("stalled").await;
+    let Read::Open(one) = h.engine.read_claim(&stalled).await.unwrap() else { panic!("open") };
+    let Read::Open(other) = h.engine.read_claim(&stalled).await.unwrap() else { panic!("open") };
+    let taken = h.engine.take(one, &stalled).await.unwrap();
+    assert!(matches!(taken, Some(Claim::Acquired(_))), "{taken:?}");
+    let missed = h.engine.take(other, &stalled).await.unwrap();
+    assert!(missed.is_none(), "the second take missed: {missed:?}");
+    assert!(matches!(h.engine.claim(&stalled).await.unwrap(), Claim::InUse));
 }
 
 #[sqlx::test(migrations = "../../migrations")]

@@ -70,12 +70,70 @@ pub enum Claim {
     Unauthenticated,
 }
 
+/// What a claim's read found ([`Engine::read_claim`]).
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // matched at once by the caller, as `Claim`
+pub enum Read {
+    /// The claim is decided without a lease: a replay or a refusal (never `Claim::Acquired`).
+    Decided(Claim),
+    /// A new key, or an unfinished one whose lease is free or expired: [`Engine::take`] takes it.
+    Open(Open),
+}
+
+/// A key a claim's read found open to the request; [`Engine::take`] takes it.
+#[derive(Debug)]
+pub struct Open(Opening);
+
+#[derive(Debug)]
+enum Opening {
+    /// No such key: the id reserved for it.
+    New(i64),
+    /// An unfinished key, as read.
+    Stored(Box<store::KeyRow>),
+}
+
 impl Engine {
     /// Claims a key: one round trip for a new key, a replay, a mismatch or a key in use; a
-    /// second one to take over an unfinished key whose lease is free or expired.
+    /// second one to take over an unfinished key whose lease is free or expired. The same as
+    /// [`Engine::read_claim`] and then [`Engine::take`], reading again when the take missed.
     pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, IdemError> {
         let span = tracing::debug_span!("idem.claim", operation = request.operation);
-        self.claim_inner(request).instrument(span).await
+        async {
+            for _ in 0..=self.config.db_retries {
+                match self.read_key(request).await? {
+                    Read::Decided(claim) => return Ok(claim),
+                    Read::Open(open) => {
+                        if let Some(claim) = self.take_key(open, request).await? {
+                            return Ok(claim);
+                        }
+                    }
+                }
+            }
+            Err(IdemError::Contended)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// A claim's first half: one statement that reads the key (checking the credential on the
+    /// way) and writes nothing, so that a caller may run it where it can be cut off (a request's
+    /// own task, which a client hanging up cancels) and take the key with [`Engine::take`] where
+    /// it cannot. A replay, a mismatch, a key in use cost this alone.
+    pub async fn read_claim(&self, request: &ClaimRequest<'_>) -> Result<Read, IdemError> {
+        let span = tracing::debug_span!("idem.claim", operation = request.operation);
+        self.read_key(request).instrument(span).await
+    }
+
+    /// A claim's second half: takes the key its read found open, new (no statement: the first
+    /// phase stores it) or unfinished (the takeover's compare-and-swap). `None` when another
+    /// request took or finished the key between the read and the take: claim again.
+    pub async fn take(
+        &self,
+        open: Open,
+        request: &ClaimRequest<'_>,
+    ) -> Result<Option<Claim>, IdemError> {
+        let span = tracing::debug_span!("idem.claim", operation = request.operation);
+        self.take_key(open, request).instrument(span).await
     }
 
     /// Runs the claim's read on a kept connection. One that had served before and fails as a
@@ -102,128 +160,139 @@ impl Engine {
         }
     }
 
-    async fn claim_inner(&self, request: &ClaimRequest<'_>) -> Result<Claim, IdemError> {
+    async fn read_key(&self, request: &ClaimRequest<'_>) -> Result<Read, IdemError> {
         let lookup = Lookup {
             account_id: request.account_id.to_owned(),
             credential: request.credential.map(<[u8]>::to_vec),
             key: request.key.as_str().to_owned(),
         };
-        for _ in 0..=self.config.db_retries {
-            let seen = match self.claim_connections() {
-                Some(kept) => self.retrying(|| self.read_on(kept, &lookup)).await?,
-                None => self.retrying(|| store::read(&self.pool, &lookup)).await?,
-            };
-            let row = match seen {
-                Seen::Key(row) => row,
-                Seen::Unauthenticated => return Ok(Claim::Unauthenticated),
-                // A new key: nothing is stored until the first phase commits, which inserts the
-                // key with its own writes (`Lease::phase`, `Lease::phase_in_one`). The lease is
-                // this request's alone until then, because no one else can see it.
-                Seen::Absent(reserved) => {
-                    self.observer.event(Event::Claimed);
-                    let new = NewKey {
-                        account_id: request.account_id.to_owned(),
-                        key: request.key.as_str().to_owned(),
-                        fingerprint: request.fingerprint,
-                        method: request.method.to_owned(),
-                        path: request.path.to_owned(),
-                    };
-                    let lease = Lease {
-                        engine: self.clone(),
-                        key_id: reserved,
-                        token: Uuid::new_v4(),
-                        point: STARTED.to_owned(),
-                        attempts: 1,
-                        operation: request.operation.to_owned(),
-                        params: request.params.clone(),
-                        request_id: request.request_id.to_owned(),
-                        finished: None,
-                        just_planned: None,
-                        new: Some(Box::new(new)),
-                    };
-                    // A process that is stopping takes no new work (`release_held`).
-                    if !self.hold(lease.key_id, lease.token) {
-                        return Ok(Claim::InUse);
-                    }
-                    return Ok(Claim::Acquired(lease));
-                }
-            };
-            if row.fingerprint != request.fingerprint.as_bytes() {
-                self.observer.event(Event::Mismatch);
-                return Ok(Claim::Mismatch { method: row.request_method, path: row.request_path });
-            }
-            if let Some(response) = row.response {
-                self.observer.event(Event::Replayed);
-                return Ok(Claim::Replay(response));
-            }
-            if row.needs_human {
-                return Ok(Claim::NeedsHuman);
-            }
-            if row.lease_active {
-                self.observer.event(Event::InUse);
-                return Ok(Claim::InUse);
-            }
-            // Unfinished, so the read sent the operation's input.
-            let params = row
-                .request_params
-                .clone()
-                .ok_or(IdemError::Corrupt("an unfinished key read without its input"))?;
-            // The stall tests stop here, between reading the row and taking it over.
-            crate::failpoint(|| "idem.claim.before_take_over".to_owned()).await;
-            // Counted until the lease is recorded as held, so that a shutdown meanwhile waits
-            // for it and gives it back; a process that is stopping takes nothing over.
-            let Some(_granting) = self.granting() else { return Ok(Claim::InUse) };
-            let (window_ms, lease_ms) = (self.config.window_ms(), self.config.lease_ms());
-            let token = Uuid::new_v4();
-            let taken = self
-                .retrying(|| async {
-                    // Bounded like a claim connection's: the row may be held by a stuck
-                    // transaction that updated it after the claim read it.
-                    let mut tx = self.pool.begin().await?;
-                    store::bound_waits(&mut tx, self.config.claim_timeout_ms()).await?;
-                    let owner = row.owner_token;
-                    let taken = store::take_over(
-                        &mut *tx,
-                        row.id,
-                        owner,
-                        token,
-                        lease_ms,
-                        request.request_id,
-                        window_ms,
-                    )
-                    .await?;
-                    tx.commit().await?;
-                    Ok(taken)
-                })
-                .await?;
-            match taken {
-                store::TakeOver::Taken(point, attempts) => {
-                    let event =
-                        if row.owner_token.is_some() { Event::TookOver } else { Event::Resumed };
-                    self.observer.event(event);
-                    tracing::info!(key_id = row.id, recovery_point = %point, attempts, ?event, "resuming an idempotency key");
-                    let Some(lease) =
-                        self.lease(row.id, token, point, attempts, &row, params).await
-                    else {
-                        return Ok(Claim::InUse);
-                    };
-                    crate::failpoint(|| "idem.claim.taken_over".to_owned()).await;
-                    return Ok(Claim::Acquired(lease));
-                }
-                store::TakeOver::Flagged => {
-                    self.observer.event(Event::Flagged);
-                    tracing::error!(
-                        key_id = row.id,
-                        reason = "older than the processor's idempotency window",
-                        "an idempotency key needs a person"
-                    );
-                    return Ok(Claim::NeedsHuman);
-                }
-                // Someone else took it or finished it between the read and the swap: look again.
-                store::TakeOver::Missed => {}
-            }
+        let seen = match self.claim_connections() {
+            Some(kept) => self.retrying(|| self.read_on(kept, &lookup)).await?,
+            None => self.retrying(|| store::read(&self.pool, &lookup)).await?,
+        };
+        let row = match seen {
+            Seen::Key(row) => row,
+            Seen::Unauthenticated => return Ok(Read::Decided(Claim::Unauthenticated)),
+            Seen::Absent(reserved) => return Ok(Read::Open(Open(Opening::New(reserved)))),
+        };
+        if row.fingerprint != request.fingerprint.as_bytes() {
+            self.observer.event(Event::Mismatch);
+            return Ok(Read::Decided(Claim::Mismatch {
+                method: row.request_method,
+                path: row.request_path,
+            }));
         }
-        Err(IdemError::Contended)
+        if let Some(response) = row.response {
+            self.observer.event(Event::Replayed);
+            return Ok(Read::Decided(Claim::Replay(response)));
+        }
+        if row.needs_human {
+            return Ok(Read::Decided(Claim::NeedsHuman));
+        }
+        if row.lease_active {
+            self.observer.event(Event::InUse);
+            return Ok(Read::Decided(Claim::InUse));
+        }
+        Ok(Read::Open(Open(Opening::Stored(Box::new(row)))))
+    }
+
+    async fn take_key(
+        &self,
+        open: Open,
+        request: &ClaimRequest<'_>,
+    ) -> Result<Option<Claim>, IdemError> {
+        let row = match open.0 {
+            // A new key: nothing is stored until the first phase commits, which inserts the key
+            // with its own writes (`Lease::phase`, `Lease::phase_in_one`). The lease is this
+            // request's alone until then, because no one else can see it.
+            Opening::New(reserved) => {
+                self.observer.event(Event::Claimed);
+                let new = NewKey {
+                    account_id: request.account_id.to_owned(),
+                    key: request.key.as_str().to_owned(),
+                    fingerprint: request.fingerprint,
+                    method: request.method.to_owned(),
+                    path: request.path.to_owned(),
+                };
+                let lease = Lease {
+                    engine: self.clone(),
+                    key_id: reserved,
+                    token: Uuid::new_v4(),
+                    point: STARTED.to_owned(),
+                    attempts: 1,
+                    operation: request.operation.to_owned(),
+                    params: request.params.clone(),
+                    request_id: request.request_id.to_owned(),
+                    finished: None,
+                    just_planned: None,
+                    new: Some(Box::new(new)),
+                };
+                // A process that is stopping takes no new work (`release_held`).
+                if !self.hold(lease.key_id, lease.token) {
+                    return Ok(Some(Claim::InUse));
+                }
+                return Ok(Some(Claim::Acquired(lease)));
+            }
+            Opening::Stored(row) => row,
+        };
+        // Unfinished, so the read sent the operation's input.
+        let params = row
+            .request_params
+            .clone()
+            .ok_or(IdemError::Corrupt("an unfinished key read without its input"))?;
+        // The stall tests stop here, between reading the row and taking it over.
+        crate::failpoint(|| "idem.claim.before_take_over".to_owned()).await;
+        // Counted until the lease is recorded as held, so that a shutdown meanwhile waits
+        // for it and gives it back; a process that is stopping takes nothing over.
+        let Some(_granting) = self.granting() else { return Ok(Some(Claim::InUse)) };
+        let (window_ms, lease_ms) = (self.config.window_ms(), self.config.lease_ms());
+        let token = Uuid::new_v4();
+        let taken = self
+            .retrying(|| async {
+                // Bounded like a claim connection's: the row may be held by a stuck
+                // transaction that updated it after the claim read it.
+                let mut tx = self.pool.begin().await?;
+                store::bound_waits(&mut tx, self.config.claim_timeout_ms()).await?;
+                let owner = row.owner_token;
+                let taken = store::take_over(
+                    &mut *tx,
+                    row.id,
+                    owner,
+                    token,
+                    lease_ms,
+                    request.request_id,
+                    window_ms,
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(taken)
+            })
+            .await?;
+        match taken {
+            store::TakeOver::Taken(point, attempts) => {
+                let event =
+                    if row.owner_token.is_some() { Event::TookOver } else { Event::Resumed };
+                self.observer.event(event);
+                tracing::info!(key_id = row.id, recovery_point = %point, attempts, ?event, "resuming an idempotency key");
+                let Some(lease) = self.lease(row.id, token, point, attempts, &row, params).await
+                else {
+                    return Ok(Some(Claim::InUse));
+                };
+                crate::failpoint(|| "idem.claim.taken_over".to_owned()).await;
+                Ok(Some(Claim::Acquired(lease)))
+            }
+            store::TakeOver::Flagged => {
+                self.observer.event(Event::Flagged);
+                tracing::error!(
+                    key_id = row.id,
+                    reason = "older than the processor's idempotency window",
+                    "an idempotency key needs a person"
+                );
+                Ok(Some(Claim::NeedsHuman))
+            }
+            // Someone else took it or finished it between the read and the swap: read again.
+            store::TakeOver::Missed => Ok(None),
+        }
     }
 
     /// The completer's claim: up to `limit` unfinished keys whose lease is free or expired and

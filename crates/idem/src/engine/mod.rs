@@ -24,7 +24,7 @@ use crate::error::{IdemError, is_retryable};
 use crate::kept::Kept;
 use crate::observe::{Event, Observer};
 
-pub use claim::{Claim, ClaimRequest, Due, Reaped};
+pub use claim::{Claim, ClaimRequest, Due, Open, Read, Reaped};
 pub use lease::Lease;
 pub use operation::{Interrupted, OneStatement, Operation, Phase, Step, TransientKind, drive};
 use shutdown::Held;
