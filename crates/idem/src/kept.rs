@@ -24,7 +24,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgDatabaseError, PgPool, PgSeverity};
 use sqlx::{ConnectOptions as _, Connection as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -106,14 +106,18 @@ impl Kept {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes a connection back, or closes it when the pool has closed meanwhile.
+    /// Takes a connection back, or closes it when the pool has closed meanwhile. Checked under
+    /// the lock the closing task drains the stack under: the pool is marked closed before that
+    /// task wakes, so a connection is either drained by it or never pushed.
     fn take_back(&self, connection: PgConnection) {
+        let mut idle = self.lock_idle();
         if self.pool.is_closed() {
+            drop(idle);
             // Dropping it closes the socket; the server ends the session.
             drop(connection);
             return;
         }
-        self.lock_idle().push((connection, Instant::now()));
+        idle.push((connection, Instant::now()));
     }
 }
 
@@ -156,14 +160,16 @@ impl Lent {
 
 impl Drop for Lent {
     /// Cut off: the statement may be half sent or its answer half read. The connection is
-    /// checked with a round trip (which finishes what was left) in a task of its own, holding
-    /// its permit, and taken back only if the check answered.
+    /// checked with a round trip (which waits for the rest of the answer) in a task of its own,
+    /// holding its permit, and taken back only if the check answered within the acquire timeout;
+    /// otherwise it is closed, and the server ends the session.
     fn drop(&mut self) {
         let Some(mut connection) = self.connection.take() else { return };
         let (kept, permit) = (self.kept.clone(), self.permit.take());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if connection.ping().await.is_ok() {
+                let check = tokio::time::timeout(kept.acquire_timeout, connection.ping()).await;
+                if matches!(check, Ok(Ok(()))) {
                     kept.take_back(connection);
                 }
                 drop(permit);
@@ -172,14 +178,42 @@ impl Drop for Lent {
     }
 }
 
-/// A failure of the connection rather than of the statement: no answer at all (I/O, protocol),
-/// the server ending the session (SQLSTATE class 08, connection exception, or 57P, the server
-/// shutting down or terminating the backend), or a session that can no longer write (25006,
-/// read-only transaction: the node it reached is a standby now, after a failover, and a new
-/// connection through the same address reaches the new primary).
+/// A failure of the connection rather than of the statement: no answer, or no sense made of it
+/// (I/O, TLS, the protocol), the server ending the session (SQLSTATE class 08, connection
+/// exception, or 57P, the server shutting down or terminating the backend, or any error of
+/// severity `FATAL` or `PANIC`, after which the server closes the session), or a session that can
+/// no longer write (25006, read-only transaction: the node it reached is a standby now, after a
+/// failover, and a new connection through the same address reaches the new primary). An error
+/// in decoding a row the statement returned is none of these: the answer was read to its end.
 pub(crate) fn connection_lost(err: &sqlx::Error) -> bool {
-    match err.as_database_error().and_then(|db| db.code()) {
-        Some(code) => code.starts_with("08") || code.starts_with("57P") || code == "25006",
-        None => err.as_database_error().is_none(),
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            let fatal = db
+                .try_downcast_ref::<PgDatabaseError>()
+                .is_some_and(|pg| matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic));
+            let code = db.code();
+            let code = code.as_deref().unwrap_or_default();
+            fatal || code.starts_with("08") || code.starts_with("57P") || code == "25006"
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connection_lost;
+
+    #[test]
+    fn only_a_failure_of_the_connection_closes_it() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(connection_lost(&sqlx::Error::Io(io)));
+        assert!(connection_lost(&sqlx::Error::Protocol("unexpected message".into())));
+        // The answer was read to its end: the connection is as good as before.
+        assert!(!connection_lost(&sqlx::Error::RowNotFound));
+        assert!(!connection_lost(&sqlx::Error::ColumnNotFound("id".into())));
     }
 }

@@ -236,6 +236,11 @@ pub trait OneStatement: Send {
     /// `idem_commit_fence($n)` with `fence` bound as `$n` (a data-modifying CTE, say), and
     /// returns the key id `idem_commit_fence` returned beside its own result. May run more than
     /// once, as [`Phase::run`].
+    ///
+    /// `connection` goes back to the engine's kept connections unchecked when `run` returns, so
+    /// `run` sends that one statement and reads its answer to the end (`fetch_one`,
+    /// `fetch_optional`, `execute`: not a stream dropped half way), and changes nothing of the
+    /// session (no `SET`, no `BEGIN`).
     fn run(
         &mut self,
         connection: &mut PgConnection,
