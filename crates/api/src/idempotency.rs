@@ -357,7 +357,7 @@ impl Runner {
 /// The answer to a claim decided without a lease.
 fn claimed(claim: Claim, key: &IdempotencyKey) -> Result<Response, ApiError> {
     match claim {
-        // Driven on the request's task.
+        // A lease is driven on the operation's task, never answered here.
         Claim::Acquired(_) => {
             Err(ApiError::internal(&std::io::Error::other("a claimed lease came back undriven")))
         }
@@ -412,8 +412,8 @@ enum Ran {
     Claimed(Claim),
 }
 
-/// `503 service_unavailable`: the claim gave up waiting (for a claim connection, or for the key's row
-/// held by another transaction); nothing was stored.
+/// `503 service_unavailable`: the claim gave up waiting (for a claim connection, or for the key's
+/// row held by another transaction); nothing was stored.
 fn claim_timed_out() -> ApiError {
     ApiError::new(
         ProblemCode::ServiceUnavailable,
