@@ -293,27 +293,29 @@ impl Runner {
             version: attempt.meta.version.as_deref(),
             body: attempt.body,
         });
-        let owned = OwnedClaim {
-            account_id: attempt.account_id.to_owned(),
-            credential: attempt.credential.map(<[u8]>::to_vec),
-            key: attempt.key.clone(),
+        let request = ClaimRequest {
+            account_id: attempt.account_id,
+            credential: attempt.credential,
+            key: attempt.key,
             fingerprint,
-            method: attempt.meta.method.as_str().to_owned(),
-            path: attempt.meta.path.clone(),
-            request_id: attempt.meta.request_id.as_str().to_owned(),
-            operation: attempt.operation.to_owned(),
-            params: attempt.params.clone(),
+            method: attempt.meta.method.as_str(),
+            path: &attempt.meta.path,
+            request_id: attempt.meta.request_id.as_str(),
+            operation: attempt.operation,
+            params: attempt.params,
         };
-        let engine = self.engine.clone();
         // The claim's read runs on the request's own task: it writes nothing, so a client that
         // hangs up meanwhile leaves nothing behind, and a replay or a refusal is answered without
-        // a task of its own. A key this request may take is taken on the task.
-        let open = match engine.read_claim(&owned.request()).await {
+        // a task of its own. A key this request may take is taken on the task, which owns a copy
+        // of the request.
+        let open = match self.engine.read_claim(&request).await {
             Ok(Read::Decided(claim)) => return claimed(claim, attempt.key),
             Ok(Read::Open(open)) => open,
             Err(err) if err.timed_out() => return Err(claim_timed_out()),
             Err(err) => return Err(ApiError::internal(&err)),
         };
+        let owned = OwnedClaim::of(&request);
+        let engine = self.engine.clone();
         let task = self.tasks.spawn(
             async move {
                 let mut open = Some(open);
@@ -388,6 +390,20 @@ struct OwnedClaim {
 }
 
 impl OwnedClaim {
+    fn of(request: &ClaimRequest<'_>) -> Self {
+        Self {
+            account_id: request.account_id.to_owned(),
+            credential: request.credential.map(<[u8]>::to_vec),
+            key: request.key.clone(),
+            fingerprint: request.fingerprint,
+            method: request.method.to_owned(),
+            path: request.path.to_owned(),
+            request_id: request.request_id.to_owned(),
+            operation: request.operation.to_owned(),
+            params: request.params.clone(),
+        }
+    }
+
     fn request(&self) -> ClaimRequest<'_> {
         ClaimRequest {
             account_id: &self.account_id,

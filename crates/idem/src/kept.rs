@@ -195,9 +195,10 @@ pub(crate) fn connection_lost(err: &sqlx::Error) -> bool {
             let fatal = db
                 .try_downcast_ref::<PgDatabaseError>()
                 .is_some_and(|pg| matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic));
-            let code = db.code();
-            let code = code.as_deref().unwrap_or_default();
-            fatal || code.starts_with("08") || code.starts_with("57P") || code == "25006"
+            let ended = db.code().is_some_and(|code| {
+                code.starts_with("08") || code.starts_with("57P") || code == "25006"
+            });
+            fatal || ended
         }
         _ => false,
     }
