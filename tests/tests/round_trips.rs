@@ -62,6 +62,8 @@ async fn a_replay_costs_one_statement_and_a_new_payment_two_commits(pool: PgPool
     assert_eq!(app.post("/v1/payments", &key, Some("k"), &body).await.status(), 201);
     let replay = take(&recorded);
     let replay_checks = recorded.take_checks();
+    assert_eq!(app.post("/v1/payments", &key, Some("k"), &body).await.status(), 201);
+    let kept_replay = take(&recorded);
 
     // No round trip but the statements': no connection is checked when it is given back (the
     // claim and the phases run on connections the engine keeps).
@@ -75,6 +77,15 @@ async fn a_replay_costs_one_statement_and_a_new_payment_two_commits(pool: PgPool
             && replay[0].contains("idempotency_keys")
             && !replay[0].contains("INSERT"),
         "{replay:#?}"
+    );
+
+    // The answer is kept in memory from then on: a replay reads only the credentials' version and
+    // the database clock, in a statement that the replays arriving with it share (one here).
+    assert_eq!(kept_replay.len(), 1, "{kept_replay:#?}");
+    assert!(
+        kept_replay[0].contains("credentials_version")
+            && !kept_replay[0].contains("idempotency_keys"),
+        "{kept_replay:#?}"
     );
 
     // A new payment: the claim's read; the first phase, one statement that commits on its own

@@ -385,6 +385,114 @@ async fn a_claim_checks_the_credential_it_is_given_in_the_same_statement(pool: P
     }
 }
 
+/// Two live keys of acct_1 (`aa…`, `ee…`), one of acct_2 (`bb…`).
+async fn accounts_with_keys(pool: &PgPool) {
+    sqlx::raw_sql(
+        "INSERT INTO accounts (id, name) VALUES ('acct_1', 'one'), ('acct_2', 'two'); \
+         INSERT INTO api_keys (id, account_id, key_hash, last4) VALUES \
+           ('key_live', 'acct_1', decode(repeat('aa', 32), 'hex'), 'aaaa'), \
+           ('key_second', 'acct_1', decode(repeat('ee', 32), 'hex'), 'eeee'), \
+           ('key_other', 'acct_2', decode(repeat('bb', 32), 'hex'), 'bbbb')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Changes a finished key's stored answer behind the engine's back (nothing does that but this
+/// test), so that a claim shows whether its answer came from memory or from the database.
+async fn tamper(pool: &PgPool, key_value: &str) {
+    sqlx::query(
+        "UPDATE idempotency_keys SET response_body = '\"tampered\"' WHERE idempotency_key = $1",
+    )
+    .bind(key_value)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Finishes `k1` with `credential` and replays it once from the database, which keeps its answer
+/// in memory; tampers with the stored answer, and checks that the next replay is the original:
+/// from memory.
+async fn kept_in_memory(h: &Harness, credential: &[u8]) {
+    let Claim::Acquired(lease) = h.claim_with_credential("k1", credential).await else {
+        panic!("a live credential claims the key")
+    };
+    let first = String::from_utf8(h.run(lease).await.unwrap().body).unwrap();
+    assert_eq!(replayed_body(h.claim_with_credential("k1", credential).await), first);
+    tamper(&h.pool, "k1").await;
+    assert_eq!(
+        replayed_body(h.claim_with_credential("k1", credential).await),
+        first,
+        "from memory"
+    );
+}
+
+fn replayed_body(claim: Claim) -> String {
+    match claim {
+        Claim::Replay(replayed) => String::from_utf8(replayed.body).unwrap(),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+/// A replay read from the database leaves its answer in memory, and the next one is answered from
+/// there; but a key revoked since, by any statement on `api_keys`, is refused at once, as a read
+/// of the database would refuse it, and so is a key of another account.
+#[sqlx::test(migrations = "../../migrations")]
+async fn replays_from_memory_refuse_a_key_revoked_before_they_arrived(pool: PgPool) {
+    let h = harness(pool).await;
+    accounts_with_keys(&h.pool).await;
+    let (live, second, other) = ([0xaa; 32], [0xee; 32], [0xbb; 32]);
+    kept_in_memory(&h, &live).await;
+    assert!(matches!(h.claim_with_credential("k1", &other).await, Claim::Unauthenticated));
+    // The second key of the account was never checked: it reads the database.
+    assert_eq!(replayed_body(h.claim_with_credential("k1", &second).await), "\"tampered\"");
+
+    sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE id = 'key_live'")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    assert!(matches!(h.claim_with_credential("k1", &live).await, Claim::Unauthenticated));
+    // Any change to api_keys moves the version: the live key is checked again, in the database.
+    assert_eq!(replayed_body(h.claim_with_credential("k1", &second).await), "\"tampered\"");
+    assert!(matches!(h.claim_with_credential("k1", &live).await, Claim::Unauthenticated));
+}
+
+/// An answer kept in memory is used only inside the key's retention window by the database
+/// clock: past it, the claim reads the key (which the reaper may have deleted, and then the key
+/// is new).
+#[sqlx::test(migrations = "../../migrations")]
+async fn replays_from_memory_end_with_the_keys_retention(pool: PgPool) {
+    let retention = Duration::from_secs(2);
+    let h = harness_with(pool, EngineConfig { retention, ..EngineConfig::default() }).await;
+    accounts_with_keys(&h.pool).await;
+    let live = [0xaa; 32];
+    kept_in_memory(&h, &live).await;
+
+    tokio::time::sleep(retention).await;
+    assert_eq!(replayed_body(h.claim_with_credential("k1", &live).await), "\"tampered\"");
+    // The test's own table refers to the key; a payment would not.
+    sqlx::query("DELETE FROM orders").execute(&h.pool).await.unwrap();
+    let reaped = h.engine.reap(100, retention).await.unwrap();
+    assert_eq!(reaped.deleted, 1);
+    assert!(matches!(h.claim_with_credential("k1", &live).await, Claim::Acquired(_)));
+}
+
+/// With no memory for answers, every replay reads its key.
+#[sqlx::test(migrations = "../../migrations")]
+async fn without_memory_for_answers_every_replay_reads_its_key(pool: PgPool) {
+    let h = harness_with(pool, EngineConfig { answer_memory: 0, ..EngineConfig::default() }).await;
+    accounts_with_keys(&h.pool).await;
+    let live = [0xaa; 32];
+    let Claim::Acquired(lease) = h.claim_with_credential("k1", &live).await else {
+        panic!("a live credential claims the key")
+    };
+    h.run(lease).await.unwrap();
+    h.claim_with_credential("k1", &live).await;
+    tamper(&h.pool, "k1").await;
+    assert_eq!(replayed_body(h.claim_with_credential("k1", &live).await), "\"tampered\"");
+}
+
 /// A claim in two halves, as the API makes it: the read decides a replay or a refusal on its own
 /// and writes nothing; a key it finds open is taken by `take`, which answers `None` when another
 /// request took the key between the read and the take.

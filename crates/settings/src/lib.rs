@@ -161,6 +161,8 @@ pub struct IdempotencySettings {
     pub claim_timeout_ms: u64,
     /// Connections kept for one-statement phases, beside the pool; 0: they use the pool.
     pub phase_connections: u32,
+    /// Bytes of finished answers the API keeps in memory to answer replays from; 0: none.
+    pub answer_memory_bytes: u64,
 }
 
 impl IdempotencySettings {
@@ -172,6 +174,8 @@ impl IdempotencySettings {
             claim_connections: self.claim_connections as usize,
             phase_connections: self.phase_connections as usize,
             claim_timeout: Duration::from_millis(self.claim_timeout_ms),
+            answer_memory: usize::try_from(self.answer_memory_bytes).unwrap_or(usize::MAX),
+            retention: Duration::from_secs(u64::from(self.retention_hours) * 3600),
             ..idem::EngineConfig::default()
         }
     }

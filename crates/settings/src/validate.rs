@@ -156,6 +156,9 @@ impl Settings {
         if self.idempotency.claim_connections > 256 {
             return Err(invalid("idempotency.claim_connections", "must be at most 256".into()));
         }
+        if self.idempotency.answer_memory_bytes > 1 << 30 {
+            return Err(invalid("idempotency.answer_memory_bytes", "must be at most 1 GiB".into()));
+        }
         if self.idempotency.phase_connections > 256 {
             return Err(invalid("idempotency.phase_connections", "must be at most 256".into()));
         }

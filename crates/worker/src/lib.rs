@@ -85,7 +85,6 @@ pub struct Worker<P> {
     ctx: Context<P>,
     engine: Engine,
     settings: WorkerSettings,
-    retention: Duration,
     mailer: Arc<dyn Mailer>,
     deliverer: Deliverer,
 }
@@ -125,7 +124,6 @@ impl<P: CardProcessor> Worker<P> {
                 .with_charge_metadata(settings.processor.charge_metadata.clone()),
             engine,
             settings: settings.worker.clone(),
-            retention: Duration::from_secs(u64::from(settings.idempotency.retention_hours) * 3600),
             mailer,
             deliverer: Deliverer::new(&settings.webhooks)?,
         })
@@ -232,7 +230,8 @@ impl<P: CardProcessor> Worker<P> {
             if *stop.borrow() {
                 break;
             }
-            let reaped = self.engine.reap(self.settings.batch_size, self.retention).await?;
+            let reaped =
+                self.engine.reap(self.settings.batch_size, self.engine.config().retention).await?;
             report.reaped += reaped.deleted;
             report.flagged += reaped.flagged;
             if reaped.deleted < u64::from(self.settings.batch_size) {

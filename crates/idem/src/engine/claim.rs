@@ -8,6 +8,7 @@ use serde_json::Value;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::answers::{Answer, KeptAnswer};
 use super::lease::{Lease, NewKey};
 use super::{Engine, STARTED};
 use crate::error::IdemError;
@@ -140,7 +141,7 @@ impl Engine {
     /// connection (the server ended its session while it sat idle: a restart) is closed, and the
     /// read is sent again, on the next kept connection or a new one: safe, because the statement
     /// only reads (an id it reserved from the sequence is simply not used).
-    async fn read_on(&self, kept: &Arc<Kept>, lookup: &Lookup) -> Result<Seen, IdemError> {
+    async fn read_on(&self, kept: &Arc<Kept>, lookup: &Lookup) -> Result<store::Read, IdemError> {
         let mut tries = 0;
         loop {
             let mut lent = kept.lend().await?;
@@ -161,16 +162,39 @@ impl Engine {
     }
 
     async fn read_key(&self, request: &ClaimRequest<'_>) -> Result<Read, IdemError> {
+        let kept = self.answers.answer(
+            self,
+            request.account_id,
+            request.credential,
+            request.key.as_str(),
+            &request.fingerprint,
+        );
+        match kept.await {
+            Some(KeptAnswer::Replay(response)) => {
+                self.observer.event(Event::Replayed);
+                return Ok(Read::Decided(Claim::Replay(response)));
+            }
+            Some(KeptAnswer::Mismatch { method, path }) => {
+                self.observer.event(Event::Mismatch);
+                return Ok(Read::Decided(Claim::Mismatch { method, path }));
+            }
+            None => {}
+        }
         let lookup = Lookup {
             account_id: request.account_id.to_owned(),
             credential: request.credential.map(<[u8]>::to_vec),
             key: request.key.as_str().to_owned(),
         };
-        let seen = match self.claim_connections() {
+        let read = match self.claim_connections() {
             Some(kept) => self.retrying(|| self.read_on(kept, &lookup)).await?,
             None => self.retrying(|| store::read(&self.pool, &lookup)).await?,
         };
-        let row = match seen {
+        if let Some(digest) = request.credential {
+            let live = !matches!(read.seen, Seen::Unauthenticated);
+            let live = live.then_some((request.account_id, read.version));
+            self.answers.credential_seen(digest, live);
+        }
+        let row = match read.seen {
             Seen::Key(row) => row,
             Seen::Unauthenticated => return Ok(Read::Decided(Claim::Unauthenticated)),
             Seen::Absent(reserved) => return Ok(Read::Open(Open(Opening::New(reserved)))),
@@ -184,6 +208,16 @@ impl Engine {
         }
         if let Some(response) = row.response {
             self.observer.event(Event::Replayed);
+            if let Some(completed_at_us) = row.completed_at_us {
+                let answer = Answer {
+                    fingerprint: request.fingerprint,
+                    method: row.request_method,
+                    path: row.request_path,
+                    response: response.clone(),
+                    completed_at_us,
+                };
+                self.answers.keep(request.account_id, request.key.as_str(), answer);
+            }
             return Ok(Read::Decided(Claim::Replay(response)));
         }
         if row.needs_human {

@@ -7,6 +7,7 @@
 //!   from its recovery point to its end, and its atomic phases, fenced on the lease;
 //! - [`shutdown`]: the leases a process holds, given back when it stops.
 
+mod answers;
 mod claim;
 mod lease;
 mod operation;
@@ -74,6 +75,12 @@ pub struct EngineConfig {
     /// (`statement_timeout`, `lock_timeout`): a key row held by a stuck transaction must not
     /// hold a claim connection, and every request waiting for one, for ever.
     pub claim_timeout: Duration,
+    /// Bytes of finished answers kept in memory to answer replays from (`answers.rs`); 0 keeps
+    /// none, and every replay reads its key.
+    pub answer_memory: usize,
+    /// How long a finished key is kept before the reaper deletes it: the reaper's own setting.
+    /// An answer kept in memory is used only inside it.
+    pub retention: Duration,
 }
 
 impl Default for EngineConfig {
@@ -87,6 +94,8 @@ impl Default for EngineConfig {
             phase_connections: 8,
             processor_window: Some(Duration::from_secs(20 * 3600)),
             claim_timeout: Duration::from_secs(2),
+            answer_memory: 8 << 20,
+            retention: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -142,6 +151,8 @@ pub struct Engine {
     /// The leases this process holds, so that a shutdown can give back those it cannot finish
     /// (`release_held`). A lease leaves when it is dropped.
     held: Arc<Mutex<Held>>,
+    /// Finished answers kept in memory, and the fresh read replays from them share.
+    answers: Arc<answers::Answers>,
 }
 
 impl fmt::Debug for Engine {
@@ -155,6 +166,7 @@ impl Engine {
     pub fn new(pool: PgPool, config: EngineConfig, observer: Arc<dyn Observer>) -> Self {
         Self {
             pool,
+            answers: Arc::new(answers::Answers::new(config.answer_memory, config.retention)),
             config: Arc::new(config),
             observer,
             claims: Arc::default(),

@@ -24,6 +24,8 @@ pub(crate) struct KeyRow {
     pub lease_active: bool,
     pub needs_human: bool,
     pub response: Option<StoredResponse>,
+    /// When the key was finished, in microseconds since the Unix epoch by the database clock.
+    pub completed_at_us: Option<i64>,
 }
 
 /// What the claim reads by.
@@ -36,7 +38,16 @@ pub(crate) struct Lookup {
     pub key: String,
 }
 
-/// What the claim's read saw.
+/// What the claim's read saw, and the credentials' version in the same snapshot.
+#[derive(Debug)]
+pub(crate) struct Read {
+    pub seen: Seen,
+    /// `credentials_version` as the statement saw it: a credential the statement found live stays
+    /// live for as long as the version has not moved (see `answers.rs`).
+    pub version: i64,
+}
+
+/// What the claim's read saw of the key.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // matched at once by the caller; a box would only allocate
 pub(crate) enum Seen {
@@ -53,11 +64,12 @@ pub(crate) enum Seen {
 /// own), so that a request whose account is already known costs no separate authentication round
 /// trip, and a revoked key reads nothing. A key that is not there gets an id reserved from the
 /// table's sequence (a sequence is not transactional: this neither writes a row nor takes a
-/// transaction id), which the first phase stores it under.
+/// transaction id), which the first phase stores it under. The credentials' version comes with it,
+/// read in the same snapshot as the credential.
 pub(crate) async fn read(
     executor: impl PgExecutor<'_>,
     lookup: &Lookup,
-) -> Result<Seen, IdemError> {
+) -> Result<Read, IdemError> {
     let row = sqlx::query!(
         r#"
         WITH principal AS (
@@ -65,8 +77,9 @@ pub(crate) async fn read(
              WHERE $3::bytea IS NULL
                 OR EXISTS (SELECT 1 FROM api_keys
                             WHERE key_hash = $3 AND account_id = $1 AND revoked_at IS NULL)
-        )
-        SELECT k.id AS "id?", k.fingerprint AS "fingerprint?",
+        ),
+        version AS (SELECT version FROM credentials_version)
+        SELECT v.version AS "version!", p.live AS "live?", k.id AS "id?", k.fingerprint AS "fingerprint?",
                k.request_method AS "request_method?", k.request_path AS "request_path?",
                k.request_id AS "request_id?", k.operation AS "operation?",
                CASE WHEN k.response_status IS NULL THEN k.request_params END AS "request_params?",
@@ -75,24 +88,30 @@ pub(crate) async fn read(
                k.needs_human_at IS NOT NULL AS "needs_human!",
                k.response_status AS "response_status?", k.response_headers AS "response_headers?",
                k.response_body AS "response_body?",
-               CASE WHEN k.id IS NULL THEN nextval('idempotency_keys_id_seq') END AS "reserved?"
-          FROM principal
-          LEFT JOIN idempotency_keys k ON k.account_id = $1 AND k.idempotency_key = $2
+               (extract(epoch FROM k.completed_at) * 1000000)::int8 AS "completed_at_us?",
+               CASE WHEN p.live IS NOT NULL AND k.id IS NULL
+                    THEN nextval('idempotency_keys_id_seq') END AS "reserved?"
+          FROM version v
+          LEFT JOIN principal p ON true
+          LEFT JOIN idempotency_keys k
+                 ON p.live IS NOT NULL AND k.account_id = $1 AND k.idempotency_key = $2
         "#,
         lookup.account_id,
         lookup.key,
         lookup.credential.as_deref(),
     )
-    .fetch_optional(executor)
+    .fetch_one(executor)
     .await?;
-    // No row: the principal was empty.
-    let Some(row) = row else { return Ok(Seen::Unauthenticated) };
+    let version = row.version;
+    if row.live.is_none() {
+        return Ok(Read { seen: Seen::Unauthenticated, version });
+    }
     let Some(id) = row.id else {
-        return Ok(Seen::Absent(present(row.reserved)?));
+        return Ok(Read { seen: Seen::Absent(present(row.reserved)?), version });
     };
     // The key's own columns are NOT NULL: with an id, all of them are present.
     let response = stored_response(row.response_status, row.response_headers, row.response_body)?;
-    Ok(Seen::Key(KeyRow {
+    let seen = Seen::Key(KeyRow {
         id,
         fingerprint: present(row.fingerprint)?,
         request_method: present(row.request_method)?,
@@ -104,7 +123,21 @@ pub(crate) async fn read(
         lease_active: row.lease_active,
         needs_human: row.needs_human,
         response,
-    }))
+        completed_at_us: row.completed_at_us,
+    });
+    Ok(Read { seen, version })
+}
+
+/// The credentials' version and the database clock (microseconds since the Unix epoch), read by a
+/// statement of its own: what a replay answered from memory waits for (`answers.rs`).
+pub(crate) async fn fresh(executor: impl PgExecutor<'_>) -> Result<(i64, i64), IdemError> {
+    let row = sqlx::query!(
+        r#"SELECT version, (extract(epoch FROM now()) * 1000000)::int8 AS "now_us!"
+             FROM credentials_version"#
+    )
+    .fetch_one(executor)
+    .await?;
+    Ok((row.version, row.now_us))
 }
 
 /// What a takeover did.

@@ -21,7 +21,7 @@ use uuid::Uuid;
 use crate::StoredResponse;
 use crate::error::IdemError;
 
-pub(crate) use claim::{KeyRow, Lookup, Seen, TakeOver, read, take_over};
+pub(crate) use claim::{KeyRow, Lookup, Read, Seen, TakeOver, fresh, read, take_over};
 pub use lease::wake;
 pub(crate) use lease::{before_call, flag, release, unresolved_for};
 pub use sweep::{StuckKey, stuck_keys};

@@ -1,0 +1,436 @@
+//! Finished answers kept in memory, so that a replay costs the database a share of one small
+//! statement instead of a read of its key.
+//!
+//! A finished key's answer never changes: the key keeps it until the reaper deletes the key, a
+//! retention window after it was finished. Any process may therefore keep a copy, keyed by
+//! account and idempotency key, and answer a replay (or a mismatch: the first request's
+//! fingerprint, method and path never change either) from it. What can change is whether the
+//! request may have it: its API key may have been revoked, and the key may have outlived its
+//! retention and been deleted, after which a reuse is a new request. Both are decided exactly as a
+//! read of the database would decide them at the moment the request arrived:
+//!
+//! - **Revocation.** Every change to `api_keys` that could end a key's life replaces one number,
+//!   `credentials_version`, in the same transaction (a trigger; drawn at random, so that no two
+//!   changes share one). The claim's read returns the version with its check of the credential,
+//!   from the same snapshot: a credential found live at version `v` is live for as long as the
+//!   version is still `v`.
+//! - **Retention.** The reaper deletes a key once `completed_at < now() - retention` by the
+//!   database clock; the copy keeps `completed_at` and is used only while the database clock
+//!   says the key is inside its window (with the engine's `retention`, which must be the
+//!   reaper's).
+//!
+//! Both need the version and the database clock *as of a moment after the request arrived*. A
+//! request does not read them itself: it waits for the next read of them that begins after it
+//! arrived ([`Fresh`]), and all the requests that arrived meanwhile share that read. Under load,
+//! one statement answers many replays; alone, a replay costs one statement as before, a smaller
+//! one. When anything is missing (no copy, a credential not confirmed at the current version, a
+//! copy past its window, a fresh read that failed or took longer than `claim_timeout`), the
+//! request reads its key from the database as it would have without the copy.
+//!
+//! The copies are bounded in bytes, in two generations: a full current generation becomes the
+//! previous one, and the previous one is dropped; a copy found in the previous generation moves
+//! back to the current one. Copies are made from replays read from the database, not from the
+//! answers this process stores, so that keys which are never retried take no memory.
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::{Notify, watch};
+
+use super::Engine;
+use crate::fingerprint::Fingerprint;
+use crate::response::StoredResponse;
+use crate::store;
+
+/// A finished key's answer, as kept.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub fingerprint: Fingerprint,
+    pub method: String,
+    pub path: String,
+    pub response: StoredResponse,
+    /// When the key was finished, in microseconds since the Unix epoch by the database clock.
+    pub completed_at_us: i64,
+}
+
+impl Answer {
+    /// What the copy costs, roughly: its bytes and the maps' overhead.
+    fn size(&self, name: &str) -> usize {
+        let headers: usize =
+            self.response.headers.iter().map(|(n, v)| n.len() + v.len() + 48).sum();
+        name.len() + self.method.len() + self.path.len() + self.response.body.len() + headers + 160
+    }
+}
+
+/// The answers kept, the credentials confirmed live, and the shared fresh read.
+pub(crate) struct Answers {
+    /// Bytes the copies may take; 0 keeps none.
+    budget: usize,
+    retention_us: i64,
+    kept: Mutex<Generations>,
+    /// Credential digest → the account it is a live key of, and the version it was found live at.
+    credentials: Mutex<HashMap<Vec<u8>, (String, i64)>>,
+    fresh: Fresh,
+}
+
+#[derive(Default)]
+struct Generations {
+    current: HashMap<String, Arc<Answer>>,
+    current_bytes: usize,
+    previous: HashMap<String, Arc<Answer>>,
+}
+
+impl std::fmt::Debug for Answers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Answers").field("budget", &self.budget).finish_non_exhaustive()
+    }
+}
+
+/// Credentials confirmed live that are remembered at most; beyond, the map starts again empty.
+const CREDENTIALS: usize = 10_000;
+
+/// The name of a key's copy: its account and its key, which no account id can run into (an
+/// account id has no NUL).
+fn name(account_id: &str, key: &str) -> String {
+    let mut name = String::with_capacity(account_id.len() + 1 + key.len());
+    name.push_str(account_id);
+    name.push('\0');
+    name.push_str(key);
+    name
+}
+
+impl Answers {
+    pub(crate) fn new(budget: usize, retention: Duration) -> Self {
+        Self {
+            budget,
+            retention_us: i64::try_from(retention.as_micros()).unwrap_or(i64::MAX),
+            kept: Mutex::default(),
+            credentials: Mutex::default(),
+            fresh: Fresh::default(),
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        self.budget > 0
+    }
+
+    /// The copy of a key's answer, if one is kept.
+    fn get(&self, name: &str) -> Option<Arc<Answer>> {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(answer) = kept.current.get(name) {
+            return Some(answer.clone());
+        }
+        let answer = kept.previous.remove(name)?;
+        kept.insert(name.to_owned(), answer.clone(), self.budget);
+        Some(answer)
+    }
+
+    /// Keeps a copy of a finished key's answer.
+    pub(crate) fn keep(&self, account_id: &str, key: &str, answer: Answer) {
+        if !self.enabled() {
+            return;
+        }
+        let name = name(account_id, key);
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.insert(name, Arc::new(answer), self.budget);
+    }
+
+    fn forget(&self, name: &str) {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(answer) = kept.current.remove(name) {
+            kept.current_bytes = kept.current_bytes.saturating_sub(answer.size(name));
+        }
+        kept.previous.remove(name);
+    }
+
+    /// Records what a claim's read found of a credential it checked: live at `version` for
+    /// `account_id`, or not (`None`).
+    pub(crate) fn credential_seen(&self, digest: &[u8], live: Option<(&str, i64)>) {
+        if !self.enabled() {
+            return;
+        }
+        let mut credentials = self.credentials.lock().unwrap_or_else(PoisonError::into_inner);
+        match live {
+            Some((account_id, version)) => {
+                if credentials.len() >= CREDENTIALS && !credentials.contains_key(digest) {
+                    credentials.clear();
+                }
+                credentials.insert(digest.to_vec(), (account_id.to_owned(), version));
+            }
+            None => {
+                credentials.remove(digest);
+            }
+        }
+    }
+
+    /// The version at which `digest` was found a live key of `account_id`, if it was.
+    fn confirmed(&self, digest: &[u8], account_id: &str) -> Option<i64> {
+        let credentials = self.credentials.lock().unwrap_or_else(PoisonError::into_inner);
+        let (account, version) = credentials.get(digest)?;
+        (account == account_id).then_some(*version)
+    }
+
+    /// The kept answer to a request, decided as its key's read would decide it now: `None` when
+    /// the request must read its key.
+    pub(crate) async fn answer(
+        &self,
+        engine: &Engine,
+        account_id: &str,
+        credential: Option<&[u8]>,
+        key: &str,
+        fingerprint: &Fingerprint,
+    ) -> Option<KeptAnswer> {
+        if !self.enabled() {
+            return None;
+        }
+        let name = name(account_id, key);
+        let answer = self.get(&name)?;
+        // A credential the caller has not checked must have been found live by a read whose
+        // version is still the current one; `None` means the caller checked it itself.
+        let confirmed = match credential {
+            Some(digest) => Some(self.confirmed(digest, account_id)?),
+            None => None,
+        };
+        let reader = || -> Reader {
+            let engine = engine.clone();
+            Box::new(move || {
+                let engine = engine.clone();
+                Box::pin(async move {
+                    if engine.pool.is_closed() {
+                        return ControlFlow::Break(());
+                    }
+                    match engine.read_fresh().await {
+                        Ok(fresh) => ControlFlow::Continue(Some(fresh)),
+                        Err(err) => {
+                            tracing::debug!(error = %err, "the shared fresh read failed");
+                            ControlFlow::Continue(None)
+                        }
+                    }
+                })
+            })
+        };
+        let (version, now_us) = self.fresh.after_now(reader, engine.config.claim_timeout).await?;
+        if confirmed.is_some_and(|confirmed| confirmed != version) {
+            return None;
+        }
+        if now_us >= answer.completed_at_us.saturating_add(self.retention_us) {
+            // Past its window: the reaper may delete the key at any moment, if it has not.
+            self.forget(&name);
+            return None;
+        }
+        Some(if answer.fingerprint == *fingerprint {
+            KeptAnswer::Replay(answer.response.clone())
+        } else {
+            KeptAnswer::Mismatch { method: answer.method.clone(), path: answer.path.clone() }
+        })
+    }
+}
+
+impl Generations {
+    fn insert(&mut self, name: String, answer: Arc<Answer>, budget: usize) {
+        let size = answer.size(&name);
+        if size > budget / 2 {
+            return;
+        }
+        // The same key kept twice (two replays read it at once) counts once.
+        if let Some(replaced) = self.current.remove(&name) {
+            self.current_bytes = self.current_bytes.saturating_sub(replaced.size(&name));
+        }
+        if self.current_bytes + size > budget / 2 {
+            self.previous = std::mem::take(&mut self.current);
+            self.current_bytes = 0;
+        }
+        self.current_bytes += size;
+        self.current.insert(name, answer);
+    }
+}
+
+/// What a kept answer says.
+#[derive(Debug)]
+pub(crate) enum KeptAnswer {
+    Replay(StoredResponse),
+    Mismatch { method: String, path: String },
+}
+
+/// The shared read of the credentials' version and the database clock.
+///
+/// Reads are numbered as they begin. A request notes how many had begun when it asked
+/// (`started`), so the first read that can serve it is the next one; it wakes the reader and
+/// waits for that read's result. The reader runs one read at a time, back to back while anyone
+/// waits: every request that arrived while a read was running shares the next one.
+#[derive(Default)]
+struct Fresh {
+    shared: Arc<Shared>,
+    seen: OnceLock<watch::Sender<Seen>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// Reads begun. Incremented before the read's statement is sent, so a read numbered above
+    /// what a request saw began after the request arrived.
+    started: AtomicU64,
+    wanted: Notify,
+}
+
+/// The result of the read numbered `read`: `None` when it failed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    read: u64,
+    fresh: Option<(i64, i64)>,
+}
+
+/// What the reader's task runs for each read: the version and the clock, `None` when the read
+/// failed, `Break` when the engine's pool is closed and the task should end.
+type Reader =
+    Box<dyn Fn() -> BoxFuture<'static, ControlFlow<(), Option<(i64, i64)>>> + Send + Sync>;
+
+impl Fresh {
+    /// The credentials' version and the database clock, read after this call began; `None` when
+    /// that read failed or did not come within `bound`. The first call starts the reader's task
+    /// with `reader` (an engine that never replays, the worker's, never starts one).
+    async fn after_now(
+        &self,
+        reader: impl FnOnce() -> Reader,
+        bound: Duration,
+    ) -> Option<(i64, i64)> {
+        let mut seen = self.seen.get_or_init(|| self.start(reader())).subscribe();
+        let wanted = self.shared.started.load(Ordering::SeqCst) + 1;
+        self.shared.wanted.notify_one();
+        let waited = tokio::time::timeout(bound, seen.wait_for(|seen| seen.read >= wanted)).await;
+        let seen = *waited.ok()?.ok()?;
+        seen.fresh
+    }
+
+    fn start(&self, reader: Reader) -> watch::Sender<Seen> {
+        let (sender, _) = watch::channel(Seen::default());
+        let (shared, results) = (self.shared.clone(), sender.clone());
+        tokio::spawn(async move {
+            loop {
+                // A wake-up that came while a read ran is kept (one permit), so the next read
+                // starts at once.
+                shared.wanted.notified().await;
+                let read = shared.started.fetch_add(1, Ordering::SeqCst) + 1;
+                let ControlFlow::Continue(fresh) = reader().await else { return };
+                results.send_replace(Seen { read, fresh });
+            }
+        });
+        sender
+    }
+}
+
+impl Engine {
+    /// One read of the credentials' version and the database clock, on a claim connection.
+    async fn read_fresh(&self) -> Result<(i64, i64), crate::IdemError> {
+        let Some(kept) = self.claim_connections() else { return store::fresh(&self.pool).await };
+        let mut lent = kept.lend().await?;
+        let read = store::fresh(lent.connection()).await;
+        // A connection the server ended is closed here; the requests waiting fall back to
+        // reading their keys, which send again on another connection.
+        lent.give_back(match &read {
+            Err(crate::IdemError::Database(err)) => Some(err),
+            _ => None,
+        });
+        read
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::*;
+
+    /// A reader whose reads each wait for the test to give them a version.
+    fn reader(begun: mpsc::UnboundedSender<oneshot::Sender<i64>>) -> impl FnOnce() -> Reader {
+        move || -> Reader {
+            Box::new(move || {
+                let begun = begun.clone();
+                Box::pin(async move {
+                    let (answer, version) = oneshot::channel();
+                    let _ = begun.send(answer);
+                    ControlFlow::Continue(version.await.ok().map(|version| (version, 0)))
+                })
+            })
+        }
+    }
+
+    fn unused() -> Reader {
+        unreachable!("the reader is started by the first request")
+    }
+
+    #[tokio::test]
+    async fn a_read_that_began_before_a_request_does_not_serve_it_and_the_next_is_shared() {
+        let (begun_tx, mut begun) = mpsc::unbounded_channel();
+        let fresh = Arc::new(Fresh::default());
+        let bound = Duration::from_secs(10);
+        let first = tokio::spawn({
+            let fresh = fresh.clone();
+            async move { fresh.after_now(reader(begun_tx), bound).await }
+        });
+        let read_1 = begun.recv().await.unwrap();
+        // Two requests arrive while the first read runs: it may have read before they arrived.
+        let later: Vec<_> = (0..2)
+            .map(|_| {
+                let fresh = fresh.clone();
+                tokio::spawn(async move { fresh.after_now(unused, bound).await })
+            })
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        read_1.send(1).unwrap();
+        assert_eq!(first.await.unwrap(), Some((1, 0)));
+        // One more read serves both.
+        let read_2 = begun.recv().await.unwrap();
+        read_2.send(2).unwrap();
+        for request in later {
+            assert_eq!(request.await.unwrap(), Some((2, 0)));
+        }
+        tokio::task::yield_now().await;
+        assert!(begun.try_recv().is_err(), "a third read began with nobody waiting");
+    }
+
+    #[tokio::test]
+    async fn a_read_that_failed_or_never_came_serves_nothing() {
+        let (begun_tx, mut begun) = mpsc::unbounded_channel();
+        let fresh = Arc::new(Fresh::default());
+        let waiting = tokio::spawn({
+            let fresh = fresh.clone();
+            async move { fresh.after_now(reader(begun_tx), Duration::from_secs(10)).await }
+        });
+        drop(begun.recv().await.unwrap()); // the read fails
+        assert_eq!(waiting.await.unwrap(), None);
+        let timed_out = fresh.after_now(unused, Duration::from_millis(50)).await;
+        assert_eq!(timed_out, None);
+    }
+
+    fn answer(body: usize) -> Answer {
+        Answer {
+            fingerprint: Fingerprint::from_bytes(&[0; 32]).unwrap(),
+            method: "POST".into(),
+            path: "/v1/payments".into(),
+            response: StoredResponse::json(200, vec![b'x'; body]),
+            completed_at_us: 0,
+        }
+    }
+
+    #[test]
+    fn the_copies_stay_within_their_budget_and_a_copy_used_lately_stays() {
+        let answers = Answers::new(64 << 10, Duration::from_secs(3600));
+        answers.keep("acct_1", "used", answer(1000));
+        for n in 0..1000 {
+            answers.keep("acct_1", &n.to_string(), answer(1000));
+            assert!(answers.get(&name("acct_1", "used")).is_some(), "after {n}");
+        }
+        let kept = answers.kept.lock().unwrap();
+        let bytes: usize =
+            kept.current.iter().chain(&kept.previous).map(|(name, answer)| answer.size(name)).sum();
+        assert!(bytes <= 64 << 10, "{bytes} bytes kept");
+        assert!(!kept.current.contains_key(&name("acct_1", "0")), "the oldest copies go");
+        assert!(kept.current.len() + kept.previous.len() >= 30, "most of the budget is used");
+    }
+}

@@ -1,0 +1,28 @@
+-- The credentials' version: a number that every change to `api_keys` which could end a key's life
+-- (a revocation, a deletion, a key moved to another account or re-hashed) replaces, in the same
+-- transaction. The engine keeps the answers of finished keys in memory and answers a replay from
+-- them only after a read of this number that began after the request arrived shows it unchanged
+-- since the request's credential was last found live (`crates/idem/src/engine/answers.rs`): a
+-- key revoked before the request arrived is refused, exactly as by a read of `api_keys`.
+--
+-- Drawn at random rather than counted, so that no two changes share a version even across a
+-- failover to a standby that lost the last few commits (a counter would hand out again the
+-- numbers those commits had used).
+CREATE TABLE credentials_version (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    version  bigint  NOT NULL
+);
+INSERT INTO credentials_version (version) VALUES ((random() * 9.2e18)::bigint);
+
+CREATE FUNCTION credentials_version_advance() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE credentials_version SET version = (random() * 9.2e18)::bigint;
+    RETURN NULL;
+END
+$$;
+
+-- Per statement, not per row: a revocation of many keys changes the version once. Creating a key
+-- does not change it (no answer kept in memory depends on a key that did not exist).
+CREATE TRIGGER api_keys_credentials_version
+    AFTER UPDATE OF account_id, key_hash, revoked_at OR DELETE OR TRUNCATE ON api_keys
+    FOR EACH STATEMENT EXECUTE FUNCTION credentials_version_advance();
