@@ -5,18 +5,18 @@
 -- since the request's credential was last found live (`crates/idem/src/engine/answers.rs`): a
 -- key revoked before the request arrived is refused, exactly as by a read of `api_keys`.
 --
--- Drawn at random rather than counted, so that no two changes share a version even across a
+-- A random UUID rather than a count, so that no two changes share a version even across a
 -- failover to a standby that lost the last few commits (a counter would hand out again the
--- numbers those commits had used).
+-- numbers those commits had used); from gen_random_uuid, whose source no session can seed.
 CREATE TABLE credentials_version (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
-    version  bigint  NOT NULL
+    version  uuid    NOT NULL DEFAULT gen_random_uuid()
 );
-INSERT INTO credentials_version (version) VALUES ((random() * 9.2e18)::bigint);
+INSERT INTO credentials_version DEFAULT VALUES;
 
 CREATE FUNCTION credentials_version_advance() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE credentials_version SET version = (random() * 9.2e18)::bigint;
+    UPDATE credentials_version SET version = gen_random_uuid();
     RETURN NULL;
 END
 $$;
@@ -26,3 +26,6 @@ $$;
 CREATE TRIGGER api_keys_credentials_version
     AFTER UPDATE OF account_id, key_hash, revoked_at OR DELETE OR TRUNCATE ON api_keys
     FOR EACH STATEMENT EXECUTE FUNCTION credentials_version_advance();
+-- Also when triggers are otherwise off (`session_replication_role = replica`: logical replication
+-- applying changes, `pg_restore --disable-triggers`): a revocation must never go unseen.
+ALTER TABLE api_keys ENABLE ALWAYS TRIGGER api_keys_credentials_version;

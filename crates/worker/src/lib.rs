@@ -230,8 +230,7 @@ impl<P: CardProcessor> Worker<P> {
             if *stop.borrow() {
                 break;
             }
-            let reaped =
-                self.engine.reap(self.settings.batch_size, self.engine.config().retention).await?;
+            let reaped = self.engine.reap(self.settings.batch_size).await?;
             report.reaped += reaped.deleted;
             report.flagged += reaped.flagged;
             if reaped.deleted < u64::from(self.settings.batch_size) {

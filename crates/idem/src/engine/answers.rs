@@ -34,12 +34,15 @@
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use tokio::sync::{Notify, watch};
+use uuid::Uuid;
 
 use super::Engine;
 use crate::fingerprint::Fingerprint;
@@ -70,10 +73,12 @@ impl Answer {
 pub(crate) struct Answers {
     /// Bytes the copies may take; 0 keeps none.
     budget: usize,
-    retention_us: i64,
+    /// How long after its completion a copy may answer: the retention, less a margin
+    /// ([`window_us`]).
+    window_us: i64,
     kept: Mutex<Generations>,
     /// Credential digest → the account it is a live key of, and the version it was found live at.
-    credentials: Mutex<HashMap<Vec<u8>, (String, i64)>>,
+    credentials: Mutex<HashMap<Vec<u8>, (String, Uuid)>>,
     fresh: Fresh,
 }
 
@@ -93,6 +98,21 @@ impl std::fmt::Debug for Answers {
 /// Credentials confirmed live that are remembered at most; beyond, the map starts again empty.
 const CREDENTIALS: usize = 10_000;
 
+/// The longest a replay waits for the shared read before it reads its key instead: a database
+/// slow enough to make it wait longer is better served by the read the request would have made
+/// without the copy than by a wait and then that read.
+const FRESH_WAIT: Duration = Duration::from_millis(250);
+
+/// The retention window in microseconds, as the reaper counts it (whole milliseconds), less a
+/// tenth of it and at most a minute: the reaper deletes by the clock of the database it writes
+/// to, which after a failover is another server's, and a copy used a little less long costs only
+/// a read of the key near the end of its window.
+fn window_us(retention: Duration) -> i64 {
+    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    let margin_ms = (retention_ms / 10).min(60_000);
+    (retention_ms - margin_ms).saturating_mul(1000)
+}
+
 /// The name of a key's copy: its account and its key, which no account id can run into (an
 /// account id has no NUL).
 fn name(account_id: &str, key: &str) -> String {
@@ -107,7 +127,7 @@ impl Answers {
     pub(crate) fn new(budget: usize, retention: Duration) -> Self {
         Self {
             budget,
-            retention_us: i64::try_from(retention.as_micros()).unwrap_or(i64::MAX),
+            window_us: window_us(retention),
             kept: Mutex::default(),
             credentials: Mutex::default(),
             fresh: Fresh::default(),
@@ -129,9 +149,16 @@ impl Answers {
         Some(answer)
     }
 
-    /// Keeps a copy of a finished key's answer.
-    pub(crate) fn keep(&self, account_id: &str, key: &str, answer: Answer) {
-        if !self.enabled() {
+    /// Whether a key finished at `completed_at_us` may be answered from memory at `now_us`, both
+    /// by the database clock.
+    fn inside_window(&self, completed_at_us: i64, now_us: i64) -> bool {
+        now_us < completed_at_us.saturating_add(self.window_us)
+    }
+
+    /// Keeps a copy of a finished key's answer, read at `now_us` by the database clock (a key
+    /// near the end of its window is not kept: it could answer nothing).
+    pub(crate) fn keep(&self, account_id: &str, key: &str, answer: Answer, now_us: i64) {
+        if !self.enabled() || !self.inside_window(answer.completed_at_us, now_us) {
             return;
         }
         let name = name(account_id, key);
@@ -149,7 +176,7 @@ impl Answers {
 
     /// Records what a claim's read found of a credential it checked: live at `version` for
     /// `account_id`, or not (`None`).
-    pub(crate) fn credential_seen(&self, digest: &[u8], live: Option<(&str, i64)>) {
+    pub(crate) fn credential_seen(&self, digest: &[u8], live: Option<(&str, Uuid)>) {
         if !self.enabled() {
             return;
         }
@@ -168,7 +195,7 @@ impl Answers {
     }
 
     /// The version at which `digest` was found a live key of `account_id`, if it was.
-    fn confirmed(&self, digest: &[u8], account_id: &str) -> Option<i64> {
+    fn confirmed(&self, digest: &[u8], account_id: &str) -> Option<Uuid> {
         let credentials = self.credentials.lock().unwrap_or_else(PoisonError::into_inner);
         let (account, version) = credentials.get(digest)?;
         (account == account_id).then_some(*version)
@@ -184,7 +211,8 @@ impl Answers {
         key: &str,
         fingerprint: &Fingerprint,
     ) -> Option<KeptAnswer> {
-        if !self.enabled() {
+        // A closed pool fails the request's own read at once; the shared read would not come.
+        if !self.enabled() || engine.pool.is_closed() {
             return None;
         }
         let name = name(account_id, key);
@@ -195,30 +223,13 @@ impl Answers {
             Some(digest) => Some(self.confirmed(digest, account_id)?),
             None => None,
         };
-        let reader = || -> Reader {
-            let engine = engine.clone();
-            Box::new(move || {
-                let engine = engine.clone();
-                Box::pin(async move {
-                    if engine.pool.is_closed() {
-                        return ControlFlow::Break(());
-                    }
-                    match engine.read_fresh().await {
-                        Ok(fresh) => ControlFlow::Continue(Some(fresh)),
-                        Err(err) => {
-                            tracing::debug!(error = %err, "the shared fresh read failed");
-                            ControlFlow::Continue(None)
-                        }
-                    }
-                })
-            })
-        };
-        let (version, now_us) = self.fresh.after_now(reader, engine.config.claim_timeout).await?;
+        let bound = engine.config.claim_timeout.min(FRESH_WAIT);
+        let (version, now_us) = self.fresh.after_now(|| engine.fresh_reader(), bound).await?;
         if confirmed.is_some_and(|confirmed| confirmed != version) {
             return None;
         }
-        if now_us >= answer.completed_at_us.saturating_add(self.retention_us) {
-            // Past its window: the reaper may delete the key at any moment, if it has not.
+        if !self.inside_window(answer.completed_at_us, now_us) {
+            // The reaper may delete the key at any moment, if it has not.
             self.forget(&name);
             return None;
         }
@@ -276,27 +287,25 @@ struct Shared {
     wanted: Notify,
 }
 
+/// The credentials' version and the database clock (microseconds since the Unix epoch).
+type Now = (Uuid, i64);
+
 /// The result of the read numbered `read`: `None` when it failed.
 #[derive(Debug, Clone, Copy, Default)]
 struct Seen {
     read: u64,
-    fresh: Option<(i64, i64)>,
+    fresh: Option<Now>,
 }
 
 /// What the reader's task runs for each read: the version and the clock, `None` when the read
 /// failed, `Break` when the engine's pool is closed and the task should end.
-type Reader =
-    Box<dyn Fn() -> BoxFuture<'static, ControlFlow<(), Option<(i64, i64)>>> + Send + Sync>;
+type Reader = Box<dyn Fn() -> BoxFuture<'static, ControlFlow<(), Option<Now>>> + Send + Sync>;
 
 impl Fresh {
     /// The credentials' version and the database clock, read after this call began; `None` when
     /// that read failed or did not come within `bound`. The first call starts the reader's task
     /// with `reader` (an engine that never replays, the worker's, never starts one).
-    async fn after_now(
-        &self,
-        reader: impl FnOnce() -> Reader,
-        bound: Duration,
-    ) -> Option<(i64, i64)> {
+    async fn after_now(&self, reader: impl FnOnce() -> Reader, bound: Duration) -> Option<Now> {
         let mut seen = self.seen.get_or_init(|| self.start(reader())).subscribe();
         let wanted = self.shared.started.load(Ordering::SeqCst) + 1;
         self.shared.wanted.notify_one();
@@ -314,7 +323,13 @@ impl Fresh {
                 // starts at once.
                 shared.wanted.notified().await;
                 let read = shared.started.fetch_add(1, Ordering::SeqCst) + 1;
-                let ControlFlow::Continue(fresh) = reader().await else { return };
+                // A read that panics fails that read, not the task: the requests waiting read
+                // their keys, and the next read is tried.
+                let fresh = match AssertUnwindSafe(reader()).catch_unwind().await {
+                    Ok(ControlFlow::Break(())) => return,
+                    Ok(ControlFlow::Continue(fresh)) => fresh,
+                    Err(_) => None,
+                };
                 results.send_replace(Seen { read, fresh });
             }
         });
@@ -323,8 +338,31 @@ impl Fresh {
 }
 
 impl Engine {
+    /// The shared read's task runs this: [`Engine::read_fresh`], bounded by `claim_timeout`, until
+    /// the pool is closed. It holds a clone of the engine, as `Kept::start`'s task holds the pool.
+    fn fresh_reader(&self) -> Reader {
+        let engine = self.clone();
+        Box::new(move || {
+            let engine = engine.clone();
+            Box::pin(async move {
+                if engine.pool.is_closed() {
+                    return ControlFlow::Break(());
+                }
+                let read = tokio::time::timeout(engine.config.claim_timeout, engine.read_fresh());
+                match read.await {
+                    Ok(Ok(now)) => ControlFlow::Continue(Some(now)),
+                    Ok(Err(err)) => {
+                        tracing::debug!(error = %err, "the shared fresh read failed");
+                        ControlFlow::Continue(None)
+                    }
+                    Err(_) => ControlFlow::Continue(None),
+                }
+            })
+        })
+    }
+
     /// One read of the credentials' version and the database clock, on a claim connection.
-    async fn read_fresh(&self) -> Result<(i64, i64), crate::IdemError> {
+    async fn read_fresh(&self) -> Result<Now, crate::IdemError> {
         let Some(kept) = self.claim_connections() else { return store::fresh(&self.pool).await };
         let mut lent = kept.lend().await?;
         let read = store::fresh(lent.connection()).await;
@@ -345,14 +383,14 @@ mod tests {
     use super::*;
 
     /// A reader whose reads each wait for the test to give them a version.
-    fn reader(begun: mpsc::UnboundedSender<oneshot::Sender<i64>>) -> impl FnOnce() -> Reader {
+    fn reader(begun: mpsc::UnboundedSender<oneshot::Sender<u128>>) -> impl FnOnce() -> Reader {
         move || -> Reader {
             Box::new(move || {
                 let begun = begun.clone();
                 Box::pin(async move {
                     let (answer, version) = oneshot::channel();
                     let _ = begun.send(answer);
-                    ControlFlow::Continue(version.await.ok().map(|version| (version, 0)))
+                    ControlFlow::Continue(version.await.ok().map(|v| (Uuid::from_u128(v), 0)))
                 })
             })
         }
@@ -383,12 +421,12 @@ mod tests {
             tokio::task::yield_now().await;
         }
         read_1.send(1).unwrap();
-        assert_eq!(first.await.unwrap(), Some((1, 0)));
+        assert_eq!(first.await.unwrap(), Some((Uuid::from_u128(1), 0)));
         // One more read serves both.
         let read_2 = begun.recv().await.unwrap();
         read_2.send(2).unwrap();
         for request in later {
-            assert_eq!(request.await.unwrap(), Some((2, 0)));
+            assert_eq!(request.await.unwrap(), Some((Uuid::from_u128(2), 0)));
         }
         tokio::task::yield_now().await;
         assert!(begun.try_recv().is_err(), "a third read began with nobody waiting");
@@ -421,9 +459,9 @@ mod tests {
     #[test]
     fn the_copies_stay_within_their_budget_and_a_copy_used_lately_stays() {
         let answers = Answers::new(64 << 10, Duration::from_secs(3600));
-        answers.keep("acct_1", "used", answer(1000));
+        answers.keep("acct_1", "used", answer(1000), 0);
         for n in 0..1000 {
-            answers.keep("acct_1", &n.to_string(), answer(1000));
+            answers.keep("acct_1", &n.to_string(), answer(1000), 0);
             assert!(answers.get(&name("acct_1", "used")).is_some(), "after {n}");
         }
         let kept = answers.kept.lock().unwrap();

@@ -194,6 +194,7 @@ impl Engine {
             let live = live.then_some((request.account_id, read.version));
             self.answers.credential_seen(digest, live);
         }
+        let now_us = read.now_us;
         let row = match read.seen {
             Seen::Key(row) => row,
             Seen::Unauthenticated => return Ok(Read::Decided(Claim::Unauthenticated)),
@@ -216,7 +217,7 @@ impl Engine {
                     response: response.clone(),
                     completed_at_us,
                 };
-                self.answers.keep(request.account_id, request.key.as_str(), answer);
+                self.answers.keep(request.account_id, request.key.as_str(), answer, now_us);
             }
             return Ok(Read::Decided(Claim::Replay(response)));
         }
@@ -407,11 +408,11 @@ impl Engine {
         Ok(due)
     }
 
-    /// The reaper: deletes up to `limit` keys completed longer than `retention` ago. Unfinished
-    /// keys are never deleted; those created longer than `retention` ago are flagged for a person
-    /// instead.
-    pub async fn reap(&self, limit: u32, retention: Duration) -> Result<Reaped, IdemError> {
-        let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    /// The reaper: deletes up to `limit` keys completed longer than the engine's `retention` ago
+    /// (the one its answers kept in memory end with). Unfinished keys are never deleted; those
+    /// created longer than `retention` ago are flagged for a person instead.
+    pub async fn reap(&self, limit: u32) -> Result<Reaped, IdemError> {
+        let retention_ms = i64::try_from(self.config.retention.as_millis()).unwrap_or(i64::MAX);
         let deleted = store::reap(&self.pool, i64::from(limit), retention_ms).await?;
         let flagged = store::flag_stale(&self.pool, retention_ms).await?;
         for _ in 0..flagged {

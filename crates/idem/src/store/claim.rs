@@ -43,8 +43,10 @@ pub(crate) struct Lookup {
 pub(crate) struct Read {
     pub seen: Seen,
     /// `credentials_version` as the statement saw it: a credential the statement found live stays
-    /// live for as long as the version has not moved (see `answers.rs`).
-    pub version: i64,
+    /// live for as long as the version has not changed (see `answers.rs`).
+    pub version: Uuid,
+    /// The database clock, in microseconds since the Unix epoch.
+    pub now_us: i64,
 }
 
 /// What the claim's read saw of the key.
@@ -79,7 +81,8 @@ pub(crate) async fn read(
                             WHERE key_hash = $3 AND account_id = $1 AND revoked_at IS NULL)
         ),
         version AS (SELECT version FROM credentials_version)
-        SELECT v.version AS "version!", p.live AS "live?", k.id AS "id?", k.fingerprint AS "fingerprint?",
+        SELECT v.version AS "version!", (extract(epoch FROM now()) * 1000000)::int8 AS "now_us!",
+               p.live AS "live?", k.id AS "id?", k.fingerprint AS "fingerprint?",
                k.request_method AS "request_method?", k.request_path AS "request_path?",
                k.request_id AS "request_id?", k.operation AS "operation?",
                CASE WHEN k.response_status IS NULL THEN k.request_params END AS "request_params?",
@@ -102,12 +105,12 @@ pub(crate) async fn read(
     )
     .fetch_one(executor)
     .await?;
-    let version = row.version;
+    let (version, now_us) = (row.version, row.now_us);
     if row.live.is_none() {
-        return Ok(Read { seen: Seen::Unauthenticated, version });
+        return Ok(Read { seen: Seen::Unauthenticated, version, now_us });
     }
     let Some(id) = row.id else {
-        return Ok(Read { seen: Seen::Absent(present(row.reserved)?), version });
+        return Ok(Read { seen: Seen::Absent(present(row.reserved)?), version, now_us });
     };
     // The key's own columns are NOT NULL: with an id, all of them are present.
     let response = stored_response(row.response_status, row.response_headers, row.response_body)?;
@@ -125,12 +128,12 @@ pub(crate) async fn read(
         response,
         completed_at_us: row.completed_at_us,
     });
-    Ok(Read { seen, version })
+    Ok(Read { seen, version, now_us })
 }
 
 /// The credentials' version and the database clock (microseconds since the Unix epoch), read by a
 /// statement of its own: what a replay answered from memory waits for (`answers.rs`).
-pub(crate) async fn fresh(executor: impl PgExecutor<'_>) -> Result<(i64, i64), IdemError> {
+pub(crate) async fn fresh(executor: impl PgExecutor<'_>) -> Result<(Uuid, i64), IdemError> {
     let row = sqlx::query!(
         r#"SELECT version, (extract(epoch FROM now()) * 1000000)::int8 AS "now_us!"
              FROM credentials_version"#
