@@ -9,7 +9,8 @@ async fn metrics_count_requests_by_route_replays_and_processor_calls(pool: PgPoo
     let (app, _sim) = spawn_with_sim(pool, &[]).await;
     let (_, key) = app.create_account("shop").await;
     let body = json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
-    for _ in 0..2 {
+    // Created, replayed from the database, replayed from memory.
+    for _ in 0..3 {
         assert_eq!(app.post("/v1/payments", &key, Some("m1"), &body).await.status(), 201);
     }
     let id = "pay_doesnotexist000000000000";
@@ -23,7 +24,8 @@ async fn metrics_count_requests_by_route_replays_and_processor_calls(pool: PgPoo
         r#"http_requests_total{method="POST",route="/v1/payments",status="201"}"#,
         r#"http_requests_total{method="GET",route="/v1/payments/{id}",status="404"}"#,
         r#"http_request_duration_seconds_bucket{method="POST",route="/v1/payments""#,
-        r#"idempotency_events_total{event="replayed"}"#,
+        r#"idempotency_events_total{event="replayed"} 2"#,
+        r#"idempotency_events_total{event="answered_from_memory"} 1"#,
         r#"idempotency_events_total{event="claimed"}"#,
         r#"processor_calls_total{path="/v1/charges",outcome="ok"}"#,
     ] {

@@ -63,6 +63,7 @@ impl Observer for IdemMetrics {
             Event::Resumed => "resumed",
             Event::TookOver => "took_over",
             Event::Replayed => "replayed",
+            Event::AnsweredFromMemory => "answered_from_memory",
             Event::InUse => "in_use",
             Event::Mismatch => "mismatch",
             Event::LeaseLost => "lease_lost",

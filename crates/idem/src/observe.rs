@@ -11,6 +11,9 @@ pub enum Event {
     TookOver,
     /// A stored response was replayed.
     Replayed,
+    /// A replay or a mismatch was answered from the answers kept in memory, without reading its
+    /// key (counted besides `Replayed` or `Mismatch`).
+    AnsweredFromMemory,
     /// A request found the key held by another (409).
     InUse,
     /// A request's fingerprint differed from the key's (422).

@@ -422,11 +422,13 @@ async fn kept_in_memory(h: &Harness, credential: &[u8]) {
     let first = String::from_utf8(h.run(lease).await.unwrap().body).unwrap();
     assert_eq!(replayed_body(h.claim_with_credential("k1", credential).await), first);
     tamper(&h.pool, "k1").await;
+    let before = h.events.count(Event::AnsweredFromMemory);
     assert_eq!(
         replayed_body(h.claim_with_credential("k1", credential).await),
         first,
         "from memory"
     );
+    assert_eq!(h.events.count(Event::AnsweredFromMemory), before + 1);
 }
 
 fn replayed_body(claim: Claim) -> String {

@@ -169,16 +169,18 @@ impl Engine {
             request.key.as_str(),
             &request.fingerprint,
         );
-        match kept.await {
-            Some(KeptAnswer::Replay(response)) => {
-                self.observer.event(Event::Replayed);
-                return Ok(Read::Decided(Claim::Replay(response)));
-            }
-            Some(KeptAnswer::Mismatch { method, path }) => {
-                self.observer.event(Event::Mismatch);
-                return Ok(Read::Decided(Claim::Mismatch { method, path }));
-            }
-            None => {}
+        if let Some(kept) = kept.await {
+            self.observer.event(Event::AnsweredFromMemory);
+            return Ok(Read::Decided(match kept {
+                KeptAnswer::Replay(response) => {
+                    self.observer.event(Event::Replayed);
+                    Claim::Replay(response)
+                }
+                KeptAnswer::Mismatch { method, path } => {
+                    self.observer.event(Event::Mismatch);
+                    Claim::Mismatch { method, path }
+                }
+            }));
         }
         let lookup = Lookup {
             account_id: request.account_id.to_owned(),
