@@ -49,7 +49,7 @@ use crate::fingerprint::Fingerprint;
 use crate::response::StoredResponse;
 use crate::store;
 
-/// A finished key's answer, as kept.
+/// A finished key's answer, as a replay read it.
 #[derive(Debug)]
 pub(crate) struct Answer {
     pub fingerprint: Fingerprint,
@@ -60,12 +60,71 @@ pub(crate) struct Answer {
     pub completed_at_us: i64,
 }
 
-impl Answer {
+/// An answer as kept: its body and texts back to back in one block. Thousands of copies then
+/// make a few thousand blocks the size of a response rather than a dozen small pieces each,
+/// which the allocator would scatter among the short-lived allocations of the requests running
+/// meanwhile, and keep pages for long after the copies are dropped.
+struct Packed {
+    fingerprint: Fingerprint,
+    completed_at_us: i64,
+    status: u16,
+    /// The body, each header's name and value, the method and the path.
+    bytes: Box<[u8]>,
+    /// Where each of those ends in `bytes`.
+    ends: Box<[u32]>,
+}
+
+impl Packed {
+    /// `None` for an answer too large to describe with 32-bit offsets (never kept).
+    fn of(answer: &Answer) -> Option<Self> {
+        let response = &answer.response;
+        let pieces = std::iter::once(response.body.as_slice())
+            .chain(response.headers.iter().flat_map(|(n, v)| [n.as_bytes(), v.as_bytes()]))
+            .chain([answer.method.as_bytes(), answer.path.as_bytes()]);
+        let (mut bytes, mut ends) = (Vec::new(), Vec::new());
+        for piece in pieces {
+            bytes.extend_from_slice(piece);
+            ends.push(u32::try_from(bytes.len()).ok()?);
+        }
+        Some(Self {
+            fingerprint: answer.fingerprint,
+            completed_at_us: answer.completed_at_us,
+            status: response.status,
+            bytes: bytes.into_boxed_slice(),
+            ends: ends.into_boxed_slice(),
+        })
+    }
+
+    /// The pieces `of` put in, in order.
+    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .map(|(start, end)| self.bytes.get(start as usize..end as usize).unwrap_or_default())
+    }
+
+    fn text(piece: Option<&[u8]>) -> String {
+        String::from_utf8_lossy(piece.unwrap_or_default()).into_owned()
+    }
+
+    fn response(&self) -> StoredResponse {
+        let mut pieces = self.pieces();
+        let body = pieces.next().unwrap_or_default().to_vec();
+        let headers = (0..self.ends.len().saturating_sub(3) / 2)
+            .map(|_| (Self::text(pieces.next()), Self::text(pieces.next())))
+            .collect();
+        StoredResponse { status: self.status, headers, body }
+    }
+
+    /// The first request's method and path.
+    fn request_line(&self) -> (String, String) {
+        let mut last = self.pieces().skip(self.ends.len().saturating_sub(2));
+        (Self::text(last.next()), Self::text(last.next()))
+    }
+
     /// What the copy costs, roughly: its bytes and the maps' overhead.
     fn size(&self, name: &str) -> usize {
-        let headers: usize =
-            self.response.headers.iter().map(|(n, v)| n.len() + v.len() + 48).sum();
-        name.len() + self.method.len() + self.path.len() + self.response.body.len() + headers + 160
+        name.len() + self.bytes.len() + self.ends.len() * 4 + 160
     }
 }
 
@@ -84,9 +143,9 @@ pub(crate) struct Answers {
 
 #[derive(Default)]
 struct Generations {
-    current: HashMap<String, Arc<Answer>>,
+    current: HashMap<String, Arc<Packed>>,
     current_bytes: usize,
-    previous: HashMap<String, Arc<Answer>>,
+    previous: HashMap<String, Arc<Packed>>,
 }
 
 impl std::fmt::Debug for Answers {
@@ -139,7 +198,7 @@ impl Answers {
     }
 
     /// The copy of a key's answer, if one is kept.
-    fn get(&self, name: &str) -> Option<Arc<Answer>> {
+    fn get(&self, name: &str) -> Option<Arc<Packed>> {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(answer) = kept.current.get(name) {
             return Some(answer.clone());
@@ -161,6 +220,7 @@ impl Answers {
         if !self.enabled() || !self.inside_window(answer.completed_at_us, now_us) {
             return;
         }
+        let Some(answer) = Packed::of(&answer) else { return };
         let name = name(account_id, key);
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         kept.insert(name, Arc::new(answer), self.budget);
@@ -234,15 +294,16 @@ impl Answers {
             return None;
         }
         Some(if answer.fingerprint == *fingerprint {
-            KeptAnswer::Replay(answer.response.clone())
+            KeptAnswer::Replay(answer.response())
         } else {
-            KeptAnswer::Mismatch { method: answer.method.clone(), path: answer.path.clone() }
+            let (method, path) = answer.request_line();
+            KeptAnswer::Mismatch { method, path }
         })
     }
 }
 
 impl Generations {
-    fn insert(&mut self, name: String, answer: Arc<Answer>, budget: usize) {
+    fn insert(&mut self, name: String, answer: Arc<Packed>, budget: usize) {
         let size = answer.size(&name);
         if size > budget / 2 {
             return;
@@ -454,6 +515,22 @@ mod tests {
             response: StoredResponse::json(200, vec![b'x'; body]),
             completed_at_us: 0,
         }
+    }
+
+    #[test]
+    fn a_packed_answer_gives_back_what_it_was_made_of() {
+        let mut answer = answer(3);
+        answer.response = answer.response.with_header("location", "/v1/payments/pay_1");
+        let packed = Packed::of(&answer).unwrap();
+        assert_eq!(packed.response(), answer.response);
+        assert_eq!(packed.request_line(), ("POST".to_owned(), "/v1/payments".to_owned()));
+        let bare = Answer {
+            response: StoredResponse { status: 204, headers: vec![], body: vec![] },
+            ..answer
+        };
+        let packed = Packed::of(&bare).unwrap();
+        assert_eq!(packed.response(), bare.response);
+        assert_eq!(packed.request_line(), ("POST".to_owned(), "/v1/payments".to_owned()));
     }
 
     #[test]
