@@ -26,6 +26,7 @@ $$;
 CREATE TRIGGER api_keys_credentials_version
     AFTER UPDATE OF account_id, key_hash, revoked_at OR DELETE OR TRUNCATE ON api_keys
     FOR EACH STATEMENT EXECUTE FUNCTION credentials_version_advance();
--- Also when triggers are otherwise off (`session_replication_role = replica`: logical replication
--- applying changes, `pg_restore --disable-triggers`): a revocation must never go unseen.
+-- Also in sessions that replay changes (`session_replication_role = replica`: logical
+-- replication). A restore that disables every trigger while it loads re-enables this one as an
+-- ordinary trigger: run this statement again after one (docs/appendix-performance.md).
 ALTER TABLE api_keys ENABLE ALWAYS TRIGGER api_keys_credentials_version;

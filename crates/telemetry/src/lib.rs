@@ -100,13 +100,23 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(target_os = "linux")] // reads /proc
     fn the_recorder_is_kept_up_by_a_thread_of_its_own() {
         metrics();
-        let names: Vec<String> = std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-            .map(|name| name.trim().to_owned())
-            .collect();
-        assert!(names.iter().any(|name| name == UPKEEP_THREAD), "threads: {names:?}");
+        let names = || -> Vec<String> {
+            std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+                .map(|name| name.trim().to_owned())
+                .collect()
+        };
+        // The thread names itself once it runs.
+        for _ in 0..100 {
+            if names().iter().any(|name| name == UPKEEP_THREAD) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("no {UPKEEP_THREAD} thread among {:?}", names());
     }
 }

@@ -17,15 +17,17 @@
 //! - **Retention.** The reaper deletes a key once `completed_at < now() - retention` by the
 //!   database clock; the copy keeps `completed_at` and is used only while the database clock
 //!   says the key is inside its window (with the engine's `retention`, which must be the
-//!   reaper's).
+//!   reaper's: the API's and the worker's `idempotency.retention_hours` are one setting, and a
+//!   shorter retention is rolled out to the API before the worker).
 //!
 //! Both need the version and the database clock *as of a moment after the request arrived*. A
 //! request does not read them itself: it waits for the next read of them that begins after it
 //! arrived ([`Fresh`]), and all the requests that arrived meanwhile share that read. Under load,
 //! one statement answers many replays; alone, a replay costs one statement as before, a smaller
 //! one. When anything is missing (no copy, a credential not confirmed at the current version, a
-//! copy past its window, a fresh read that failed or took longer than `claim_timeout`), the
-//! request reads its key from the database as it would have without the copy.
+//! copy past its window, a fresh read that failed or kept the request waiting 250 ms), the
+//! request reads its key from the database as it would have without the copy: then a replay
+//! costs the shared read and its own.
 //!
 //! The copies are bounded in bytes, in two generations: a full current generation becomes the
 //! previous one, and the previous one is dropped; a copy found in the previous generation moves
@@ -33,7 +35,6 @@
 //! answers this process stores, so that keys which are never retried take no memory.
 
 use std::collections::HashMap;
-use std::ops::ControlFlow;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -214,8 +215,8 @@ impl Answers {
         now_us < completed_at_us.saturating_add(self.window_us)
     }
 
-    /// Keeps a copy of a finished key's answer, read at `now_us` by the database clock (a key
-    /// near the end of its window is not kept: it could answer nothing).
+    /// Keeps a copy of a finished key's answer, read at `now_us` by the database clock (one past
+    /// the end of its shortened window is not kept: it could answer nothing).
     pub(crate) fn keep(&self, account_id: &str, key: &str, answer: Answer, now_us: i64) {
         if !self.enabled() || !self.inside_window(answer.completed_at_us, now_us) {
             return;
@@ -284,7 +285,7 @@ impl Answers {
             None => None,
         };
         let bound = engine.config.claim_timeout.min(FRESH_WAIT);
-        let (version, now_us) = self.fresh.after_now(|| engine.fresh_reader(), bound).await?;
+        let (version, now_us) = self.fresh.after_now(|| engine.fresh_reader(bound), bound).await?;
         if confirmed.is_some_and(|confirmed| confirmed != version) {
             return None;
         }
@@ -358,9 +359,12 @@ struct Seen {
     fresh: Option<Now>,
 }
 
-/// What the reader's task runs for each read: the version and the clock, `None` when the read
-/// failed, `Break` when the engine's pool is closed and the task should end.
-type Reader = Box<dyn Fn() -> BoxFuture<'static, ControlFlow<(), Option<Now>>> + Send + Sync>;
+/// What the reader's task runs: `read` for each read (the version and the clock, `None` when the
+/// read failed), until `stop` completes (the engine's pool closed).
+struct Reader {
+    read: Box<dyn Fn() -> BoxFuture<'static, Option<Now>> + Send + Sync>,
+    stop: BoxFuture<'static, ()>,
+}
 
 impl Fresh {
     /// The credentials' version and the database clock, read after this call began; `None` when
@@ -378,19 +382,19 @@ impl Fresh {
     fn start(&self, reader: Reader) -> watch::Sender<Seen> {
         let (sender, _) = watch::channel(Seen::default());
         let (shared, results) = (self.shared.clone(), sender.clone());
+        let Reader { read: read_once, mut stop } = reader;
         tokio::spawn(async move {
             loop {
                 // A wake-up that came while a read ran is kept (one permit), so the next read
                 // starts at once.
-                shared.wanted.notified().await;
+                tokio::select! {
+                    () = shared.wanted.notified() => {}
+                    () = &mut stop => return,
+                }
                 let read = shared.started.fetch_add(1, Ordering::SeqCst) + 1;
                 // A read that panics fails that read, not the task: the requests waiting read
                 // their keys, and the next read is tried.
-                let fresh = match AssertUnwindSafe(reader()).catch_unwind().await {
-                    Ok(ControlFlow::Break(())) => return,
-                    Ok(ControlFlow::Continue(fresh)) => fresh,
-                    Err(_) => None,
-                };
+                let fresh = AssertUnwindSafe(read_once()).catch_unwind().await.ok().flatten();
                 results.send_replace(Seen { read, fresh });
             }
         });
@@ -399,27 +403,28 @@ impl Fresh {
 }
 
 impl Engine {
-    /// The shared read's task runs this: [`Engine::read_fresh`], bounded by `claim_timeout`, until
-    /// the pool is closed. It holds a clone of the engine, as `Kept::start`'s task holds the pool.
-    fn fresh_reader(&self) -> Reader {
+    /// The shared read's task runs this: [`Engine::read_fresh`], bounded as a request's wait for
+    /// it is (a read that outlasts every wait serves no one), until the pool is closed. The task
+    /// holds a clone of the engine until then.
+    fn fresh_reader(&self, bound: Duration) -> Reader {
         let engine = self.clone();
-        Box::new(move || {
-            let engine = engine.clone();
-            Box::pin(async move {
-                if engine.pool.is_closed() {
-                    return ControlFlow::Break(());
-                }
-                let read = tokio::time::timeout(engine.config.claim_timeout, engine.read_fresh());
-                match read.await {
-                    Ok(Ok(now)) => ControlFlow::Continue(Some(now)),
-                    Ok(Err(err)) => {
-                        tracing::debug!(error = %err, "the shared fresh read failed");
-                        ControlFlow::Continue(None)
+        let pool = self.pool.clone();
+        Reader {
+            read: Box::new(move || {
+                let engine = engine.clone();
+                Box::pin(async move {
+                    match tokio::time::timeout(bound, engine.read_fresh()).await {
+                        Ok(Ok(now)) => Some(now),
+                        Ok(Err(err)) => {
+                            tracing::debug!(error = %err, "the shared fresh read failed");
+                            None
+                        }
+                        Err(_) => None,
                     }
-                    Err(_) => ControlFlow::Continue(None),
-                }
-            })
-        })
+                })
+            }),
+            stop: Box::pin(async move { pool.close_event().await }),
+        }
     }
 
     /// One read of the credentials' version and the database clock, on a claim connection.
@@ -445,15 +450,16 @@ mod tests {
 
     /// A reader whose reads each wait for the test to give them a version.
     fn reader(begun: mpsc::UnboundedSender<oneshot::Sender<u128>>) -> impl FnOnce() -> Reader {
-        move || -> Reader {
-            Box::new(move || {
+        move || Reader {
+            read: Box::new(move || {
                 let begun = begun.clone();
                 Box::pin(async move {
                     let (answer, version) = oneshot::channel();
                     let _ = begun.send(answer);
-                    ControlFlow::Continue(version.await.ok().map(|v| (Uuid::from_u128(v), 0)))
+                    version.await.ok().map(|v| (Uuid::from_u128(v), 0))
                 })
-            })
+            }),
+            stop: Box::pin(std::future::pending()),
         }
     }
 
