@@ -24,10 +24,10 @@
 //! request does not read them itself: it waits for the next read of them that begins after it
 //! arrived ([`Fresh`]), and all the requests that arrived meanwhile share that read. Under load,
 //! one statement answers many replays; alone, a replay costs one statement as before, a smaller
-//! one. When anything is missing (no copy, a credential not confirmed at the current version, a
-//! copy past its window, a fresh read that failed or kept the request waiting 250 ms), the
-//! request reads its key from the database as it would have without the copy: then a replay
-//! costs the shared read and its own.
+//! one. Without a copy, or without a check of its credential here, a request reads its key at
+//! once, as it would have without the copies; when the shared read says the copy cannot answer (a
+//! changed version, a copy past its window) or fails or keeps the request waiting 250 ms, the
+//! request reads its key after it, and that replay costs two statements.
 //!
 //! The copies are bounded in bytes, in two generations: a full current generation becomes the
 //! previous one, and the previous one is dropped; a copy found in the previous generation moves
