@@ -50,13 +50,13 @@ use crate::fingerprint::Fingerprint;
 use crate::response::StoredResponse;
 use crate::store;
 
-/// A finished key's answer, as a replay read it.
-#[derive(Debug)]
-pub(crate) struct Answer {
+/// A finished key's answer, as a replay read it (borrowed: it is packed, not kept as is).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Answer<'a> {
     pub fingerprint: Fingerprint,
-    pub method: String,
-    pub path: String,
-    pub response: StoredResponse,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub response: &'a StoredResponse,
     /// When the key was finished, in microseconds since the Unix epoch by the database clock.
     pub completed_at_us: i64,
 }
@@ -77,8 +77,8 @@ struct Packed {
 
 impl Packed {
     /// `None` for an answer too large to describe with 32-bit offsets (never kept).
-    fn of(answer: &Answer) -> Option<Self> {
-        let response = &answer.response;
+    fn of(answer: Answer<'_>) -> Option<Self> {
+        let response = answer.response;
         let pieces = std::iter::once(response.body.as_slice())
             .chain(response.headers.iter().flat_map(|(n, v)| [n.as_bytes(), v.as_bytes()]))
             .chain([answer.method.as_bytes(), answer.path.as_bytes()]);
@@ -96,31 +96,42 @@ impl Packed {
         })
     }
 
-    /// The pieces `of` put in, in order.
-    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
-        let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts
-            .zip(self.ends.iter().copied())
-            .map(|(start, end)| self.bytes.get(start as usize..end as usize).unwrap_or_default())
+    /// The pieces `of` put in, in order; `None` if the offsets do not describe `bytes` (which
+    /// `of` never makes: a copy that cannot be read answers nothing, and the key is read).
+    fn pieces(&self) -> Option<Vec<&[u8]>> {
+        let mut start = 0;
+        self.ends
+            .iter()
+            .map(|&end| {
+                let piece = self.bytes.get(start as usize..end as usize)?;
+                start = end;
+                Some(piece)
+            })
+            .collect()
     }
 
-    fn text(piece: Option<&[u8]>) -> String {
-        String::from_utf8_lossy(piece.unwrap_or_default()).into_owned()
+    fn text(piece: &[u8]) -> Option<String> {
+        String::from_utf8(piece.to_vec()).ok()
     }
 
-    fn response(&self) -> StoredResponse {
-        let mut pieces = self.pieces();
-        let body = pieces.next().unwrap_or_default().to_vec();
-        let headers = (0..self.ends.len().saturating_sub(3) / 2)
-            .map(|_| (Self::text(pieces.next()), Self::text(pieces.next())))
-            .collect();
-        StoredResponse { status: self.status, headers, body }
+    fn response(&self) -> Option<StoredResponse> {
+        let pieces = self.pieces()?;
+        let [body, headers @ .., _method, _path] = pieces.as_slice() else { return None };
+        let headers = headers
+            .chunks(2)
+            .map(|pair| match pair {
+                [name, value] => Some((Self::text(name)?, Self::text(value)?)),
+                _ => None,
+            })
+            .collect::<Option<_>>()?;
+        Some(StoredResponse { status: self.status, headers, body: body.to_vec() })
     }
 
     /// The first request's method and path.
-    fn request_line(&self) -> (String, String) {
-        let mut last = self.pieces().skip(self.ends.len().saturating_sub(2));
-        (Self::text(last.next()), Self::text(last.next()))
+    fn request_line(&self) -> Option<(String, String)> {
+        let pieces = self.pieces()?;
+        let [_body, .., method, path] = pieces.as_slice() else { return None };
+        Some((Self::text(method)?, Self::text(path)?))
     }
 
     /// What the copy costs, roughly: its bytes and the maps' overhead.
@@ -217,11 +228,11 @@ impl Answers {
 
     /// Keeps a copy of a finished key's answer, read at `now_us` by the database clock (one past
     /// the end of its shortened window is not kept: it could answer nothing).
-    pub(crate) fn keep(&self, account_id: &str, key: &str, answer: Answer, now_us: i64) {
+    pub(crate) fn keep(&self, account_id: &str, key: &str, answer: Answer<'_>, now_us: i64) {
         if !self.enabled() || !self.inside_window(answer.completed_at_us, now_us) {
             return;
         }
-        let Some(answer) = Packed::of(&answer) else { return };
+        let Some(answer) = Packed::of(answer) else { return };
         let name = name(account_id, key);
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         kept.insert(name, Arc::new(answer), self.budget);
@@ -295,9 +306,9 @@ impl Answers {
             return None;
         }
         Some(if answer.fingerprint == *fingerprint {
-            KeptAnswer::Replay(answer.response())
+            KeptAnswer::Replay(answer.response()?)
         } else {
-            let (method, path) = answer.request_line();
+            let (method, path) = answer.request_line()?;
             KeptAnswer::Mismatch { method, path }
         })
     }
@@ -513,38 +524,41 @@ mod tests {
         assert_eq!(timed_out, None);
     }
 
-    fn answer(body: usize) -> Answer {
+    fn answer(response: &StoredResponse) -> Answer<'_> {
         Answer {
-            fingerprint: Fingerprint::from_bytes(&[0; 32]).unwrap(),
-            method: "POST".into(),
-            path: "/v1/payments".into(),
-            response: StoredResponse::json(200, vec![b'x'; body]),
+            fingerprint: Fingerprint::from_bytes(&[0; 32]).expect("32 bytes"),
+            method: "POST",
+            path: "/v1/payments",
+            response,
             completed_at_us: 0,
         }
     }
 
     #[test]
     fn a_packed_answer_gives_back_what_it_was_made_of() {
-        let mut answer = answer(3);
-        answer.response = answer.response.with_header("location", "/v1/payments/pay_1");
-        let packed = Packed::of(&answer).unwrap();
-        assert_eq!(packed.response(), answer.response);
-        assert_eq!(packed.request_line(), ("POST".to_owned(), "/v1/payments".to_owned()));
-        let bare = Answer {
-            response: StoredResponse { status: 204, headers: vec![], body: vec![] },
-            ..answer
-        };
-        let packed = Packed::of(&bare).unwrap();
-        assert_eq!(packed.response(), bare.response);
-        assert_eq!(packed.request_line(), ("POST".to_owned(), "/v1/payments".to_owned()));
+        let response = StoredResponse::json(200, b"xxx".to_vec())
+            .with_header("location", "/v1/payments/pay_1");
+        let line = Some(("POST".to_owned(), "/v1/payments".to_owned()));
+        let packed = Packed::of(answer(&response)).expect("a small answer packs");
+        assert_eq!(packed.response().as_ref(), Some(&response));
+        assert_eq!(packed.request_line(), line);
+        let bare = StoredResponse { status: 204, headers: vec![], body: vec![] };
+        let packed = Packed::of(answer(&bare)).expect("an empty answer packs");
+        assert_eq!(packed.response().as_ref(), Some(&bare));
+        assert_eq!(packed.request_line(), line);
+        // Offsets that do not describe the bytes read as nothing, never as an empty answer.
+        let broken = Packed { ends: vec![1, 99, 100].into_boxed_slice(), ..packed };
+        assert_eq!(broken.response(), None);
+        assert_eq!(broken.request_line(), None);
     }
 
     #[test]
     fn the_copies_stay_within_their_budget_and_a_copy_used_lately_stays() {
         let answers = Answers::new(64 << 10, Duration::from_secs(3600));
-        answers.keep("acct_1", "used", answer(1000), 0);
+        let response = StoredResponse::json(200, vec![b'x'; 1000]);
+        answers.keep("acct_1", "used", answer(&response), 0);
         for n in 0..1000 {
-            answers.keep("acct_1", &n.to_string(), answer(1000), 0);
+            answers.keep("acct_1", &n.to_string(), answer(&response), 0);
             assert!(answers.get(&name("acct_1", "used")).is_some(), "after {n}");
         }
         let kept = answers.kept.lock().unwrap();

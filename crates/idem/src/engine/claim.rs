@@ -214,9 +214,9 @@ impl Engine {
             if let Some(completed_at_us) = row.completed_at_us {
                 let answer = Answer {
                     fingerprint: request.fingerprint,
-                    method: row.request_method,
-                    path: row.request_path,
-                    response: response.clone(),
+                    method: &row.request_method,
+                    path: &row.request_path,
+                    response: &response,
                     completed_at_us,
                 };
                 self.answers.keep(request.account_id, request.key.as_str(), answer, now_us);
