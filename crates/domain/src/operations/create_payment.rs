@@ -14,7 +14,7 @@ use sqlx::PgConnection;
 
 use super::reconcile::{
     Reconciled, adopt_or_move_on, audit_other_charge, count_reconciliation, plan_of, planned_call,
-    refused_at_a_later_generation, report_extra, when_nothing_found,
+    refusal_may_be_stored, refused_at_a_later_generation, report_extra, when_nothing_found,
 };
 use super::{
     Context, LeaseInfo, PaymentOperation, failure_code, final_problem, internal, payment_answer,
@@ -118,7 +118,7 @@ impl<P: CardProcessor> CreatePayment<P> {
     /// The charge the processor's webhook says the call under `key` made, if one did
     /// (`processor_events`). A charge that is not this payment's is for a person, and so is a
     /// decline of a later generation, as when the call itself answers one
-    /// ([`refused_at_a_later_generation`]).
+    /// ([`refusal_may_be_stored`]).
     async fn pushed_charge(
         &self,
         payment: &Payment,
@@ -157,21 +157,20 @@ impl<P: CardProcessor> CreatePayment<P> {
                     ),
                 })
             }
-            Some(charge) if !charge.paid && key.generation_number() > 1 => {
-                Err(Interrupted::NeedsHuman {
-                    reason: format!(
-                        "{key} was declined ({}, reported by the processor's webhook); what an \
-                         earlier generation of the key did is not known for sure",
-                        charge.id
-                    ),
-                })
+            Some(charge) if !charge.paid => {
+                refusal_may_be_stored(key, || {
+                    format!("declined ({}, reported by the processor's webhook)", charge.id)
+                })?;
+                Ok(Some(charge))
             }
             found => Ok(found),
         }
     }
 
     /// The processor cannot tell us what the charge request did: what its webhook told us, or
-    /// else look for the payment's charge.
+    /// else look for the payment's charge. A declined charge found is the answer only where a
+    /// decline the call answered would be ([`refusal_may_be_stored`]): under a later generation
+    /// the search may not show yet an earlier generation's successful charge.
     async fn reconcile(
         &self,
         lease: &mut Lease,
@@ -194,8 +193,14 @@ impl<P: CardProcessor> CreatePayment<P> {
         let paid: Vec<&Charge> = ours.iter().filter(|charge| charge.paid).collect();
         match (paid.as_slice(), ours.first()) {
             ([charge], _) => Ok(Reconciled::Adopt((*charge).clone())),
-            // Declined: no money moved, and the decline is the answer.
-            ([], Some(failed)) => Ok(Reconciled::Adopt(failed.clone())),
+            // Declined: no money moved, and the decline is the answer (under the first
+            // generation: under a later one, an earlier call may have charged the card).
+            ([], Some(failed)) => {
+                refusal_may_be_stored(key, || {
+                    format!("declined ({}, found by the processor's search; {why})", failed.id)
+                })?;
+                Ok(Reconciled::Adopt(failed.clone()))
+            }
             ([], None) => {
                 let processor = &self.ctx.processor;
                 when_nothing_found(

@@ -137,24 +137,40 @@ impl<P: RecoveryPoint> Phase for NextGeneration<'_, P> {
     }
 }
 
-/// A final refusal of a later generation (`…/2`) proves nothing about the earlier ones: the
-/// lookup that let it go out may have missed what they did (a search that trailed further than
-/// its documented lag), and a refusal stored now could stand behind a charge. A person looks.
+/// Whether a refusal seen under `key` may be stored as the answer, whichever way it was seen:
+/// the call's own final answer ([`refused_at_a_later_generation`]), a decline the processor's
+/// webhook reported for the key, or a declined charge the processor's search found. Only under
+/// the key's first generation. A refusal under a later one (`…/2`) proves nothing about the
+/// earlier ones: the lookup that let it go out may have missed what they did (a search that
+/// trailed further than its documented lag), and a refusal stored now could stand behind a
+/// charge. `Err` refers the key to a person; `refusal` says what was seen ("declined (ch_…)").
+pub(super) fn refusal_may_be_stored(
+    key: &DownstreamKey,
+    refusal: impl FnOnce() -> String,
+) -> Result<(), Interrupted> {
+    if key.generation_number() <= 1 {
+        return Ok(());
+    }
+    Err(Interrupted::NeedsHuman {
+        reason: format!(
+            "{key} was {}; what an earlier generation of the key did is not known for sure",
+            refusal()
+        ),
+    })
+}
+
+/// The call's answer, unless it is a final refusal that may not be stored
+/// ([`refusal_may_be_stored`]): a person looks.
 pub(super) fn refused_at_a_later_generation<T>(
     request: &FrozenRequest,
     outcome: Result<T, ProcessorError>,
 ) -> Result<Result<T, ProcessorError>, Interrupted> {
-    match outcome {
-        Err(err) if err.class() == ErrorClass::Final && request.key.generation_number() > 1 => {
-            Err(Interrupted::NeedsHuman {
-                reason: format!(
-                    "{} was refused ({err}); what an earlier generation of the key did is not known for sure",
-                    request.key
-                ),
-            })
-        }
-        other => Ok(other),
+    if let Err(err) = &outcome
+        && err.class() == ErrorClass::Final
+    {
+        refusal_may_be_stored(&request.key, || format!("refused ({err})"))?;
     }
+    Ok(outcome)
 }
 
 /// The audit detail of an adopted object.
