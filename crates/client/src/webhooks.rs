@@ -1,9 +1,11 @@
 //! Verifying a webhook delivery: the receiving half of at-least-once.
 //!
 //! Each delivery carries `Payments-Signature: t=<unix>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`
-//! (Stripe's scheme). [`verify`] recomputes it over the raw body with the endpoint's secret,
-//! compares in constant time (`hmac`'s own `verify_slice`), and refuses a timestamp outside the
-//! tolerance, so a captured delivery replayed later is refused. A verified delivery may still be
+//! (Stripe's scheme). [`verify`] recomputes it once over the raw body with the endpoint's secret,
+//! compares each `v1` with it in constant time (`hmac`'s own `CtOutput`), and refuses a timestamp
+//! outside the tolerance, so a captured delivery replayed later is refused. A header with more
+//! than [`MAX_SIGNATURES`] `v1` entries is refused before any hashing, so a sender cannot make
+//! one request cost many hashes of the body. A verified delivery may still be
 //! a redelivery: record its event id in the same transaction as its effect (the idempotent
 //! consumer; see `examples/webhook_receiver.rs`).
 //!
@@ -18,6 +20,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use hmac::digest::{CtOutput, Output};
 use hmac::{Hmac, Mac};
 use serde::Deserialize;
 use serde_json::Value;
@@ -28,6 +31,10 @@ pub const SIGNATURE_HEADER: &str = "Payments-Signature";
 
 /// The tolerance Stripe's libraries use, and a good default: five minutes.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
+
+/// The most `v1` entries one header may carry. The API sends one; a sender rolling its secret
+/// might send a few. Far above any real header, far below one that is a denial of service.
+pub const MAX_SIGNATURES: usize = 16;
 
 /// A verified event.
 #[derive(Debug, Clone, Deserialize)]
@@ -55,6 +62,9 @@ pub enum VerifyError {
     /// The timestamp is further from now than the tolerance: a replay, or a skewed clock.
     #[error("the timestamp is outside the tolerance")]
     OutsideTolerance,
+    /// More than [`MAX_SIGNATURES`] `v1` entries: refused before any of them is checked.
+    #[error("the signature header has more than {MAX_SIGNATURES} v1 signatures")]
+    TooManySignatures,
     /// The body is signed but is not an event.
     #[error("the payload is not an event: {0}")]
     MalformedPayload(String),
@@ -72,7 +82,8 @@ pub fn verify(
 }
 
 /// Verifies a delivery as of `now` (unix seconds): the signature first, over the exact bytes
-/// received (parse nothing before it), then the timestamp, then the payload's shape.
+/// received (parse nothing before it), then the timestamp, then the payload's shape. The MAC
+/// is computed once, however many `v1` entries the header has.
 pub fn verify_at(
     payload: &[u8],
     header: &str,
@@ -87,7 +98,12 @@ pub fn verify_at(
             Some(("t", value)) => {
                 timestamp = Some(value.parse::<i64>().map_err(|_| VerifyError::MalformedHeader)?);
             }
-            Some(("v1", value)) => signatures.push(value),
+            Some(("v1", value)) => {
+                if signatures.len() == MAX_SIGNATURES {
+                    return Err(VerifyError::TooManySignatures);
+                }
+                signatures.push(value);
+            }
             _ => {} // other schemes (a future v2) are not ours to judge
         }
     }
@@ -95,15 +111,13 @@ pub fn verify_at(
     if signatures.is_empty() {
         return Err(VerifyError::MalformedHeader);
     }
-    let matched = signatures.iter().any(|signature| {
-        let Ok(expected) = hex::decode(signature) else { return false };
-        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret.as_bytes()) else { return false };
-        mac.update(timestamp.to_string().as_bytes());
-        mac.update(b".");
-        mac.update(payload);
-        mac.verify_slice(&expected).is_ok()
-    });
-    if !matched {
+    let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(secret.as_bytes()) else {
+        return Err(VerifyError::BadSignature);
+    };
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(payload);
+    if !any_signature_matches(&mac.finalize(), &signatures) {
         return Err(VerifyError::BadSignature);
     }
     let tolerance = i64::try_from(tolerance.as_secs()).unwrap_or(i64::MAX);
@@ -111,6 +125,18 @@ pub fn verify_at(
         return Err(VerifyError::OutsideTolerance);
     }
     serde_json::from_slice(payload).map_err(|err| VerifyError::MalformedPayload(err.to_string()))
+}
+
+/// Whether any of `signatures` (hex) is `expected`, compared in constant time. Taking the MAC
+/// already computed is the point: checking one more candidate costs a comparison, not a hash
+/// of the body. An entry that is not exactly 32 bytes of hex (empty, short, garbled) matches
+/// nothing.
+fn any_signature_matches(expected: &CtOutput<Hmac<Sha256>>, signatures: &[&str]) -> bool {
+    signatures.iter().any(|signature| {
+        let mut candidate = Output::<Hmac<Sha256>>::default();
+        hex::decode_to_slice(signature, &mut candidate).is_ok()
+            && CtOutput::new(candidate) == *expected
+    })
 }
 
 #[cfg(test)]
@@ -186,6 +212,49 @@ mod tests {
                 "{header}"
             );
         }
+    }
+
+    /// `t=1000`, then `decoys` empty `v1` entries, then the good signature for `BODY`.
+    fn header_with_decoys_before_the_signature(decoys: usize) -> String {
+        let good = sign(1000, BODY);
+        format!("t=1000,{}{}", "v1=,".repeat(decoys), good.trim_start_matches("t=1000,"))
+    }
+
+    #[test]
+    fn a_good_signature_after_other_entries_verifies_up_to_the_cap() {
+        let header = header_with_decoys_before_the_signature(MAX_SIGNATURES - 1);
+        let event = verify_at(BODY, &header, SECRET, DEFAULT_TOLERANCE, 1000).unwrap();
+        assert_eq!(event.id, "evt_1");
+    }
+
+    #[test]
+    fn a_header_with_more_signatures_than_the_cap_is_refused_even_if_one_matches() {
+        let header = header_with_decoys_before_the_signature(MAX_SIGNATURES);
+        assert_eq!(
+            verify_at(BODY, &header, SECRET, DEFAULT_TOLERANCE, 1000).err(),
+            Some(VerifyError::TooManySignatures)
+        );
+        // The flood from the review: 100k empty entries over a 64 KiB body, refused unhashed.
+        let flood = format!("t=1000{}", ",v1=".repeat(100_000));
+        assert_eq!(
+            verify_at(&[0; 64 * 1024], &flood, SECRET, DEFAULT_TOLERANCE, 1000).err(),
+            Some(VerifyError::TooManySignatures)
+        );
+    }
+
+    #[test]
+    fn candidates_are_compared_with_the_mac_computed_once() {
+        let mut mac = Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
+        mac.update(b"1000.");
+        mac.update(BODY);
+        let expected = mac.finalize();
+        let good = hex::encode(expected.clone().into_bytes());
+        let upper = good.to_uppercase();
+        // Only exactly 32 bytes of hex can match; empty or short entries never do.
+        assert!(!any_signature_matches(&expected, &["", "00", "zz", &good[..62]]));
+        assert!(!any_signature_matches(&expected, &[&format!("{good}00")]));
+        assert!(any_signature_matches(&expected, &["", "00", &good]));
+        assert!(any_signature_matches(&expected, &[&upper]));
     }
 
     #[test]

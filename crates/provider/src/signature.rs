@@ -2,12 +2,15 @@
 //! "<t>.<body>")>`. The stand-in signs its `Stripe-Signature` with [`sign`]; the API verifies
 //! what the processor sends with [`verify`] (and signs its own `Payments-Signature` with [`sign`]).
 //!
-//! Verification follows `stripe.Webhook.construct_event`: every `v1` in the header is tried, in
-//! constant time (`hmac`'s own `verify_slice`), over the exact bytes received; then the timestamp
-//! must be within the tolerance of now, so a delivery captured and replayed later is refused.
+//! Verification follows `stripe.Webhook.construct_event`: the MAC is computed once over the exact
+//! bytes received, every `v1` in the header is compared with it in constant time (`hmac`'s own
+//! `CtOutput`); then the timestamp must be within the tolerance of now, so a delivery captured
+//! and replayed later is refused. A header with more than [`MAX_SIGNATURES`] `v1` entries is
+//! refused before any hashing, so a header cannot multiply the work done per request.
 
 use std::time::Duration;
 
+use hmac::digest::{CtOutput, Output};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -16,6 +19,11 @@ pub const STRIPE_SIGNATURE_HEADER: &str = "Stripe-Signature";
 
 /// The tolerance Stripe's libraries use: five minutes.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
+
+/// The most `v1` entries one header may carry. Stripe sends one per live secret (two while a
+/// secret is rolled), so this is far above any real header and far below one that is a
+/// denial of service.
+pub const MAX_SIGNATURES: usize = 16;
 
 fn mac(secret: &str, unix_seconds: i64, body: &[u8]) -> Hmac<Sha256> {
     // HMAC takes a key of any length.
@@ -47,10 +55,14 @@ pub enum SignatureError {
     /// The timestamp is further from now than the tolerance: a replay, or a skewed clock.
     #[error("the signature's timestamp is outside the tolerance")]
     OutsideTolerance,
+    /// More than [`MAX_SIGNATURES`] `v1` entries: refused before any of them is checked.
+    #[error("the signature header has more than {MAX_SIGNATURES} v1 signatures")]
+    TooManySignatures,
 }
 
 /// Checks `header` against `payload` as of `now` (unix seconds): the signature first (nothing
-/// is parsed before it holds), then the timestamp.
+/// is parsed before it holds), then the timestamp. The MAC is computed once, however many `v1`
+/// entries the header has.
 pub fn verify(
     payload: &[u8],
     header: &str,
@@ -66,7 +78,12 @@ pub fn verify(
                 timestamp =
                     Some(value.parse::<i64>().map_err(|_| SignatureError::MalformedHeader)?);
             }
-            Some(("v1", value)) => signatures.push(value),
+            Some(("v1", value)) => {
+                if signatures.len() == MAX_SIGNATURES {
+                    return Err(SignatureError::TooManySignatures);
+                }
+                signatures.push(value);
+            }
             _ => {} // other schemes (v0, a future v2) are not ours to judge
         }
     }
@@ -74,17 +91,25 @@ pub fn verify(
     if signatures.is_empty() {
         return Err(SignatureError::MalformedHeader);
     }
-    let matched = signatures.iter().any(|signature| {
-        hex::decode(signature)
-            .is_ok_and(|expected| mac(secret, timestamp, payload).verify_slice(&expected).is_ok())
-    });
-    if !matched {
+    if !any_signature_matches(&mac(secret, timestamp, payload).finalize(), &signatures) {
         return Err(SignatureError::NoMatch);
     }
     if now.abs_diff(timestamp) > tolerance.as_secs() {
         return Err(SignatureError::OutsideTolerance);
     }
     Ok(())
+}
+
+/// Whether any of `signatures` (hex) is `expected`, compared in constant time. Taking the MAC
+/// already computed is the point: checking one more candidate costs a comparison, not a hash
+/// of the body. An entry that is not exactly 32 bytes of hex (empty, short, garbled) matches
+/// nothing.
+fn any_signature_matches(expected: &CtOutput<Hmac<Sha256>>, signatures: &[&str]) -> bool {
+    signatures.iter().any(|signature| {
+        let mut candidate = Output::<Hmac<Sha256>>::default();
+        hex::decode_to_slice(signature, &mut candidate).is_ok()
+            && CtOutput::new(candidate) == *expected
+    })
 }
 
 #[cfg(test)]
@@ -140,5 +165,44 @@ mod tests {
                 "{header}"
             );
         }
+    }
+
+    /// `t=1000`, then `decoys` empty `v1` entries, then the good signature for `b"{}"`.
+    fn header_with_decoys_before_the_signature(decoys: usize) -> String {
+        let good = sign(SECRET, 1000, b"{}");
+        format!("t=1000,{}{}", "v1=,".repeat(decoys), good.trim_start_matches("t=1000,"))
+    }
+
+    #[test]
+    fn a_good_signature_after_other_entries_verifies_up_to_the_cap() {
+        let header = header_with_decoys_before_the_signature(MAX_SIGNATURES - 1);
+        assert_eq!(verify(b"{}", &header, SECRET, DEFAULT_TOLERANCE, 1000), Ok(()));
+    }
+
+    #[test]
+    fn a_header_with_more_signatures_than_the_cap_is_refused_even_if_one_matches() {
+        let header = header_with_decoys_before_the_signature(MAX_SIGNATURES);
+        assert_eq!(
+            verify(b"{}", &header, SECRET, DEFAULT_TOLERANCE, 1000),
+            Err(SignatureError::TooManySignatures)
+        );
+        // The flood from the review: 100k empty entries over a 64 KiB body, refused unhashed.
+        let flood = format!("t=1000{}", ",v1=".repeat(100_000));
+        assert_eq!(
+            verify(&[0; 64 * 1024], &flood, SECRET, DEFAULT_TOLERANCE, 1000),
+            Err(SignatureError::TooManySignatures)
+        );
+    }
+
+    #[test]
+    fn candidates_are_compared_with_the_mac_computed_once() {
+        let expected = mac(SECRET, 1000, b"{}").finalize();
+        let good = hex::encode(expected.clone().into_bytes());
+        let upper = good.to_uppercase();
+        // Only exactly 32 bytes of hex can match; empty or short entries never do.
+        assert!(!any_signature_matches(&expected, &["", "00", "zz", &good[..62]]));
+        assert!(!any_signature_matches(&expected, &[&format!("{good}00")]));
+        assert!(any_signature_matches(&expected, &["", "00", &good]));
+        assert!(any_signature_matches(&expected, &[&upper]));
     }
 }
