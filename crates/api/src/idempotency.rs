@@ -10,6 +10,9 @@
 //! leased to nobody until the lease expired, and an operation cut off halfway likewise. The task
 //! takes the key, and finishes the phase it is in, whatever the client does; graceful shutdown
 //! waits for it, and gives back at their recovery points the leases of tasks it cannot wait for.
+//! `Runner::run_first` is the same for an operation whose first phase claims its key (a new
+//! payment): only a replay kept in memory is answered on the request's task; the claim, which
+//! may store the key with the phase's writes, runs on the operation's.
 
 use axum::body::Body;
 use axum::extract::{FromRequest, FromRequestParts, Request};
@@ -17,8 +20,8 @@ use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use idem::{
-    Claim, ClaimRequest, Engine, Fingerprint, IdempotencyKey, Interrupted, Operation, Read,
-    RequestParts, StoredResponse, TransientKind,
+    Claim, ClaimRequest, ClaimsInFirstPhase, Engine, Fingerprint, First, IdempotencyKey,
+    Interrupted, Operation, Read, RequestParts, StoredResponse, TransientKind,
 };
 use payments_domain::AccountId;
 use payments_domain::operations::PaymentOperation;
@@ -180,14 +183,36 @@ impl<T> IdempotentPost<T> {
         state: &AppState,
         operation: O,
     ) -> Result<Response, ApiError> {
-        let keyed = Keyed {
+        let answer = self.keyed().run(state, operation).await;
+        self.refused_if_dead(state, answer)
+    }
+
+    /// As [`IdempotentPost::run`], for an operation whose first phase claims the key
+    /// ([`Runner::run_first`]).
+    pub async fn run_first<O: StartedOperation + ClaimsInFirstPhase>(
+        &self,
+        state: &AppState,
+        operation: O,
+    ) -> Result<Response, ApiError> {
+        let answer = self.keyed().run_first(state, operation).await;
+        self.refused_if_dead(state, answer)
+    }
+
+    fn keyed(&self) -> Keyed<'_, T> {
+        Keyed {
             account: self.account(),
             credential: self.caller.credential(),
             key: &self.key,
             meta: &self.meta,
             body: &self.body,
-        };
-        let answer = keyed.run(state, operation).await;
+        }
+    }
+
+    fn refused_if_dead(
+        &self,
+        state: &AppState,
+        answer: Result<Response, ApiError>,
+    ) -> Result<Response, ApiError> {
         if matches!(&answer, Err(err) if err.code() == ProblemCode::InvalidApiKey) {
             self.caller.refused(state);
         }
@@ -219,22 +244,46 @@ impl<T> Keyed<'_, T> {
         state: &AppState,
         operation: O,
     ) -> Result<Response, ApiError> {
-        // The fingerprint is over the body as sent, not over the typed value with its defaults.
-        let body: Value = serde_json::from_slice(&self.body.raw)
+        let (body, params) = self.stored(&operation)?;
+        state.runner.run(self.attempt::<O>(&body, &params), operation).await
+    }
+
+    /// As [`Keyed::run`], for an operation whose first phase claims the key
+    /// ([`Runner::run_first`]).
+    pub async fn run_first<O: StartedOperation + ClaimsInFirstPhase>(
+        &self,
+        state: &AppState,
+        operation: O,
+    ) -> Result<Response, ApiError> {
+        let (body, params) = self.stored(&operation)?;
+        state.runner.run_first(self.attempt::<O>(&body, &params), operation).await
+    }
+
+    /// The body as sent (the fingerprint is over it, not over the typed value with its
+    /// defaults), and the operation's input as stored for the completer.
+    fn stored<O: StartedOperation>(&self, operation: &O) -> Result<(Value, Value), ApiError> {
+        let body = serde_json::from_slice(&self.body.raw)
             .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
         let params =
             serde_json::to_value(operation.params()).map_err(|err| ApiError::internal(&err))?;
-        let attempt = Attempt {
+        Ok((body, params))
+    }
+
+    fn attempt<'a, O: StartedOperation>(
+        &'a self,
+        body: &'a Value,
+        params: &'a Value,
+    ) -> Attempt<'a> {
+        Attempt {
             account_id: self.account.as_str(),
             credential: self.credential,
             key: self.key,
             meta: self.meta,
             media_type: self.body.media_type,
-            body: &body,
+            body,
             operation: O::NAME,
-            params: &params,
-        };
-        state.runner.run(attempt, operation).await
+            params,
+        }
     }
 }
 
@@ -285,25 +334,7 @@ impl Runner {
         attempt: Attempt<'_>,
         mut operation: O,
     ) -> Result<Response, ApiError> {
-        let fingerprint = Fingerprint::of(&RequestParts {
-            method: attempt.meta.method.as_str(),
-            path: &attempt.meta.path,
-            query: &attempt.meta.query,
-            media_type: attempt.media_type.essence(),
-            version: attempt.meta.version.as_deref(),
-            body: attempt.body,
-        });
-        let request = ClaimRequest {
-            account_id: attempt.account_id,
-            credential: attempt.credential,
-            key: attempt.key,
-            fingerprint,
-            method: attempt.meta.method.as_str(),
-            path: &attempt.meta.path,
-            request_id: attempt.meta.request_id.as_str(),
-            operation: attempt.operation,
-            params: attempt.params,
-        };
+        let request = attempt.claim();
         // The claim's read runs on the request's own task: it writes nothing, so a client that
         // hangs up meanwhile leaves nothing behind, and a replay or a refusal is answered without
         // a task of its own. A key this request may take is taken on the task, which owns a copy
@@ -345,13 +376,93 @@ impl Runner {
             }
             .in_current_span(),
         );
-        match task.await {
-            Ok(Ok(Ran::Driven(Ok(stored)))) => Ok(stored_response(stored, false)),
-            Ok(Ok(Ran::Driven(Err(interrupted)))) => Err(interrupted_error(interrupted)),
-            Ok(Ok(Ran::Claimed(claim))) => claimed(claim, attempt.key),
-            Ok(Err(err)) if err.timed_out() => Err(claim_timed_out()),
-            Ok(Err(err)) => Err(ApiError::internal(&err)),
-            Err(join_error) => Err(ApiError::internal(&join_error)),
+        answered(task.await, attempt.key)
+    }
+
+    /// As [`Runner::run`], for an operation whose first phase claims the key: a replay kept in
+    /// memory is answered here, on the request's own task, like the claim's read; otherwise the
+    /// claim and the first phase are one statement ([`Engine::claim_first`]), which writes, so it
+    /// runs on the operation's task with the rest.
+    pub async fn run_first<O: ClaimsInFirstPhase + 'static>(
+        &self,
+        attempt: Attempt<'_>,
+        mut operation: O,
+    ) -> Result<Response, ApiError> {
+        let request = attempt.claim();
+        if let Some(claim) = self.engine.kept_answer(&request).await {
+            return claimed(claim, attempt.key);
+        }
+        let owned = OwnedClaim::of(&request);
+        let engine = self.engine.clone();
+        let task = self.tasks.spawn(
+            async move {
+                let request = owned.request();
+                // Claimed again when another request took an unfinished key between the read and
+                // the take (at most once more: a second read finds it taken or finished).
+                for _ in 0..2 {
+                    let first = {
+                        let mut first = operation.first(request.request_id);
+                        engine.claim_first(&request, &mut first).await
+                    };
+                    let lease = match first {
+                        Ok(First::Ran(lease, made)) => {
+                            operation.ran_first(made);
+                            lease
+                        }
+                        Ok(First::Decided(claim)) => return Ok(Ran::Claimed(claim)),
+                        Ok(First::Open(open)) => match engine.take(open, &request).await? {
+                            Some(Claim::Acquired(lease)) => lease,
+                            Some(claim) => return Ok(Ran::Claimed(claim)),
+                            None => continue,
+                        },
+                        Err(err) => return Ok(Ran::Driven(Err(Interrupted::from(err)))),
+                    };
+                    return Ok(Ran::Driven(idem::drive(&mut operation, lease).await));
+                }
+                Err(idem::IdemError::Contended)
+            }
+            .in_current_span(),
+        );
+        answered(task.await, attempt.key)
+    }
+}
+
+/// The answer to what a request's task did.
+fn answered(
+    task: Result<Result<Ran, idem::IdemError>, tokio::task::JoinError>,
+    key: &IdempotencyKey,
+) -> Result<Response, ApiError> {
+    match task {
+        Ok(Ok(Ran::Driven(Ok(stored)))) => Ok(stored_response(stored, false)),
+        Ok(Ok(Ran::Driven(Err(interrupted)))) => Err(interrupted_error(interrupted)),
+        Ok(Ok(Ran::Claimed(claim))) => claimed(claim, key),
+        Ok(Err(err)) if err.timed_out() => Err(claim_timed_out()),
+        Ok(Err(err)) => Err(ApiError::internal(&err)),
+        Err(join_error) => Err(ApiError::internal(&join_error)),
+    }
+}
+
+impl Attempt<'_> {
+    /// The claim this attempt makes: its request fingerprinted.
+    fn claim(&self) -> ClaimRequest<'_> {
+        let fingerprint = Fingerprint::of(&RequestParts {
+            method: self.meta.method.as_str(),
+            path: &self.meta.path,
+            query: &self.meta.query,
+            media_type: self.media_type.essence(),
+            version: self.meta.version.as_deref(),
+            body: self.body,
+        });
+        ClaimRequest {
+            account_id: self.account_id,
+            credential: self.credential,
+            key: self.key,
+            fingerprint,
+            method: self.meta.method.as_str(),
+            path: &self.meta.path,
+            request_id: self.meta.request_id.as_str(),
+            operation: self.operation,
+            params: self.params,
         }
     }
 }

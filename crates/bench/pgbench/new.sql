@@ -3,46 +3,24 @@
 -- HTTP, the JSON and the processor call. (The API looks an API key up on its own only the first
 -- time it sees it; from then on the claim checks it, as here.) The only differences are what
 -- pgbench needs: plain column aliases (its \gset takes no `"id!"`), ids made from a random number
--- (it has no string variables), the first phase's fence record built in SQL around the reserved
--- key id (the API binds it as one binary value), and literal values of the same size where the
--- API computes them.
+-- (it has no string variables), the fence records built in SQL (the API binds each as one
+-- binary value), and literal values of the same size where the API computes them.
 --
 -- Variables: account, key_hash (set by payments-bench).
 \set n random(1000000000, 9223372036854775806)
 
--- The claim's read (crates/idem/src/store/claim.rs, `read`): checks the API key and finds no key, so
--- it reserves the id the first phase stores the key under.
-WITH principal AS (
-    SELECT 1 AS live
-     WHERE :key_hash::bytea IS NULL
-        OR EXISTS (SELECT 1 FROM api_keys
-                    WHERE key_hash = :key_hash AND account_id = :account AND revoked_at IS NULL)
-),
-version AS (SELECT version FROM credentials_version)
-SELECT v.version, (extract(epoch FROM now()) * 1000000)::int8 AS now_us, p.live,
-       k.id AS found, k.fingerprint, k.request_method, k.request_path, k.request_id, k.operation,
-       CASE WHEN k.response_status IS NULL THEN k.request_params END AS request_params,
-       k.owner_token, coalesce(k.locked_until > now(), false) AS lease_active,
-       k.needs_human_at IS NOT NULL AS needs_human, k.response_status, k.response_headers,
-       k.response_body, (extract(epoch FROM k.completed_at) * 1000000)::int8 AS completed_at_us,
-       CASE WHEN p.live IS NOT NULL AND k.id IS NULL
-            THEN nextval('idempotency_keys_id_seq') END AS key_id
-  FROM version v
-  LEFT JOIN principal p ON true
-  LEFT JOIN idempotency_keys k
-         ON p.live IS NOT NULL AND k.account_id = :account AND k.idempotency_key = :n::text
-\gset
-
--- Phase 1 (started → payment_created), one statement that commits on its own
--- (crates/domain/src/payments/store.rs, `insert_fenced`): the fence (`idem_commit_fence`, with the
--- engine's `idem_fence` record) stores the new key, then the payment and its audit record.
-WITH fence AS (
-    SELECT idem_commit_fence(ROW(:key_id, 'c0a80101-0000-4000-8000-000000000001', 'started', 60000, 'payment_created', '{"path": "/v1/charges", "key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge", "params": [["amount", "1000"], ["currency", "usd"], ["source", "pm_card_visa"], ["capture", "true"], ["metadata[payment_id]", "pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]}', NULL, NULL, NULL, :account, :n::text, decode('48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0', 'hex'), 'POST', '/v1/payments', 'req_e8oJXKStH4I7DzCaPcWXJdX9', 'payments.create', '{"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}')::idem_fence) AS key_id
+-- The claim with the first phase (started → payment_created), one statement that commits on its
+-- own (crates/domain/src/payments/store.rs, `insert_claiming`): `idem_claim` checks the API key,
+-- finds no key and stores it (the engine's `idem_fence` record, built here in SQL, with no id: the
+-- function takes one from the sequence), then the payment and its audit record.
+WITH claim AS (
+    SELECT idem_claim(:account, :n::text, :key_hash, ROW(NULL, 'c0a80101-0000-4000-8000-000000000001', 'started', 60000, 'payment_created', '{"path": "/v1/charges", "key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge", "params": [["amount", "1000"], ["currency", "usd"], ["source", "pm_card_visa"], ["capture", "true"], ["metadata[payment_id]", "pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]}', NULL, NULL, NULL, :account, :n::text, decode('48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0', 'hex'), 'POST', '/v1/payments', 'req_e8oJXKStH4I7DzCaPcWXJdX9', 'payments.create', '{"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}')::idem_fence) AS claimed
 ), payment AS (
     INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
                           capture_method, payment_method, description, metadata,
                           receipt_email)
-    SELECT 'pay_' || :n, :account, fence.key_id, 1000, 'usd', 'processing', 'automatic', 'pm_card_visa', NULL, '{}', NULL FROM fence
+    SELECT 'pay_' || :n, :account, (claimed).id, 1000, 'usd', 'processing', 'automatic', 'pm_card_visa', NULL, '{}', NULL
+      FROM claim WHERE (claimed).stored
     RETURNING *, xmin::text::bigint AS row_version
 ), audit AS (
     INSERT INTO audit_events (account_id, object_id, action, request_id,
@@ -51,11 +29,12 @@ WITH fence AS (
            jsonb_build_object('amount', amount, 'currency', currency)
       FROM payment
 )
-SELECT idempotency_key_id AS key_id, id, account_id, amount, currency, status,
-       capture_method, amount_captured, amount_refunded, payment_method, description,
-       metadata, receipt_email, processor_charge_id, failure_code, failure_message,
-       cancellation_reason, extract(epoch FROM created_at)::bigint AS created, row_version
-  FROM payment
+SELECT claim.claimed, p.idempotency_key_id AS key_id, p.id, p.account_id, p.amount, p.currency,
+       p.status, p.capture_method, p.amount_captured, p.amount_refunded, p.payment_method,
+       p.description, p.metadata, p.receipt_email, p.processor_charge_id, p.failure_code,
+       p.failure_message, p.cancellation_reason, extract(epoch FROM p.created_at)::bigint AS created,
+       p.row_version
+  FROM claim LEFT JOIN payment p ON true
 \gset p1_
 
 -- (payments-api calls the processor here.)
@@ -82,7 +61,7 @@ RETURNING account_id, id
 ), audit AS (
     INSERT INTO audit_events (account_id, object_id, action, request_id,
                               idempotency_key_id, detail)
-    SELECT account_id, id, 'payment.charged', 'req_e8oJXKStH4I7DzCaPcWXJdX9', :key_id, '{"charge": "ch_jTSo8sJMqW8JXUKh6cdKllwH", "status": "succeeded", "downstream_key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge"}'::jsonb FROM updated
+    SELECT account_id, id, 'payment.charged', 'req_e8oJXKStH4I7DzCaPcWXJdX9', :p1_key_id, '{"charge": "ch_jTSo8sJMqW8JXUKh6cdKllwH", "status": "succeeded", "downstream_key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge"}'::jsonb FROM updated
 ), job AS (
     INSERT INTO jobs (kind, dedupe_key, payload)
     SELECT NULL, NULL, NULL FROM updated WHERE NULL::text IS NOT NULL
@@ -100,5 +79,5 @@ RETURNING account_id, id
        AND (event.type = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
     ON CONFLICT (kind, dedupe_key) DO NOTHING
 )
-SELECT idem_commit_fence(ROW(:key_id, 'c0a80101-0000-4000-8000-000000000001', 'payment_created', 60000, 'finished', NULL, 201, '[["content-type", "application/json"], ["etag", "\"963d41e78ce44c886e7cfd57\""], ["location", "/v1/payments/pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]', convert_to(repeat('x', 443), 'UTF8'), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idem_fence) AS key_id
+SELECT idem_commit_fence(ROW(:p1_key_id, 'c0a80101-0000-4000-8000-000000000001', 'payment_created', 60000, 'finished', NULL, 201, '[["content-type", "application/json"], ["etag", "\"963d41e78ce44c886e7cfd57\""], ["location", "/v1/payments/pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]', convert_to(repeat('x', 443), 'UTF8'), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idem_fence) AS key_id
   FROM updated;

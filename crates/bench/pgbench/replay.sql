@@ -1,30 +1,34 @@
--- The floor of `replay`: the one statement a replay costs payments-api (the claim's read, which
--- checks the API key, finds the completed key and reads its stored answer), with the key of one
--- of the payments payments-bench created for `replay` (their keys are the numbers 0 to
--- replay_keys - 1). The read's text is the API's (crates/idem/src/store/claim.rs, `read`).
--- It is what a replay costs when it reads its key; a replay whose answer the API keeps in memory
--- sends instead a share of one smaller statement (`fresh`), so this floor is the same SQL as a
--- replay of a key the process has not replayed before.
+-- The floor of `replay`: the one statement a replay of a payment costs payments-api when it reads
+-- its key: the claim with the first phase (crates/domain/src/payments/store.rs,
+-- `insert_claiming`; `idem_claim` checks the API key, finds the completed key and reads its
+-- stored answer, so the statement writes nothing), with the key of one of the payments
+-- payments-bench created for `replay` (their keys are the numbers 0 to replay_keys - 1). A replay
+-- whose answer the API keeps in memory sends instead a share of one smaller statement (`fresh`),
+-- so this floor is the same SQL as a replay of a key the process has not replayed before. The
+-- text is new.sql's first statement.
 --
 -- Variables: account, key_hash, replay_keys (set by payments-bench).
 \set i random(0, :replay_keys - 1)
 
-WITH principal AS (
-    SELECT 1 AS live
-     WHERE :key_hash::bytea IS NULL
-        OR EXISTS (SELECT 1 FROM api_keys
-                    WHERE key_hash = :key_hash AND account_id = :account AND revoked_at IS NULL)
-),
-version AS (SELECT version FROM credentials_version)
-SELECT v.version, (extract(epoch FROM now()) * 1000000)::int8 AS now_us, p.live,
-       k.id AS found, k.fingerprint, k.request_method, k.request_path, k.request_id, k.operation,
-       CASE WHEN k.response_status IS NULL THEN k.request_params END AS request_params,
-       k.owner_token, coalesce(k.locked_until > now(), false) AS lease_active,
-       k.needs_human_at IS NOT NULL AS needs_human, k.response_status, k.response_headers,
-       k.response_body, (extract(epoch FROM k.completed_at) * 1000000)::int8 AS completed_at_us,
-       CASE WHEN p.live IS NOT NULL AND k.id IS NULL
-            THEN nextval('idempotency_keys_id_seq') END AS key_id
-  FROM version v
-  LEFT JOIN principal p ON true
-  LEFT JOIN idempotency_keys k
-         ON p.live IS NOT NULL AND k.account_id = :account AND k.idempotency_key = :i::text;
+WITH claim AS (
+    SELECT idem_claim(:account, :i::text, :key_hash, ROW(NULL, 'c0a80101-0000-4000-8000-000000000001', 'started', 60000, 'payment_created', '{"path": "/v1/charges", "key": "pay_PTVNNLIEKaN2kLLdZ7l31Kon/charge", "params": [["amount", "1000"], ["currency", "usd"], ["source", "pm_card_visa"], ["capture", "true"], ["metadata[payment_id]", "pay_PTVNNLIEKaN2kLLdZ7l31Kon"]]}', NULL, NULL, NULL, :account, :i::text, decode('48050fa388fc8e73de7a7ad6c86da03c0cf50ba33cf761f23b79348878a1b3d0', 'hex'), 'POST', '/v1/payments', 'req_e8oJXKStH4I7DzCaPcWXJdX9', 'payments.create', '{"request": {"amount": 1000, "currency": "usd", "metadata": null, "description": null, "receipt_email": null, "capture_method": "automatic", "payment_method": "pm_card_visa"}, "account_id": "acct_7wn1R90iSiclhJyOLPAfILxt"}')::idem_fence) AS claimed
+), payment AS (
+    INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
+                          capture_method, payment_method, description, metadata,
+                          receipt_email)
+    SELECT 'pay_' || :i, :account, (claimed).id, 1000, 'usd', 'processing', 'automatic', 'pm_card_visa', NULL, '{}', NULL
+      FROM claim WHERE (claimed).stored
+    RETURNING *, xmin::text::bigint AS row_version
+), audit AS (
+    INSERT INTO audit_events (account_id, object_id, action, request_id,
+                              idempotency_key_id, detail)
+    SELECT account_id, id, 'payment.created', 'req_e8oJXKStH4I7DzCaPcWXJdX9', idempotency_key_id,
+           jsonb_build_object('amount', amount, 'currency', currency)
+      FROM payment
+)
+SELECT claim.claimed, p.idempotency_key_id AS key_id, p.id, p.account_id, p.amount, p.currency,
+       p.status, p.capture_method, p.amount_captured, p.amount_refunded, p.payment_method,
+       p.description, p.metadata, p.receipt_email, p.processor_charge_id, p.failure_code,
+       p.failure_message, p.cancellation_reason, extract(epoch FROM p.created_at)::bigint AS created,
+       p.row_version
+  FROM claim LEFT JOIN payment p ON true;

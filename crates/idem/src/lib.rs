@@ -145,8 +145,9 @@ mod response;
 mod store;
 
 pub use engine::{
-    Claim, ClaimRequest, Due, Engine, EngineConfig, FINISHED, Interrupted, Lease, OneStatement,
-    Open, Operation, Phase, Read, Reaped, RecoveryPoint, STARTED, Step, TransientKind, drive,
+    Claim, ClaimArgs, ClaimRequest, ClaimsInFirstPhase, Due, Engine, EngineConfig, FINISHED, First,
+    FirstRun, FirstStatement, Interrupted, Lease, OneStatement, Open, Operation, Phase, Read,
+    Reaped, RecoveryPoint, STARTED, Step, TransientKind, drive,
 };
 pub use error::{IdemError, PhaseError, is_retryable};
 pub use failpoint::failpoint;
@@ -154,4 +155,4 @@ pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError};
 pub use observe::{Event, NoObserver, Observer};
 pub use response::StoredResponse;
-pub use store::{FenceRecord, StuckKey, stuck_keys, wake};
+pub use store::{Claimed, FenceRecord, StuckKey, stuck_keys, wake};

@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::{
-    Claim, ClaimRequest, Engine, EngineConfig, Event, FenceRecord, Fingerprint, IdempotencyKey,
-    Interrupted, Lease, Observer, OneStatement, Operation, Phase, PhaseError, Read, RecoveryPoint,
-    RequestParts, Step, StoredResponse, TransientKind, drive,
+    Claim, ClaimArgs, ClaimRequest, Claimed, Engine, EngineConfig, Event, FenceRecord, Fingerprint,
+    First, FirstStatement, IdempotencyKey, Interrupted, Lease, Observer, OneStatement, Operation,
+    Phase, PhaseError, Read, RecoveryPoint, RequestParts, Step, StoredResponse, TransientKind,
+    drive,
 };
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -731,6 +732,213 @@ async fn a_new_key_is_stored_only_by_its_first_phase_and_a_duplicate_meanwhile_s
 
     h.run(first).await.unwrap();
     assert_eq!(h.shipper.shipments_made(), 1);
+}
+
+/// The sample operation's first phase as one statement that claims its key: `idem_claim` first,
+/// then the order, only when it stored the key (after `pause` in the server).
+struct InsertInClaim {
+    pause: Duration,
+}
+
+impl FirstStatement for InsertInClaim {
+    type Point = Point;
+    type Error = String;
+    type Output = i64;
+
+    fn step(&self) -> Step<Point> {
+        Step::Next(Point::OrderCreated)
+    }
+
+    async fn run(
+        &mut self,
+        connection: &mut PgConnection,
+        claim: ClaimArgs<'_>,
+    ) -> Result<(Claimed, Option<i64>), PhaseError<String>> {
+        let (claimed, order) = sqlx::query_as(
+            "WITH claim AS (SELECT idem_claim($1, $2, $3, $4) AS claimed), \
+                  paused AS (SELECT pg_sleep($5) FROM claim WHERE (claimed).stored), \
+                  ordered AS (INSERT INTO orders (key_id) SELECT (claimed).id FROM claim, paused \
+                              RETURNING id) \
+             SELECT claim.claimed, ordered.id FROM claim LEFT JOIN ordered ON true",
+        )
+        .bind(claim.account)
+        .bind(claim.key)
+        .bind(claim.credential)
+        .bind(claim.fence)
+        .bind(self.pause.as_secs_f64())
+        .fetch_one(connection)
+        .await?;
+        Ok((claimed, order))
+    }
+}
+
+impl Harness {
+    /// `claim_first` of a `/orders` request for acct_1 with `body` and `credential`.
+    async fn claim_first_with(
+        &self,
+        key_value: &str,
+        body: &Value,
+        credential: Option<&[u8]>,
+    ) -> First<i64> {
+        let key = key(key_value);
+        let request = ClaimRequest { credential, ..order_claim("acct_1", &key, body) };
+        let mut first = InsertInClaim { pause: Duration::ZERO };
+        self.engine.claim_first(&request, &mut first).await.unwrap()
+    }
+
+    async fn claim_first(&self, key_value: &str) -> First<i64> {
+        self.claim_first_with(key_value, &json!({"item": "book"}), None).await
+    }
+
+    async fn keys(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
+/// A claim that runs the first phase: a new key is stored with the phase's writes by one
+/// statement, and the lease is at the phase's point; the same statement, sent for the key again,
+/// writes nothing and answers as a claim's read would: in use, a mismatch, the replay.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_claim_with_its_first_phase_stores_a_new_key_in_one_statement(pool: PgPool) {
+    let h = harness(pool).await;
+    let First::Ran(lease, order) = h.claim_first("k1").await else {
+        panic!("a new key runs its first phase")
+    };
+    assert_eq!((h.keys().await, h.orders().await), (1, 1));
+    assert_eq!(h.recovery_point("k1").await, "order_created");
+    assert_eq!(lease.point::<Point>().unwrap(), Point::OrderCreated);
+    let order_of_key: i64 = sqlx::query_scalar("SELECT id FROM orders WHERE key_id = $1")
+        .bind(lease.key_id())
+        .fetch_one(&h.pool)
+        .await
+        .unwrap();
+    assert_eq!(order, order_of_key, "the lease names the key its phase stored");
+    assert_eq!(h.events.count(Event::Claimed), 1);
+
+    assert!(matches!(h.claim_first("k1").await, First::Decided(Claim::InUse)));
+    let pen = json!({"item": "pen"});
+    assert!(matches!(
+        h.claim_first_with("k1", &pen, None).await,
+        First::Decided(Claim::Mismatch { .. })
+    ));
+    let answer = h.run(lease).await.unwrap();
+    match h.claim_first("k1").await {
+        First::Decided(Claim::Replay(replayed)) => assert_eq!(replayed, answer),
+        other => panic!("expected the replay, got {other:?}"),
+    }
+    assert_eq!(
+        (h.keys().await, h.orders().await),
+        (1, 1),
+        "the statements sent again wrote nothing"
+    );
+    assert_eq!(h.shipper.shipments_made(), 1);
+}
+
+/// The claim's credential check holds in the first phase's statement: a dead credential stores no
+/// key and writes nothing; a live one stores it.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_claim_with_its_first_phase_checks_the_credential_first(pool: PgPool) {
+    let h = harness(pool).await;
+    accounts_with_keys(&h.pool).await;
+    let body = json!({"item": "book"});
+    for dead in [[0xbb; 32], [0xdd; 32]] {
+        let first = h.claim_first_with("k1", &body, Some(&dead)).await;
+        assert!(matches!(first, First::Decided(Claim::Unauthenticated)), "{first:?}");
+    }
+    assert_eq!((h.keys().await, h.orders().await), (0, 0));
+    let first = h.claim_first_with("k1", &body, Some(&[0xaa; 32])).await;
+    assert!(matches!(first, First::Ran(..)), "{first:?}");
+    assert_eq!((h.keys().await, h.orders().await), (1, 1));
+}
+
+/// Many requests with one new key at once: one statement stores it with its order; the others wait
+/// on the unique index, are sent again and read it in flight. One key, one order, one holder.
+#[sqlx::test(migrations = "../../migrations")]
+async fn concurrent_claims_with_their_first_phase_store_the_key_once(pool: PgPool) {
+    let h = Arc::new(harness(pool).await);
+    let claims = (0..20).map(|_| {
+        let h = h.clone();
+        tokio::spawn(async move {
+            match h.claim_first("storm").await {
+                First::Ran(lease, _) => Some(lease),
+                First::Decided(Claim::InUse) => None,
+                other => panic!("expected the key or in use, got {other:?}"),
+            }
+        })
+    });
+    let mut held = Vec::new();
+    for claim in claims {
+        held.extend(claim.await.unwrap());
+    }
+    assert_eq!(held.len(), 1, "one holder");
+    assert_eq!((h.keys().await, h.orders().await), (1, 1));
+    h.run(held.pop().unwrap()).await.unwrap();
+    assert_eq!(h.shipper.shipments_made(), 1);
+}
+
+/// A process that is stopping sends no first phase; one that began to stop while the phase ran
+/// gives the key back at the phase's point, free for a retry elsewhere.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_claim_with_its_first_phase_takes_nothing_while_the_process_stops(pool: PgPool) {
+    let h = Arc::new(harness(pool).await);
+    let running = {
+        let h = h.clone();
+        tokio::spawn(async move {
+            let (key, body) = (key("slow"), json!({"item": "book"}));
+            let request = order_claim("acct_1", &key, &body);
+            let mut first = InsertInClaim { pause: Duration::from_millis(300) };
+            h.engine.claim_first(&request, &mut first).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.engine.release_held("stopping").await;
+    assert!(running.is_finished(), "release_held returned while a first phase was on its way");
+    assert!(matches!(running.await.unwrap(), Err(PhaseError::LeaseLost)));
+    let free: (bool, String) = sqlx::query_as(
+        "SELECT owner_token IS NULL AND locked_until IS NULL, recovery_point \
+         FROM idempotency_keys WHERE idempotency_key = 'slow'",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert_eq!(free, (true, "order_created".to_owned()), "given back at its recovery point");
+
+    assert!(matches!(h.claim_first("late").await, First::Decided(Claim::InUse)));
+    let late: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'late'")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!(late, 0, "nothing sent once the process stops");
+}
+
+/// A key stored at its first point before its first phase ran (a release that stored keys when it
+/// claimed them; here, a check before a foreign call): the claim finds it open, takes it over, and
+/// the same first statement moves it, fenced on the lease.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_first_statement_runs_as_the_phase_of_a_key_stored_before(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut stored = h.acquire("k1").await;
+    stored.before_call().await.unwrap();
+    assert_eq!(h.recovery_point("k1").await, "started");
+    h.expire_lease("k1").await;
+    let First::Open(open) = h.claim_first("k1").await else { panic!("an unfinished key is open") };
+    let (key, body) = (key("k1"), json!({"item": "book"}));
+    let Some(Claim::Acquired(mut lease)) =
+        h.engine.take(open, &order_claim("acct_1", &key, &body)).await.unwrap()
+    else {
+        panic!("the expired lease is taken over")
+    };
+    let order = lease.phase_first(InsertInClaim { pause: Duration::ZERO }).await.unwrap();
+    assert_eq!(h.recovery_point("k1").await, "order_created");
+    assert_eq!(h.orders().await, 1);
+    // The holder whose lease was taken over cannot move the key any more.
+    let late = stored.phase_first(InsertInClaim { pause: Duration::ZERO }).await;
+    assert!(matches!(late, Err(PhaseError::LeaseLost)), "{late:?}");
+    assert_eq!(h.orders().await, 1, "{order}");
 }
 
 #[sqlx::test(migrations = "../../migrations")]

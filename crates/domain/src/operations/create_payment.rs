@@ -4,7 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use idem::{Interrupted, Lease, OneStatement, Operation, Phase, PhaseError, Step};
+use idem::{
+    ClaimArgs, Claimed, ClaimsInFirstPhase, FirstStatement, Interrupted, Lease, OneStatement,
+    Operation, Phase, PhaseError, Step,
+};
 use provider::{
     CardProcessor, Charge, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError,
 };
@@ -244,13 +247,11 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
             // One statement: the payment, its audit record and the key (new, it is stored here),
             // with the charge frozen at `payment_created`. The payment's id is made before, so
             // that the frozen charge can name it.
+            // For a key claimed with it, this phase ran in the claim (`ClaimsInFirstPhase`); here
+            // it runs for a key the lease holds already.
             CreatePoint::Started => {
-                let id = PaymentId::generate();
-                let params = &self.params;
-                let request = charge_request(&id, &params.request, &self.ctx.charge_metadata);
-                let plan = plan_of(&request);
-                let insert = InsertPayment { id: &id, params, info: &info, plan };
-                self.created = Some(lease.phase_in_one(insert).await?);
+                let insert = InsertPayment::new(&self.params, &self.ctx, &info.request_id);
+                self.created = Some(lease.phase_first(insert).await?);
             }
             CreatePoint::PaymentCreated => {
                 let (payment, version) = self.payment(info.key_id).await?;
@@ -372,16 +373,26 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
 }
 
 /// The first phase, as one statement: the payment, its audit record and the key (new, it is
-/// stored here), with the charge frozen at `payment_created`.
-struct InsertPayment<'a> {
-    id: &'a PaymentId,
+/// stored here, claimed with it), with the charge frozen at `payment_created`. The payment's id is
+/// made before, so that the frozen charge can name it.
+#[derive(Debug)]
+pub struct InsertPayment<'a> {
+    id: PaymentId,
     params: &'a CreatePaymentParams,
-    info: &'a LeaseInfo,
+    request_id: &'a str,
     /// The charge, frozen.
     plan: Value,
 }
 
-impl OneStatement for InsertPayment<'_> {
+impl<'a> InsertPayment<'a> {
+    fn new<P>(params: &'a CreatePaymentParams, ctx: &Context<P>, request_id: &'a str) -> Self {
+        let id = PaymentId::generate();
+        let plan = plan_of(&charge_request(&id, &params.request, &ctx.charge_metadata));
+        Self { id, params, request_id, plan }
+    }
+}
+
+impl FirstStatement for InsertPayment<'_> {
     type Point = CreatePoint;
     type Error = DomainError;
     type Output = (Payment, RowVersion);
@@ -393,14 +404,29 @@ impl OneStatement for InsertPayment<'_> {
     async fn run(
         &mut self,
         connection: &mut PgConnection,
-        fence: &idem::FenceRecord,
-    ) -> Result<(i64, (Payment, RowVersion)), PhaseError<DomainError>> {
-        let (account, request_id) = (&self.params.account_id, &self.info.request_id);
-        let request = &self.params.request;
-        let (key_id, payment, version) =
-            payments::insert_fenced(connection, self.id, account, request_id, request, fence)
-                .await?;
-        Ok((key_id, (payment, version)))
+        claim: ClaimArgs<'_>,
+    ) -> Result<(Claimed, Option<(Payment, RowVersion)>), PhaseError<DomainError>> {
+        let (account, request) = (&self.params.account_id, &self.params.request);
+        let id = &self.id;
+        Ok(payments::insert_claiming(connection, id, account, self.request_id, request, claim)
+            .await?)
+    }
+}
+
+impl<P: CardProcessor> ClaimsInFirstPhase for CreatePayment<P> {
+    type FirstOutput = (Payment, RowVersion);
+    type FirstError = DomainError;
+    type First<'a>
+        = InsertPayment<'a>
+    where
+        Self: 'a;
+
+    fn first<'a>(&'a mut self, request_id: &'a str) -> InsertPayment<'a> {
+        InsertPayment::new(&self.params, &self.ctx, request_id)
+    }
+
+    fn ran_first(&mut self, output: (Payment, RowVersion)) {
+        self.created = Some(output);
     }
 }
 

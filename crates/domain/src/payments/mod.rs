@@ -452,7 +452,7 @@ mod store;
 mod tests;
 
 pub use store::{
-    Changes, ChargeRecord, Cursor, Written, find, find_by_key, insert_fenced, list, lock,
+    Changes, ChargeRecord, Cursor, Written, find, find_by_key, insert_claiming, list, lock,
     lock_for_news, update, update_fenced,
 };
 pub(crate) use store::{finish_page, in_walk_order};

@@ -16,29 +16,30 @@ use crate::ids::{AccountId, EventId, PaymentId};
 use crate::jobs::{JobKind, Work};
 use crate::money::{Amount, Currency};
 
-/// The first phase of a new payment, as one statement that commits on its own: inserts the
-/// payment, `processing`, with its `payment.created` audit record, and ends the phase with
-/// `idem_commit_fence(fence)` (the idempotency engine's fence, which stores a new key), so that
-/// the payment exists exactly when its key records it. Returns the key's id, as the fence did,
-/// the payment, and its row's version.
-pub async fn insert_fenced(
+/// The first phase of a new payment, as one statement that commits on its own, which also claims
+/// the key: `idem_claim` (the idempotency engine's claim, with its fence) reads the key and, when
+/// it is new, stores it; only then does the statement insert the payment, `processing`, with its
+/// `payment.created` audit record, so that the payment exists exactly when its key records it.
+/// For a key the lease holds already the claim is the fence's move. Returns what `idem_claim`
+/// answered and, when it stored the key, the payment and its row's version.
+pub async fn insert_claiming(
     executor: impl PgExecutor<'_>,
     id: &PaymentId,
     account_id: &AccountId,
     request_id: &str,
     new: &NewPayment,
-    fence: &idem::FenceRecord,
-) -> Result<(i64, Payment, RowVersion), DomainError> {
-    let row = sqlx::query_as!(
-        PaymentRow,
+    claim: idem::ClaimArgs<'_>,
+) -> Result<(idem::Claimed, Option<(Payment, RowVersion)>), DomainError> {
+    let row = sqlx::query!(
         r#"
-        WITH fence AS (
-            SELECT idem_commit_fence($11) AS key_id
+        WITH claim AS (
+            SELECT idem_claim($11, $12, $13, $14) AS claimed
         ), payment AS (
             INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
                                   capture_method, payment_method, description, metadata,
                                   receipt_email)
-            SELECT $1, $2, fence.key_id, $3, $4, 'processing', $5, $6, $7, $8, $9 FROM fence
+            SELECT $1, $2, (claimed).id, $3, $4, 'processing', $5, $6, $7, $8, $9
+              FROM claim WHERE (claimed).stored
             RETURNING *, xmin::text::bigint AS row_version
         ), audit AS (
             INSERT INTO audit_events (account_id, object_id, action, request_id,
@@ -47,15 +48,18 @@ pub async fn insert_fenced(
                    jsonb_build_object('amount', amount, 'currency', currency)
               FROM payment
         )
-        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
-               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
-               capture_method AS "capture_method: _", amount_captured, amount_refunded,
-               payment_method, description, metadata AS "metadata: _", receipt_email,
-               processor_charge_id, failure_code, failure_message,
-               cancellation_reason AS "cancellation_reason: _",
-               extract(epoch FROM created_at)::bigint AS "created!",
-               row_version
-          FROM payment
+        SELECT claim.claimed AS "claimed!: idem::Claimed",
+               p.id AS "id?: PaymentId", p.account_id AS "account_id?: AccountId",
+               p.idempotency_key_id, p.amount AS "amount?: Amount",
+               p.currency AS "currency?: Currency", p.status AS "status?: PaymentStatus",
+               p.capture_method AS "capture_method?: CaptureMethod",
+               p.amount_captured AS "amount_captured?", p.amount_refunded AS "amount_refunded?",
+               p.payment_method AS "payment_method?", p.description,
+               p.metadata AS "metadata?: Json<BTreeMap<String, String>>", p.receipt_email,
+               p.processor_charge_id, p.failure_code, p.failure_message,
+               p.cancellation_reason AS "cancellation_reason: CancellationReason",
+               extract(epoch FROM p.created_at)::bigint AS "created?", p.row_version
+          FROM claim LEFT JOIN payment p ON true
         "#,
         id as &PaymentId,
         account_id as &AccountId,
@@ -67,14 +71,41 @@ pub async fn insert_fenced(
         Json(&new.metadata) as Json<&BTreeMap<String, String>>,
         new.receipt_email,
         request_id,
-        fence as &idem::FenceRecord,
+        claim.account,
+        claim.key,
+        claim.credential,
+        claim.fence as &idem::FenceRecord,
     )
     .fetch_one(executor)
     .await?;
-    let key_id =
-        row.idempotency_key_id.ok_or(DomainError::Corrupt("a fenced payment without its key"))?;
-    let version = RowVersion(row.row_version.ok_or(DomainError::Corrupt("a row without xmin"))?);
-    Ok((key_id, row.into(), version))
+    let Some(id) = row.id else { return Ok((row.claimed, None)) };
+    let missing = || DomainError::Corrupt("a payment just inserted with a NULL column");
+    let payment = PaymentRow {
+        id,
+        account_id: row.account_id.ok_or_else(missing)?,
+        idempotency_key_id: row.idempotency_key_id,
+        amount: row.amount.ok_or_else(missing)?,
+        currency: row.currency.ok_or_else(missing)?,
+        status: row.status.ok_or_else(missing)?,
+        capture_method: row.capture_method.ok_or_else(missing)?,
+        amount_captured: row.amount_captured.ok_or_else(missing)?,
+        amount_refunded: row.amount_refunded.ok_or_else(missing)?,
+        payment_method: row.payment_method.ok_or_else(missing)?,
+        description: row.description,
+        metadata: row.metadata.ok_or_else(missing)?,
+        receipt_email: row.receipt_email,
+        processor_charge_id: row.processor_charge_id,
+        failure_code: row.failure_code,
+        failure_message: row.failure_message,
+        cancellation_reason: row.cancellation_reason,
+        created: row.created.ok_or_else(missing)?,
+        row_version: row.row_version,
+    };
+    if payment.idempotency_key_id.is_none() {
+        return Err(DomainError::Corrupt("a fenced payment without its key"));
+    }
+    let version = payment.row_version.ok_or(DomainError::Corrupt("a row without xmin"))?;
+    Ok((row.claimed, Some((payment.into(), RowVersion(version)))))
 }
 
 /// A payment of the account.

@@ -10,14 +10,15 @@ use uuid::Uuid;
 
 use super::answers::{Answer, KeptAnswer};
 use super::lease::{Lease, NewKey};
-use super::{Engine, STARTED};
-use crate::error::IdemError;
+use super::operation::{ClaimArgs, FirstStatement, UNMADE, corrupt};
+use super::{DB_RETRY, Engine, STARTED};
+use crate::error::{IdemError, PhaseError, is_retryable};
 use crate::fingerprint::Fingerprint;
 use crate::kept::{Kept, connection_lost};
 use crate::key::IdempotencyKey;
 use crate::observe::Event;
 use crate::response::StoredResponse;
-use crate::store::{self, Lookup, Seen};
+use crate::store::{self, Claimed, Claiming, Lookup, Seen};
 
 /// A request to claim a key.
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +94,29 @@ enum Opening {
     Stored(Box<store::KeyRow>),
 }
 
+/// What a claim that runs the first phase found ([`Engine::claim_first`]).
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // matched at once by the caller, as `Claim`
+pub enum First<T> {
+    /// A replay or a refusal (never `Claim::Acquired`).
+    Decided(Claim),
+    /// An unfinished key whose lease is free or expired: [`Engine::take`] takes it, and the
+    /// operation is driven from its recovery point.
+    Open(Open),
+    /// The key was new, and the first phase stored it with its writes: the lease, at the phase's
+    /// recovery point, and what the phase returned.
+    Ran(Lease, T),
+}
+
+/// A unique violation on the key: another request stored the same key while this statement ran
+/// (its whole statement rolled back); sent again, it reads that key.
+fn stored_meanwhile(err: &sqlx::Error) -> bool {
+    err.as_database_error().is_some_and(|db| {
+        db.code().as_deref() == Some("23505")
+            && db.constraint() == Some("idempotency_keys_account_key")
+    })
+}
+
 impl Engine {
     /// Claims a key: one round trip for a new key, a replay, a mismatch or a key in use; a
     /// second one to take over an unfinished key whose lease is free or expired. The same as
@@ -162,25 +186,8 @@ impl Engine {
     }
 
     async fn read_key(&self, request: &ClaimRequest<'_>) -> Result<Read, IdemError> {
-        let kept = self.answers.answer(
-            self,
-            request.account_id,
-            request.credential,
-            request.key.as_str(),
-            &request.fingerprint,
-        );
-        if let Some(kept) = kept.await {
-            self.observer.event(Event::AnsweredFromMemory);
-            return Ok(Read::Decided(match kept {
-                KeptAnswer::Replay(response) => {
-                    self.observer.event(Event::Replayed);
-                    Claim::Replay(response)
-                }
-                KeptAnswer::Mismatch { method, path } => {
-                    self.observer.event(Event::Mismatch);
-                    Claim::Mismatch { method, path }
-                }
-            }));
+        if let Some(claim) = self.kept_answer(request).await {
+            return Ok(Read::Decided(claim));
         }
         let lookup = Lookup {
             account_id: request.account_id.to_owned(),
@@ -191,6 +198,35 @@ impl Engine {
             Some(kept) => self.retrying(|| self.read_on(kept, &lookup)).await?,
             None => self.retrying(|| store::read(&self.pool, &lookup)).await?,
         };
+        self.decide(request, read)
+    }
+
+    /// A replay or a mismatch answered from the answers kept in memory (`answers.rs`), when they
+    /// may answer this request; `None` when the key must be read.
+    pub async fn kept_answer(&self, request: &ClaimRequest<'_>) -> Option<Claim> {
+        let kept = self.answers.answer(
+            self,
+            request.account_id,
+            request.credential,
+            request.key.as_str(),
+            &request.fingerprint,
+        );
+        let kept = kept.await?;
+        self.observer.event(Event::AnsweredFromMemory);
+        Some(match kept {
+            KeptAnswer::Replay(response) => {
+                self.observer.event(Event::Replayed);
+                Claim::Replay(response)
+            }
+            KeptAnswer::Mismatch { method, path } => {
+                self.observer.event(Event::Mismatch);
+                Claim::Mismatch { method, path }
+            }
+        })
+    }
+
+    /// What a read of the key decides for `request`.
+    fn decide(&self, request: &ClaimRequest<'_>, read: store::Read) -> Result<Read, IdemError> {
         if let Some(digest) = request.credential {
             let live = !matches!(read.seen, Seen::Unauthenticated);
             let live = live.then_some((request.account_id, read.version));
@@ -233,6 +269,136 @@ impl Engine {
         Ok(Read::Open(Open(Opening::Stored(Box::new(row)))))
     }
 
+    /// A claim whose read is the operation's first phase: one statement that reads the key and,
+    /// when the key is new, stores it with the phase's writes, so that a new key costs two
+    /// statements in all where [`Engine::claim`] and the phase cost three, and a replay, a
+    /// mismatch or a key in use still cost one. Answers a replay or a refusal (`Decided`), an
+    /// unfinished key to take over ([`Engine::take`], then drive it from its recovery point), or
+    /// the lease of the new key at the phase's point with what the phase returned.
+    ///
+    /// Answers kept in memory are not consulted here: ask [`Engine::kept_answer`] first (it
+    /// writes nothing, so it may run where a client's hang-up cuts it off; this may not).
+    ///
+    /// A request that stores the same key meanwhile makes the statement fail on the unique index;
+    /// it is sent again and reads that key. A process that is stopping sends nothing (`InUse`), and
+    /// gives back a key stored while it began to stop (`PhaseError::LeaseLost`).
+    pub async fn claim_first<S: FirstStatement>(
+        &self,
+        request: &ClaimRequest<'_>,
+        statement: &mut S,
+    ) -> Result<First<S::Output>, PhaseError<S::Error>> {
+        let span = tracing::debug_span!("idem.claim", operation = request.operation);
+        self.claim_first_once(request, statement).instrument(span).await
+    }
+
+    async fn claim_first_once<S: FirstStatement>(
+        &self,
+        request: &ClaimRequest<'_>,
+        statement: &mut S,
+    ) -> Result<First<S::Output>, PhaseError<S::Error>> {
+        // Counted until the lease is recorded as held (or given back), as a takeover's.
+        let Some(_granting) = self.granting() else {
+            return Ok(First::Decided(Claim::InUse));
+        };
+        let mut lease = self.new_lease(request, 0);
+        let step = statement.step();
+        let fence = lease.fence_of(&step, true)?.without_id();
+        let claim = ClaimArgs {
+            account: request.account_id,
+            key: request.key.as_str(),
+            credential: request.credential,
+            fence: &fence,
+        };
+        let mut tries = 0;
+        let (claimed, made) = loop {
+            match self.send_first(statement, claim).await {
+                Err(PhaseError::Database(err))
+                    if is_retryable(&err) && tries < self.config.db_retries =>
+                {
+                    tries += 1;
+                    // The key stored meanwhile is committed: the next run reads it at once.
+                    if !stored_meanwhile(&err) {
+                        self.observer.event(Event::DatabaseRetry);
+                        tokio::time::sleep(DB_RETRY.delay(tries)).await;
+                    }
+                }
+                sent => break sent?,
+            }
+        };
+        let (id, version) = match claimed.claiming().map_err(corrupt)? {
+            Claiming::Stored { id, version } => (id, version),
+            Claiming::Read(read) => {
+                return match self.decide(request, read).map_err(corrupt)? {
+                    Read::Decided(claim) => Ok(First::Decided(claim)),
+                    // The statement stores a key it finds absent; it reserves no id.
+                    Read::Open(Open(Opening::New(_))) => Err(corrupt(IdemError::Corrupt(
+                        "a first statement that found its key absent and stored nothing",
+                    ))),
+                    Read::Open(open) => Ok(First::Open(open)),
+                };
+            }
+        };
+        let made = made.ok_or_else(|| corrupt(UNMADE))?;
+        if let (Some(digest), Some(version)) = (request.credential, version) {
+            self.answers.credential_seen(digest, Some((request.account_id, version)));
+        }
+        self.observer.event(Event::Claimed);
+        lease.key_id = id;
+        if !self.hold_granted(id, lease.token).await {
+            return Err(PhaseError::LeaseLost);
+        }
+        lease.moved(&step, &lease.phase_span());
+        lease.stored().await?;
+        // Right after the first phase committed, as `drive` after every other phase: the crash
+        // tests stop the process here.
+        crate::failpoint(|| format!("{}.after_phase.{}", lease.operation, lease.point)).await;
+        Ok(First::Ran(lease, made))
+    }
+
+    /// Sends a first statement once, on a kept phase connection or a pooled one.
+    async fn send_first<S: FirstStatement>(
+        &self,
+        statement: &mut S,
+        claim: ClaimArgs<'_>,
+    ) -> Result<(Claimed, Option<S::Output>), PhaseError<S::Error>> {
+        let Some(kept) = self.phase_connections() else {
+            let mut pooled = self.pool.acquire().await?;
+            return statement.run(&mut pooled, claim).await;
+        };
+        let mut lent = kept.lend().await?;
+        let sent = statement.run(lent.connection(), claim).await;
+        lent.give_back(match &sent {
+            Err(PhaseError::Database(err)) => Some(err),
+            _ => None,
+        });
+        sent
+    }
+
+    /// The lease of a new key, not stored yet: its first phase stores it under `key_id` (`0`
+    /// until the database gives it one).
+    fn new_lease(&self, request: &ClaimRequest<'_>, key_id: i64) -> Lease {
+        let new = NewKey {
+            account_id: request.account_id.to_owned(),
+            key: request.key.as_str().to_owned(),
+            fingerprint: request.fingerprint,
+            method: request.method.to_owned(),
+            path: request.path.to_owned(),
+        };
+        Lease {
+            engine: self.clone(),
+            key_id,
+            token: Uuid::new_v4(),
+            point: STARTED.to_owned(),
+            attempts: 1,
+            operation: request.operation.to_owned(),
+            params: request.params.clone(),
+            request_id: request.request_id.to_owned(),
+            finished: None,
+            just_planned: None,
+            new: Some(Box::new(new)),
+        }
+    }
+
     async fn take_key(
         &self,
         open: Open,
@@ -244,26 +410,7 @@ impl Engine {
             // request's alone until then, because no one else can see it.
             Opening::New(reserved) => {
                 self.observer.event(Event::Claimed);
-                let new = NewKey {
-                    account_id: request.account_id.to_owned(),
-                    key: request.key.as_str().to_owned(),
-                    fingerprint: request.fingerprint,
-                    method: request.method.to_owned(),
-                    path: request.path.to_owned(),
-                };
-                let lease = Lease {
-                    engine: self.clone(),
-                    key_id: reserved,
-                    token: Uuid::new_v4(),
-                    point: STARTED.to_owned(),
-                    attempts: 1,
-                    operation: request.operation.to_owned(),
-                    params: request.params.clone(),
-                    request_id: request.request_id.to_owned(),
-                    finished: None,
-                    just_planned: None,
-                    new: Some(Box::new(new)),
-                };
+                let lease = self.new_lease(request, reserved);
                 // A process that is stopping takes no new work (`release_held`).
                 if !self.hold(lease.key_id, lease.token) {
                     return Ok(Some(Claim::InUse));

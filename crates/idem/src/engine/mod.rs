@@ -25,9 +25,12 @@ use crate::error::{IdemError, is_retryable};
 use crate::kept::Kept;
 use crate::observe::{Event, Observer};
 
-pub use claim::{Claim, ClaimRequest, Due, Open, Read, Reaped};
+pub use claim::{Claim, ClaimRequest, Due, First, Open, Read, Reaped};
 pub use lease::Lease;
-pub use operation::{Interrupted, OneStatement, Operation, Phase, Step, TransientKind, drive};
+pub use operation::{
+    ClaimArgs, ClaimsInFirstPhase, FirstRun, FirstStatement, Interrupted, OneStatement, Operation,
+    Phase, Step, TransientKind, drive,
+};
 use shutdown::Held;
 
 /// The SQLSTATE `idem_commit_fence` raises when the fence refuses: the lease is lost.

@@ -17,7 +17,7 @@ use super::{DB_RETRY, FINISHED, LEASE_LOST, RecoveryPoint};
 use crate::error::{IdemError, PhaseError, is_retryable};
 use crate::observe::Event;
 use crate::response::StoredResponse;
-use crate::store::{self, FenceRecord, NewKeyRecord};
+use crate::store::{self, Claimed, Claiming, FenceRecord, NewKeyRecord};
 
 /// How an operation step was interrupted.
 #[derive(Debug, thiserror::Error)]
@@ -248,6 +248,115 @@ pub trait OneStatement: Send {
     ) -> impl Future<Output = Result<(i64, Self::Output), PhaseError<Self::Error>>> + Send;
 }
 
+/// What the first statement of an operation binds to claim its key (`FirstStatement`): its first
+/// CTE is `SELECT idem_claim($a, $k, $c, $f) AS claimed`, with these four values in this order.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimArgs<'a> {
+    /// The key's account.
+    pub account: &'a str,
+    /// The key.
+    pub key: &'a str,
+    /// The API key's digest, when the claim checks it.
+    pub credential: Option<&'a [u8]>,
+    /// The fence: a new key's, which `idem_claim` stores when the key is absent, or a stored
+    /// key's, which it moves (fenced on the lease).
+    pub fence: &'a FenceRecord,
+}
+
+/// An operation's first phase as one statement that also claims its key: for a new key the claim's
+/// read and the first phase are one statement and one transaction ([`Engine::claim_first`]); for
+/// a key this lease holds already it is the phase ([`Lease::phase_first`]). Like a
+/// [`OneStatement`] it commits on its own, its step is decided before it runs, it may run more
+/// than once, and it is sent on a kept connection under the same rules.
+///
+/// [`Engine::claim_first`]: crate::Engine::claim_first
+pub trait FirstStatement: Send {
+    /// The operation's recovery points.
+    type Point: RecoveryPoint;
+    /// The operation's own error.
+    type Error: Send;
+    /// What the statement returns when it stored the key (the rows it wrote).
+    type Output: Send;
+
+    /// Where the statement leaves the key.
+    fn step(&self) -> Step<Self::Point>;
+
+    /// Sends one statement whose first CTE calls `idem_claim` with `claim`'s values (`SELECT
+    /// idem_claim($a, $k, $c, $f) AS claimed`), which makes its writes only from that CTE `WHERE
+    /// (claimed).stored`, and returns the `idem_claimed` record it got, unopened, beside its rows
+    /// (`None` when it stored nothing: then it wrote nothing).
+    fn run(
+        &mut self,
+        connection: &mut PgConnection,
+        claim: ClaimArgs<'_>,
+    ) -> impl Future<Output = Result<FirstRun<Self::Output>, PhaseError<Self::Error>>> + Send;
+}
+
+/// What a [`FirstStatement`] returns: the `idem_claimed` record, unopened, and the rows it wrote
+/// when it stored the key.
+pub type FirstRun<T> = (Claimed, Option<T>);
+
+/// An operation whose first phase is a [`FirstStatement`]: a request claims its key with that
+/// phase ([`Engine::claim_first`]), so that a new key costs no read of its own.
+///
+/// [`Engine::claim_first`]: crate::Engine::claim_first
+pub trait ClaimsInFirstPhase: Operation {
+    /// What the first phase returns.
+    type FirstOutput: Send;
+    /// The operation's own error.
+    type FirstError: Send + fmt::Display;
+    /// The first phase.
+    type First<'a>: FirstStatement<Point = Self::Point, Output = Self::FirstOutput, Error = Self::FirstError>
+    where
+        Self: 'a;
+
+    /// The first phase, for a request with id `request_id`.
+    fn first<'a>(&'a mut self, request_id: &'a str) -> Self::First<'a>;
+
+    /// The first phase ran in the claim and returned `output`: what `step` needs next.
+    fn ran_first(&mut self, output: Self::FirstOutput);
+}
+
+/// A first statement run as a phase of a lease that holds its key (stored, or new with an id the
+/// claim's read reserved).
+struct AsPhase<'a, S> {
+    statement: S,
+    account: &'a str,
+    key: &'a str,
+}
+
+impl<S: FirstStatement> OneStatement for AsPhase<'_, S> {
+    type Point = S::Point;
+    type Error = S::Error;
+    type Output = S::Output;
+
+    fn step(&self) -> Step<S::Point> {
+        self.statement.step()
+    }
+
+    async fn run(
+        &mut self,
+        connection: &mut PgConnection,
+        fence: &FenceRecord,
+    ) -> Result<(i64, S::Output), PhaseError<S::Error>> {
+        let claim = ClaimArgs { account: self.account, key: self.key, credential: None, fence };
+        let (claimed, made) = self.statement.run(connection, claim).await?;
+        match claimed.claiming().map_err(corrupt)? {
+            Claiming::Stored { id, .. } => Ok((id, made.ok_or_else(|| corrupt(UNMADE))?)),
+            // A new key someone else stored first (committed before this statement began).
+            Claiming::Read(_) => Err(PhaseError::Superseded),
+        }
+    }
+}
+
+pub(super) const UNMADE: IdemError =
+    IdemError::Corrupt("a first statement that stored its key returned no rows");
+
+/// An inconsistency in what the database answered, as a phase's error.
+pub(super) fn corrupt<E>(err: IdemError) -> PhaseError<E> {
+    PhaseError::Database(sqlx::Error::Protocol(err.to_string()))
+}
+
 impl Lease {
     /// Runs one atomic phase: one transaction that does the phase's writes and moves the key to
     /// the next recovery point or stores the final response, fenced on this lease. If the fence
@@ -342,6 +451,20 @@ impl Lease {
         }
     }
 
+    /// Runs an operation's first phase, as one statement, for a key this lease holds: a key stored
+    /// before (by a release that stored keys when it claimed them), or a new one whose id the claim's
+    /// read reserved. Otherwise as [`Lease::phase_in_one`].
+    pub async fn phase_first<S: FirstStatement>(
+        &mut self,
+        statement: S,
+    ) -> Result<S::Output, PhaseError<S::Error>> {
+        let (account, key) = match &self.new {
+            Some(new) => (new.account_id.clone(), new.key.clone()),
+            None => (String::new(), String::new()),
+        };
+        self.phase_in_one(AsPhase { statement, account: &account, key: &key }).await
+    }
+
     /// Sends the statement once, on a kept connection (`kept.rs`) or a pooled one.
     async fn run_in_one<S: OneStatement>(
         &self,
@@ -361,7 +484,7 @@ impl Lease {
         sent
     }
 
-    fn phase_span(&self) -> tracing::Span {
+    pub(super) fn phase_span(&self) -> tracing::Span {
         tracing::info_span!("idem.phase", key_id = self.key_id, from = %self.point, to = tracing::field::Empty)
     }
 
@@ -397,25 +520,30 @@ impl Lease {
             }
             Err(other) => Some(Err(other)),
             Ok((step, made)) => {
-                self.just_planned = None;
-                match &step {
-                    Step::Next(point) => {
-                        span.record("to", point.name());
-                        self.point = point.name().to_owned();
-                    }
-                    Step::Call(point, plan) => {
-                        span.record("to", point.name());
-                        self.point = point.name().to_owned();
-                        self.just_planned = Some(plan.clone());
-                    }
-                    Step::Finish(response) => {
-                        span.record("to", FINISHED);
-                        self.point = FINISHED.to_owned();
-                        self.finished = Some(response.clone());
-                        self.engine.observer.event(Event::Finished);
-                    }
-                }
+                self.moved(&step, span);
                 Some(self.stored().await.map(|()| (step, made)))
+            }
+        }
+    }
+
+    /// After a phase that ends with `step` committed: the lease is at its new point.
+    pub(super) fn moved<P: RecoveryPoint>(&mut self, step: &Step<P>, span: &tracing::Span) {
+        self.just_planned = None;
+        match step {
+            Step::Next(point) => {
+                span.record("to", point.name());
+                self.point = point.name().to_owned();
+            }
+            Step::Call(point, plan) => {
+                span.record("to", point.name());
+                self.point = point.name().to_owned();
+                self.just_planned = Some(plan.clone());
+            }
+            Step::Finish(response) => {
+                span.record("to", FINISHED);
+                self.point = FINISHED.to_owned();
+                self.finished = Some(response.clone());
+                self.engine.observer.event(Event::Finished);
             }
         }
     }
@@ -438,7 +566,7 @@ impl Lease {
 
     /// The fence that ends a phase with `step` (`idem_commit_fence`, see its migration); with
     /// `store_new`, it inserts the new key rather than moving a stored one.
-    fn fence_of<P: RecoveryPoint>(
+    pub(super) fn fence_of<P: RecoveryPoint>(
         &self,
         step: &Step<P>,
         store_new: bool,

@@ -61,74 +61,105 @@ pub(crate) enum Seen {
     Unauthenticated,
 }
 
-/// Reads the key: one statement, one round trip, that writes nothing. With a credential, the same
-/// statement first checks it against `api_keys` (the one table the engine reads that is not its
-/// own), so that a request whose account is already known costs no separate authentication round
-/// trip, and a revoked key reads nothing. A key that is not there gets an id reserved from the
-/// table's sequence (a sequence is not transactional: this neither writes a row nor takes a
-/// transaction id), which the first phase stores it under. The credentials' version comes with it,
-/// read in the same snapshot as the credential.
+/// What `idem_claim` answers (migrations/20261202000000_idem_claim.sql): the claim's read, or a
+/// key stored by the statement that called it. An operation's first phase that claims its key
+/// (`FirstStatement`) selects it as one column and hands it back to the engine unopened. sqlx
+/// decodes the fields in the order they are declared: the order of the type's attributes.
+#[derive(Debug, Clone, sqlx::Type)]
+#[sqlx(type_name = "idem_claimed")]
+pub struct Claimed {
+    version: Option<Uuid>,
+    now_us: Option<i64>,
+    live: Option<bool>,
+    id: Option<i64>,
+    fingerprint: Option<Vec<u8>>,
+    request_method: Option<String>,
+    request_path: Option<String>,
+    request_id: Option<String>,
+    operation: Option<String>,
+    request_params: Option<Value>,
+    owner_token: Option<Uuid>,
+    lease_active: Option<bool>,
+    needs_human: Option<bool>,
+    response_status: Option<i16>,
+    response_headers: Option<Value>,
+    response_body: Option<Vec<u8>>,
+    completed_at_us: Option<i64>,
+    reserved: Option<i64>,
+    stored: Option<bool>,
+}
+
+/// What a call of `idem_claim` came to.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // matched at once by the caller; a box would only allocate
+pub(crate) enum Claiming {
+    /// The statement stored the key (new) or moved it (stored, fenced): its id, and, for a new
+    /// key, the credentials' version the credential was found live at.
+    Stored { id: i64, version: Option<Uuid> },
+    /// It only read: the key is there, or the credential is not live.
+    Read(Read),
+}
+
+impl Claimed {
+    pub(crate) fn claiming(self) -> Result<Claiming, IdemError> {
+        if self.stored == Some(true) {
+            let id = present(self.id)?;
+            return Ok(Claiming::Stored { id, version: self.version });
+        }
+        let (version, now_us) = (present(self.version)?, present(self.now_us)?);
+        if self.live != Some(true) {
+            return Ok(Claiming::Read(Read { seen: Seen::Unauthenticated, version, now_us }));
+        }
+        let Some(id) = self.id else {
+            // No reservation: the caller's fence stored nothing though the key is absent, which
+            // `idem_claim` never does.
+            let reserved = self.reserved.ok_or(IdemError::Corrupt("an absent key not claimed"))?;
+            return Ok(Claiming::Read(Read { seen: Seen::Absent(reserved), version, now_us }));
+        };
+        // The key's own columns are NOT NULL: with an id, all of them are present.
+        let response =
+            stored_response(self.response_status, self.response_headers, self.response_body)?;
+        let seen = Seen::Key(KeyRow {
+            id,
+            fingerprint: present(self.fingerprint)?,
+            request_method: present(self.request_method)?,
+            request_path: present(self.request_path)?,
+            request_id: present(self.request_id)?,
+            operation: present(self.operation)?,
+            request_params: self.request_params,
+            owner_token: self.owner_token,
+            lease_active: present(self.lease_active)?,
+            needs_human: present(self.needs_human)?,
+            response,
+            completed_at_us: self.completed_at_us,
+        });
+        Ok(Claiming::Read(Read { seen, version, now_us }))
+    }
+}
+
+/// Reads the key: one statement, one round trip, that writes nothing (`idem_claim` without a
+/// fence). With a credential, the same statement first checks it against `api_keys` (the one table
+/// the engine reads that is not its own), so that a request whose account is already known costs
+/// no separate authentication round trip, and a revoked key reads nothing. A key that is not there
+/// gets an id reserved from the table's sequence (a sequence is not transactional: this neither
+/// writes a row nor takes a transaction id), which the first phase stores it under. The
+/// credentials' version comes with it, read in the same snapshot as the credential.
 pub(crate) async fn read(
     executor: impl PgExecutor<'_>,
     lookup: &Lookup,
 ) -> Result<Read, IdemError> {
     let row = sqlx::query!(
-        r#"
-        WITH principal AS (
-            SELECT 1 AS live
-             WHERE $3::bytea IS NULL
-                OR EXISTS (SELECT 1 FROM api_keys
-                            WHERE key_hash = $3 AND account_id = $1 AND revoked_at IS NULL)
-        ),
-        version AS (SELECT version FROM credentials_version)
-        SELECT v.version AS "version!", (extract(epoch FROM now()) * 1000000)::int8 AS "now_us!",
-               p.live AS "live?", k.id AS "id?", k.fingerprint AS "fingerprint?",
-               k.request_method AS "request_method?", k.request_path AS "request_path?",
-               k.request_id AS "request_id?", k.operation AS "operation?",
-               CASE WHEN k.response_status IS NULL THEN k.request_params END AS "request_params?",
-               k.owner_token AS "owner_token?",
-               coalesce(k.locked_until > now(), false) AS "lease_active!",
-               k.needs_human_at IS NOT NULL AS "needs_human!",
-               k.response_status AS "response_status?", k.response_headers AS "response_headers?",
-               k.response_body AS "response_body?",
-               (extract(epoch FROM k.completed_at) * 1000000)::int8 AS "completed_at_us?",
-               CASE WHEN p.live IS NOT NULL AND k.id IS NULL
-                    THEN nextval('idempotency_keys_id_seq') END AS "reserved?"
-          FROM version v
-          LEFT JOIN principal p ON true
-          LEFT JOIN idempotency_keys k
-                 ON p.live IS NOT NULL AND k.account_id = $1 AND k.idempotency_key = $2
-        "#,
+        r#"SELECT idem_claim($1, $2, $3, NULL) AS "claimed!: Claimed""#,
         lookup.account_id,
         lookup.key,
         lookup.credential.as_deref(),
     )
     .fetch_one(executor)
     .await?;
-    let (version, now_us) = (row.version, row.now_us);
-    if row.live.is_none() {
-        return Ok(Read { seen: Seen::Unauthenticated, version, now_us });
+    match row.claimed.claiming()? {
+        Claiming::Read(read) => Ok(read),
+        Claiming::Stored { .. } => Err(IdemError::Corrupt("a read that stored a key")),
     }
-    let Some(id) = row.id else {
-        return Ok(Read { seen: Seen::Absent(present(row.reserved)?), version, now_us });
-    };
-    // The key's own columns are NOT NULL: with an id, all of them are present.
-    let response = stored_response(row.response_status, row.response_headers, row.response_body)?;
-    let seen = Seen::Key(KeyRow {
-        id,
-        fingerprint: present(row.fingerprint)?,
-        request_method: present(row.request_method)?,
-        request_path: present(row.request_path)?,
-        request_id: present(row.request_id)?,
-        operation: present(row.operation)?,
-        request_params: row.request_params,
-        owner_token: row.owner_token,
-        lease_active: row.lease_active,
-        needs_human: row.needs_human,
-        response,
-        completed_at_us: row.completed_at_us,
-    });
-    Ok(Read { seen, version, now_us })
 }
 
 /// The credentials' version and the database clock (microseconds since the Unix epoch), read by a

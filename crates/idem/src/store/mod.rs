@@ -21,7 +21,8 @@ use uuid::Uuid;
 use crate::StoredResponse;
 use crate::error::IdemError;
 
-pub(crate) use claim::{KeyRow, Lookup, Read, Seen, TakeOver, fresh, read, take_over};
+pub use claim::Claimed;
+pub(crate) use claim::{Claiming, KeyRow, Lookup, Read, Seen, TakeOver, fresh, read, take_over};
 pub use lease::wake;
 pub(crate) use lease::{before_call, flag, release, unresolved_for};
 pub use sweep::{StuckKey, stuck_keys};
@@ -36,7 +37,9 @@ pub(crate) use sweep::{flag_stale, reap, take_due};
 #[derive(Debug, Clone, sqlx::Type)]
 #[sqlx(type_name = "idem_fence")]
 pub struct FenceRecord {
-    key_id: i64,
+    /// `None` only for a new key whose first phase claims it: `idem_claim` stores it under an id
+    /// from the sequence.
+    key_id: Option<i64>,
     token: Uuid,
     expected: String,
     lease_ms: f64,
@@ -86,7 +89,7 @@ impl FenceRecord {
             None => (None, None, None),
         };
         Ok(Self {
-            key_id: fence.key_id,
+            key_id: Some(fence.key_id),
             token: fence.token,
             expected: fence.expected.to_owned(),
             lease_ms: fence.lease_ms as f64,
@@ -105,6 +108,15 @@ impl FenceRecord {
             operation: new.as_ref().map(|new| new.operation.to_owned()),
             params: new.map(|new| new.params.clone()),
         })
+    }
+}
+
+impl FenceRecord {
+    /// The same fence for a new key that has no id yet: `idem_claim` takes one from the sequence
+    /// when it stores the key.
+    pub(crate) fn without_id(mut self) -> Self {
+        self.key_id = None;
+        self
     }
 }
 
