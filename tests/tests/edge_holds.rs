@@ -1,6 +1,6 @@
 //! The edge holds (issue 17): control characters, bodies that are not objects, slow clients,
-//! floods of bad keys, honest Retry-After, keyed PATCH, and the rest of HTTP hygiene. Every
-//! answer to bad input is a problem, never a 5xx.
+//! floods of bad keys, webhook bodies from anyone that trickle in, honest Retry-After, keyed
+//! PATCH, and the rest of HTTP hygiene. Every answer to bad input is a problem, never a 5xx.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -450,4 +450,121 @@ async fn connections_beyond_the_bound_wait_until_one_closes(pool: PgPool) {
     drop(first);
     let third = app.http.get(app.url("/healthz")).timeout(Duration::from_secs(10)).send();
     assert_eq!(third.await.unwrap().status(), 200, "served once the first connection closed");
+}
+
+/// Sends the head of `POST /webhooks/processor` (no API key, `signature` if any) and one byte of
+/// a 100-byte body, then stalls: a body that trickles in from anyone.
+async fn stall_a_webhook(app: &TestApp, signature: Option<&str>) -> TcpStream {
+    let mut stream = connect(app).await;
+    let signature = signature.map(|s| format!("Stripe-Signature: {s}\r\n")).unwrap_or_default();
+    let head = format!(
+        "POST /webhooks/processor HTTP/1.1\r\nHost: x\r\n{signature}\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+/// The first answer on a raw connection, if one comes within ten seconds.
+async fn first_answer(stream: &mut TcpStream) -> Option<String> {
+    let mut buffer = vec![0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer)).await;
+    read.ok().map(|n| String::from_utf8_lossy(&buffer[..n.unwrap()]).into_owned())
+}
+
+fn unix_now() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    i64::try_from(now.as_secs()).unwrap()
+}
+
+/// A stalled body may not trip any timeout while the test runs: what is checked is that it holds
+/// no place, not that it is cut off in the end.
+const ONE_PLACE_AND_PATIENT_BODIES: &[(&str, &str)] = &[
+    ("PAYMENTS__HTTP__MAX_IN_FLIGHT_REQUESTS", "1"),
+    ("PAYMENTS__HTTP__BODY_TIMEOUT_MS", "60000"),
+];
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_webhook_body_that_trickles_in_while_the_route_is_off_is_answered_404_unread(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn_with(pool.clone(), pool, ONE_PLACE_AND_PATIENT_BODIES).await;
+    let (_, key) = app.create_account("shop").await;
+    let mut stalled = stall_a_webhook(&app, None).await;
+    let answer = first_answer(&mut stalled).await.expect("answered without waiting for the body");
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    assert!(answer.contains("resource_missing"), "{answer}");
+    // Its body never came, and the only place serves a paying client.
+    for _ in 0..5 {
+        assert_eq!(app.get("/v1/payments", &key).await.status(), 200);
+    }
+    drop(stalled);
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn unsigned_webhook_bodies_that_trickle_in_take_no_place_from_api_requests(pool: PgPool) {
+    let secret = "whsec_inbound_test";
+    let settings = [
+        // Two places: as many as there are stalled webhooks below, so that neither is shed at
+        // the edge before it reaches its route.
+        ("PAYMENTS__HTTP__MAX_IN_FLIGHT_REQUESTS", "2"),
+        ("PAYMENTS__HTTP__BODY_TIMEOUT_MS", "60000"),
+        ("PAYMENTS__PROCESSOR__WEBHOOK_SECRET", secret),
+        ("PAYMENTS__PROCESSOR__WEBHOOK_MAX_UNVERIFIED", "1"),
+    ];
+    let app = TestApp::spawn_with(pool.clone(), pool.clone(), &settings).await;
+    let (_, key) = app.create_account("shop").await;
+
+    // What no body could make good is refused before the body is read.
+    let old = format!("t={},v1=00", unix_now() - 301);
+    for (signature, detail) in
+        [(None, "missing"), (Some("v1=00"), "malformed"), (Some(old.as_str()), "tolerance")]
+    {
+        let mut stalled = stall_a_webhook(&app, signature).await;
+        let answer = first_answer(&mut stalled).await.expect("refused without the body");
+        assert!(answer.starts_with("HTTP/1.1 400"), "{signature:?}: {answer}");
+        assert!(answer.contains("Stripe-Signature") && answer.contains(detail), "{answer}");
+    }
+
+    // A header anyone can write gets its body read, under the webhooks' own bound: of two
+    // such bodies trickling in, one holds that bound's only place, the other is shed at once.
+    let forged = format!("t={},v1=00", unix_now());
+    let mut first = stall_a_webhook(&app, Some(&forged)).await;
+    let mut second = stall_a_webhook(&app, Some(&forged)).await;
+    let answer = tokio::select! {
+        answer = first_answer(&mut first) => answer,
+        answer = first_answer(&mut second) => answer,
+    };
+    let answer = answer.expect("a webhook beyond the webhooks' bound is shed at once");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.to_lowercase().contains("retry-after: 1"), "{answer}");
+    assert!(answer.contains("service_unavailable") && answer.contains("webhooks"), "{answer}");
+    // The one still stalled holds none of the API's places: both serve paying clients.
+    for _ in 0..5 {
+        let (one, two) = tokio::join!(app.get("/v1/payments", &key), app.get("/v1/payments", &key));
+        assert_eq!((one.status().as_u16(), two.status().as_u16()), (200, 200));
+    }
+
+    // Once it is gone, a delivery the processor signed is taken as before.
+    drop((first, second));
+    let event = serde_json::to_vec(&json!({"id": "evt_1", "object": "event",
+        "type": "charge.succeeded", "created": unix_now(), "data": {"object": {"id": "ch_1",
+        "object": "charge", "amount": 100, "currency": "usd", "captured": true, "paid": true,
+        "status": "succeeded", "amount_captured": 100, "amount_refunded": 0, "refunded": false,
+        "metadata": {"payment_id": "pay_not_ours"}}}}))
+    .unwrap();
+    let mut status = 0;
+    for _ in 0..200 {
+        let signature = provider::signature::sign(secret, unix_now(), &event);
+        let request = app.http.post(app.url("/webhooks/processor"));
+        let response =
+            app.send(request.header("stripe-signature", signature).body(event.clone())).await;
+        status = response.status().as_u16();
+        if status == 200 {
+            assert_eq!(json(response).await["outcome"], "unmatched");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status, 200, "a signed delivery is taken once the webhooks' place is free");
 }

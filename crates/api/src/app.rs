@@ -76,6 +76,10 @@ pub struct Services {
     pub unknown_keys: crate::auth::UnknownKeys,
     /// The OpenAPI document, rendered once.
     pub openapi: axum::body::Bytes,
+    /// Places for processor webhooks whose bodies are read and verified
+    /// (`processor.webhook_max_unverified`): they wait outside the edge's in-flight bound, whose
+    /// places are for callers known to be who they say.
+    pub unverified_webhooks: Semaphore,
 }
 
 /// A bound, not yet serving, API server.
@@ -137,6 +141,8 @@ impl Application {
         let unknown_keys = crate::auth::UnknownKeys::new(Duration::from_millis(
             settings.rate_limit.unknown_key_cache_ms,
         ));
+        let unverified_webhooks =
+            Semaphore::new(settings.processor.webhook_max_unverified as usize);
         let (api, paths) = api();
         let openapi = crate::openapi::json(paths, &settings, &edge.public_base_url).into();
         let state = AppState(Arc::new(Services {
@@ -149,6 +155,7 @@ impl Application {
             known_keys: Arc::default(),
             unknown_keys,
             openapi,
+            unverified_webhooks,
         }));
         let router = edge::wrap(router(api, state), edge);
         Ok(Self {

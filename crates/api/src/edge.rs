@@ -5,9 +5,16 @@
 //! becomes an RFC 9457 body with that request id), the declared-size check (413 before anything
 //! reads the body), redaction of `Authorization` in logs, the request span and access log, and
 //! panic recovery (a panic answers 500 `internal_error`; the process stays up).
+//!
+//! Every request holds a place among those in flight (`http.max_in_flight_requests`) from the
+//! edge until its answer is ready: the bound protects the work that callers who proved who they
+//! are may ask for. A route that must read a body before it can tell who sent it (the processor's
+//! signed webhooks) steps out of that bound with [`InFlight`] for the read, under a bound of its
+//! own, and steps back in once the sender is verified; otherwise anyone could hold every place
+//! with bodies that trickle in.
 
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
@@ -15,7 +22,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
@@ -76,6 +83,53 @@ impl EdgeLimits {
     }
 }
 
+/// A request's place among the requests in flight, in its extensions. The edge takes it before
+/// anything else runs and gives it back when the answer is ready. A route that would otherwise
+/// wait, holding it, on a caller nobody has authenticated yet gives it back with
+/// [`InFlight::step_out`] (after taking a place under a bound of its own) and takes one again
+/// with [`InFlight::step_in`] once it knows the caller.
+#[derive(Debug, Clone)]
+pub struct InFlight {
+    places: Arc<Semaphore>,
+    held: Arc<Mutex<Option<OwnedSemaphorePermit>>>,
+}
+
+impl InFlight {
+    /// A place of `places`, or the `503` that sheds the request when none is left.
+    fn take(places: Arc<Semaphore>) -> Result<Self, ApiError> {
+        let permit = places.clone().try_acquire_owned().map_err(|_| shed())?;
+        Ok(Self { places, held: Arc::new(Mutex::new(Some(permit))) })
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<OwnedSemaphorePermit>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Gives the place back: the request no longer counts against the bound.
+    pub fn step_out(&self) {
+        self.held().take();
+    }
+
+    /// Takes a place again (nothing, if the request still holds one); none left is the same
+    /// `503` with `Retry-After` that sheds a request at the edge.
+    pub fn step_in(&self) -> Result<(), ApiError> {
+        let mut held = self.held();
+        if held.is_none() {
+            *held = Some(self.places.clone().try_acquire_owned().map_err(|_| shed())?);
+        }
+        Ok(())
+    }
+}
+
+/// The answer to a request beyond the bound.
+fn shed() -> ApiError {
+    metrics::counter!("requests_shed_total").increment(1);
+    ApiError::new(
+        ProblemCode::ServiceUnavailable,
+        "The server is serving as many requests as it can. Retry after the number of seconds in Retry-After.",
+    )
+}
+
 /// Wraps a router in the edge layers.
 pub fn wrap(router: Router, config: EdgeConfig) -> Router {
     let limit = config.body_limit_bytes;
@@ -115,17 +169,10 @@ async fn request_id_and_problems(
 
     // Held until the answer is ready; none left means the server is full, and a quick 503 with
     // Retry-After serves everyone better than a queue that grows until requests time out.
-    let permit = config.limits.in_flight.clone().try_acquire_owned();
-    let mut response = match declared_length(&request) {
-        _ if permit.is_err() => {
-            metrics::counter!("requests_shed_total").increment(1);
-            ApiError::new(
-                ProblemCode::ServiceUnavailable,
-                "The server is serving as many requests as it can. Retry after the number of seconds in Retry-After.",
-            )
-            .into_response()
-        }
-        Some(length) if length > config.body_limit_bytes as u64 => ApiError::new(
+    let place = InFlight::take(config.limits.in_flight.clone());
+    let mut response = match (&place, declared_length(&request)) {
+        (Err(shed), _) => shed.clone().into_response(),
+        (Ok(_), Some(length)) if length > config.body_limit_bytes as u64 => ApiError::new(
             ProblemCode::PayloadTooLarge,
             format!(
                 "The request body is {length} bytes; the limit is {} bytes.",
@@ -133,9 +180,15 @@ async fn request_id_and_problems(
             ),
         )
         .into_response(),
-        _ => next.run(request).await,
+        (Ok(place), _) => {
+            request.extensions_mut().insert(place.clone());
+            next.run(request).await
+        }
     };
-    drop(permit);
+    // Given back now, even if something the request started still holds a copy of it.
+    if let Ok(place) = place {
+        place.step_out();
+    }
 
     if let Some(error) = response.extensions_mut().remove::<ApiError>() {
         response = error.render(request_id.as_str(), &config.public_base_url);

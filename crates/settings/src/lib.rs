@@ -215,6 +215,10 @@ pub struct ProcessorSettings {
     /// How far a webhook's signed timestamp may be from now, in seconds; an older one is a
     /// replay and is refused.
     pub webhook_tolerance_s: u64,
+    /// Webhooks whose bodies are read and verified at once, outside
+    /// `http.max_in_flight_requests` (their senders are not known yet); more are answered 503.
+    /// A verified webhook counts toward `http.max_in_flight_requests` like any other request.
+    pub webhook_max_unverified: u32,
 }
 
 impl std::fmt::Debug for ProcessorSettings {

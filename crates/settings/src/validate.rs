@@ -104,6 +104,9 @@ impl Settings {
         if self.processor.webhook_tolerance_s == 0 || self.processor.webhook_tolerance_s > 3600 {
             return Err(invalid("processor.webhook_tolerance_s", "must be from 1 to 3600".into()));
         }
+        if self.processor.webhook_max_unverified == 0 {
+            return Err(invalid("processor.webhook_max_unverified", "must be at least 1".into()));
+        }
         if self.worker.batch_size == 0 || self.worker.batch_size > 10_000 {
             return Err(invalid("worker.batch_size", "must be from 1 to 10000".into()));
         }

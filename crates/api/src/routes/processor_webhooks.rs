@@ -4,7 +4,16 @@
 //! No API key: the processor signs each delivery with `Stripe-Signature` and the endpoint's
 //! secret (`processor.webhook_secret`; empty turns the route off). The body is read whole (the
 //! edge's body limit holds) and verified over its exact bytes before anything is parsed. A refusal
-//! is `400 invalid_request` and records nothing; a verified event is recorded once by its id
+//! is `400 invalid_request` and records nothing.
+//!
+//! Nobody is known until the signature holds, and the body must be read first: so the body is
+//! read only after everything that needs no body (the route is on, the header is well-formed and
+//! its timestamp within the tolerance), and the wait for it is bounded apart from the API's
+//! requests. The request steps out of the edge's in-flight bound for the read, under a small bound
+//! of its own (`processor.webhook_max_unverified`), and back in once verified: bodies that trickle
+//! in from anyone can fill only the webhook's places, never the ones paying clients need.
+//!
+//! Then: a verified event is recorded once by its id
 //! (`payments_domain::processor_events::receive`) and answered `200`, a redelivery too, so the
 //! processor stops retrying. An event about a charge that is not one of our payments' is recorded
 //! and answered `200` as well: a processor retries anything else for days, and such charges
@@ -14,8 +23,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use payments_domain::PaymentId;
 use payments_domain::processor_events::{self, Received, Refused, SIGNATURE_HEADER};
@@ -24,6 +33,7 @@ use serde::Serialize;
 use utoipa_axum::routes;
 
 use crate::app::AppState;
+use crate::edge::InFlight;
 use crate::error::{ApiError, ProblemCode};
 use crate::openapi::{ApiRouter, OK, Problems, ProcessorEvent, Public, code, param};
 
@@ -48,6 +58,13 @@ pub struct ProcessorWebhookReceipt {
 fn unix_now() -> i64 {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     i64::try_from(now).unwrap_or(i64::MAX)
+}
+
+/// A refused delivery: counted, logged, and answered `400`.
+fn refused(refused: &Refused) -> ApiError {
+    metrics::counter!("processor_webhooks_total", "outcome" => "refused").increment(1);
+    tracing::warn!(reason = %refused, "a processor webhook was refused");
+    refusal(refused)
 }
 
 fn refusal(refused: &Refused) -> ApiError {
@@ -81,26 +98,55 @@ fn refusal(refused: &Refused) -> ApiError {
 )]
 pub async fn receive(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
+    request: Request,
 ) -> Result<Response, ApiError> {
     let processor = &state.settings.processor;
     let secret = processor.webhook_secret.expose_secret();
     if secret.is_empty() {
+        // Before the body: a route that is off costs nobody a place while a body trickles in.
         return Err(ApiError::resource_missing(
             "Inbound processor webhooks are off on this server (processor.webhook_secret is \
              empty).",
         ));
     }
-    let signature = headers.get(SIGNATURE_HEADER).and_then(|value| value.to_str().ok());
     let tolerance = Duration::from_secs(processor.webhook_tolerance_s);
-    let event = processor_events::verify(&body, signature, secret, tolerance, unix_now()).map_err(
-        |refused| {
-            metrics::counter!("processor_webhooks_total", "outcome" => "refused").increment(1);
-            tracing::warn!(reason = %refused, "a processor webhook was refused");
-            refusal(&refused)
-        },
-    )?;
+    let signature = request.headers().get(SIGNATURE_HEADER).and_then(|value| value.to_str().ok());
+    processor_events::check_header(signature, tolerance, unix_now()).map_err(|r| refused(&r))?;
+    let signature = signature.map(str::to_owned);
+
+    // The sender is unknown until the body is read and verified: wait for it under the webhooks'
+    // own bound, out of the edge's. No place left is a 503, which the processor retries.
+    let Ok(unverified) = state.unverified_webhooks.try_acquire() else {
+        metrics::counter!("processor_webhooks_total", "outcome" => "shed").increment(1);
+        return Err(ApiError::new(
+            ProblemCode::ServiceUnavailable,
+            "The server is reading as many unverified webhooks as it takes at once. Retry after \
+             the number of seconds in Retry-After.",
+        ));
+    };
+    let place = request.extensions().get::<InFlight>().cloned();
+    if let Some(place) = &place {
+        place.step_out();
+    }
+    let body = Bytes::from_request(request, &state).await.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                ProblemCode::PayloadTooLarge,
+                "The request body is larger than the limit.",
+            )
+        } else {
+            ApiError::new(ProblemCode::InvalidRequest, "The request could not be read.")
+        }
+    })?;
+    let event =
+        processor_events::verify(&body, signature.as_deref(), secret, tolerance, unix_now())
+            .map_err(|r| refused(&r))?;
+    // Verified: from here on it is work for a known caller, counted like any API request's.
+    if let Some(place) = &place {
+        place.step_in()?;
+    }
+    drop(unverified);
+
     let received = processor_events::receive(&state.pool, &event).await?;
     let (outcome, payment) = match received {
         Received::Recorded { payment_id, woke } => {
