@@ -21,7 +21,7 @@ use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use idem::{
     Claim, ClaimRequest, ClaimsInFirstPhase, Engine, Fingerprint, First, IdempotencyKey,
-    Interrupted, Operation, Read, RequestParts, StoredResponse, TransientKind,
+    Interrupted, Operation, PhaseError, Read, RequestParts, StoredResponse, TransientKind,
 };
 use payments_domain::AccountId;
 use payments_domain::operations::PaymentOperation;
@@ -415,6 +415,10 @@ impl Runner {
                             Some(claim) => return Ok(Ran::Claimed(claim)),
                             None => continue,
                         },
+                        // Before any lease, as a claim's: a wait given up is a 503.
+                        Err(PhaseError::Database(err)) => {
+                            return Err(idem::IdemError::Database(err));
+                        }
                         Err(err) => return Ok(Ran::Driven(Err(Interrupted::from(err)))),
                     };
                     return Ok(Ran::Driven(idem::drive(&mut operation, lease).await));

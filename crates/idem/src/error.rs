@@ -26,14 +26,18 @@ impl IdemError {
     /// the acquire timeout, or a statement stopped by `lock_timeout` (55P03) or
     /// `statement_timeout` (57014). Nothing was stored; the request may be retried at once.
     pub fn timed_out(&self) -> bool {
-        match self {
-            Self::Database(sqlx::Error::PoolTimedOut) => true,
-            Self::Database(err) => err
-                .as_database_error()
-                .and_then(|db| db.code())
-                .is_some_and(|code| matches!(code.as_ref(), "55P03" | "57014")),
-            _ => false,
-        }
+        matches!(self, Self::Database(err) if gave_up(err))
+    }
+}
+
+/// Whether a statement gave up waiting: see [`IdemError::timed_out`].
+pub(crate) fn gave_up(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::PoolTimedOut => true,
+        err => err
+            .as_database_error()
+            .and_then(|db| db.code())
+            .is_some_and(|code| matches!(code.as_ref(), "55P03" | "57014")),
     }
 }
 

@@ -738,6 +738,12 @@ async fn a_new_key_is_stored_only_by_its_first_phase_and_a_duplicate_meanwhile_s
 /// then the order, only when it stored the key (after `pause` in the server).
 struct InsertInClaim {
     pause: Duration,
+    /// Whether the answer is lost after the statement ran (as when its connection fails then).
+    lose_answer: bool,
+}
+
+impl InsertInClaim {
+    const NOW: Self = Self { pause: Duration::ZERO, lose_answer: false };
 }
 
 impl FirstStatement for InsertInClaim {
@@ -768,6 +774,9 @@ impl FirstStatement for InsertInClaim {
         .bind(self.pause.as_secs_f64())
         .fetch_one(connection)
         .await?;
+        if self.lose_answer {
+            return Err(PhaseError::Database(sqlx::Error::Protocol("connection lost".into())));
+        }
         Ok((claimed, order))
     }
 }
@@ -782,7 +791,7 @@ impl Harness {
     ) -> First<i64> {
         let key = key(key_value);
         let request = ClaimRequest { credential, ..order_claim("acct_1", &key, body) };
-        let mut first = InsertInClaim { pause: Duration::ZERO };
+        let mut first = InsertInClaim::NOW;
         self.engine.claim_first(&request, &mut first).await.unwrap()
     }
 
@@ -889,7 +898,8 @@ async fn a_claim_with_its_first_phase_takes_nothing_while_the_process_stops(pool
         tokio::spawn(async move {
             let (key, body) = (key("slow"), json!({"item": "book"}));
             let request = order_claim("acct_1", &key, &body);
-            let mut first = InsertInClaim { pause: Duration::from_millis(300) };
+            let mut first =
+                InsertInClaim { pause: Duration::from_millis(300), ..InsertInClaim::NOW };
             h.engine.claim_first(&request, &mut first).await
         })
     };
@@ -915,6 +925,83 @@ async fn a_claim_with_its_first_phase_takes_nothing_while_the_process_stops(pool
     assert_eq!(late, 0, "nothing sent once the process stops");
 }
 
+/// A first statement that stored its key but whose answer never came back (its connection failed
+/// after the commit): the engine cannot know the key's id, so it gives the key back by its account
+/// and key, fenced on its token, and a retry resumes it at once instead of waiting out the lease.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_first_statement_whose_answer_is_lost_gives_its_key_back(pool: PgPool) {
+    let h = harness(pool).await;
+    let (key, body) = (key("lost"), json!({"item": "book"}));
+    let request = order_claim("acct_1", &key, &body);
+    let mut first = InsertInClaim { lose_answer: true, ..InsertInClaim::NOW };
+    let lost = h.engine.claim_first(&request, &mut first).await;
+    assert!(matches!(lost, Err(PhaseError::Database(_))), "{lost:?}");
+    let free: (bool, String) = sqlx::query_as(
+        "SELECT owner_token IS NULL AND locked_until IS NULL, recovery_point \
+         FROM idempotency_keys WHERE idempotency_key = 'lost'",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert_eq!(free, (true, "order_created".to_owned()), "stored, and given back");
+    assert_eq!(h.events.count(Event::Released), 1);
+    let First::Open(open) = h.claim_first("lost").await else { panic!("a free key is open") };
+    assert!(matches!(h.engine.take(open, &request).await.unwrap(), Some(Claim::Acquired(_))));
+    assert_eq!(h.orders().await, 1);
+}
+
+/// The claim with the first phase waits no longer than a claim may (`claim_timeout`), and a wait
+/// it gives up on (a lock on a table the phase writes, held by a migration, say) still lets a read
+/// answer a replay; a new key's claim gives up, storing nothing.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_claim_with_its_first_phase_waits_no_longer_than_a_claim(pool: PgPool) {
+    let config = EngineConfig { claim_timeout: Duration::from_millis(300), ..Default::default() };
+    let h = harness_with(pool, config).await;
+    let First::Ran(lease, _) = h.claim_first("done").await else { panic!("a new key") };
+    let answer = h.run(lease).await.unwrap();
+    let mut migration = h.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE orders IN SHARE MODE").execute(&mut *migration).await.unwrap();
+
+    let started = std::time::Instant::now();
+    match h.claim_first("done").await {
+        First::Decided(Claim::Replay(replayed)) => assert_eq!(replayed, answer),
+        other => panic!("expected the replay, got {other:?}"),
+    }
+    let (key, body) = (key("blocked"), json!({"item": "book"}));
+    let mut first = InsertInClaim::NOW;
+    let blocked = h.engine.claim_first(&order_claim("acct_1", &key, &body), &mut first).await;
+    assert!(
+        matches!(&blocked, Err(PhaseError::Database(err)) if err.as_database_error()
+            .and_then(|db| db.code())
+            .is_some_and(|code| code == "55P03" || code == "57014")),
+        "{blocked:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    migration.rollback().await.unwrap();
+    assert_eq!(h.keys().await, 1, "the blocked claim stored nothing");
+}
+
+/// A process that is stopping takes no key, but answers what a read decides: a replay, a refusal.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_stopping_process_answers_a_replay_from_its_first_statement_claim(pool: PgPool) {
+    let config = EngineConfig { answer_memory: 0, ..Default::default() };
+    let h = harness_with(pool, config).await;
+    let First::Ran(lease, _) = h.claim_first("done").await else { panic!("a new key") };
+    let answer = h.run(lease).await.unwrap();
+    h.engine.release_held("stopping").await;
+    match h.claim_first("done").await {
+        First::Decided(Claim::Replay(replayed)) => assert_eq!(replayed, answer),
+        other => panic!("expected the replay, got {other:?}"),
+    }
+    let pen = json!({"item": "pen"});
+    assert!(matches!(
+        h.claim_first_with("done", &pen, None).await,
+        First::Decided(Claim::Mismatch { .. })
+    ));
+    assert!(matches!(h.claim_first("new").await, First::Decided(Claim::InUse)));
+    assert_eq!(h.keys().await, 1);
+}
+
 /// A key stored at its first point before its first phase ran (a release that stored keys when it
 /// claimed them; here, a check before a foreign call): the claim finds it open, takes it over, and
 /// the same first statement moves it, fenced on the lease.
@@ -932,11 +1019,11 @@ async fn a_first_statement_runs_as_the_phase_of_a_key_stored_before(pool: PgPool
     else {
         panic!("the expired lease is taken over")
     };
-    let order = lease.phase_first(InsertInClaim { pause: Duration::ZERO }).await.unwrap();
+    let order = lease.phase_first(InsertInClaim::NOW).await.unwrap();
     assert_eq!(h.recovery_point("k1").await, "order_created");
     assert_eq!(h.orders().await, 1);
     // The holder whose lease was taken over cannot move the key any more.
-    let late = stored.phase_first(InsertInClaim { pause: Duration::ZERO }).await;
+    let late = stored.phase_first(InsertInClaim::NOW).await;
     assert!(matches!(late, Err(PhaseError::LeaseLost)), "{late:?}");
     assert_eq!(h.orders().await, 1, "{order}");
 }

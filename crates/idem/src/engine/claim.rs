@@ -12,7 +12,7 @@ use super::answers::{Answer, KeptAnswer};
 use super::lease::{Lease, NewKey};
 use super::operation::{ClaimArgs, FirstStatement, UNMADE, corrupt};
 use super::{DB_RETRY, Engine, STARTED};
-use crate::error::{IdemError, PhaseError, is_retryable};
+use crate::error::{IdemError, PhaseError, gave_up, is_retryable};
 use crate::fingerprint::Fingerprint;
 use crate::kept::{Kept, connection_lost};
 use crate::key::IdempotencyKey;
@@ -106,6 +106,15 @@ pub enum First<T> {
     /// The key was new, and the first phase stored it with its writes: the lease, at the phase's
     /// recovery point, and what the phase returned.
     Ran(Lease, T),
+}
+
+/// An engine error as a phase's.
+fn phase_error<E>(err: IdemError) -> PhaseError<E> {
+    match err {
+        IdemError::Database(err) => PhaseError::Database(err),
+        IdemError::LeaseLost => PhaseError::LeaseLost,
+        other => corrupt(other),
+    }
 }
 
 /// A unique violation on the key: another request stored the same key while this statement ran
@@ -296,9 +305,13 @@ impl Engine {
         request: &ClaimRequest<'_>,
         statement: &mut S,
     ) -> Result<First<S::Output>, PhaseError<S::Error>> {
-        // Counted until the lease is recorded as held (or given back), as a takeover's.
+        // Counted until the lease is recorded as held (or given back), as a takeover's. A process
+        // that is stopping takes no key, but still answers what a read of it decides.
         let Some(_granting) = self.granting() else {
-            return Ok(First::Decided(Claim::InUse));
+            return match self.read_key(request).await.map_err(phase_error)? {
+                Read::Decided(claim) => Ok(First::Decided(claim)),
+                Read::Open(_) => Ok(First::Decided(Claim::InUse)),
+            };
         };
         let mut lease = self.new_lease(request, 0);
         let step = statement.step();
@@ -310,7 +323,7 @@ impl Engine {
             fence: &fence,
         };
         let mut tries = 0;
-        let (claimed, made) = loop {
+        let sent = loop {
             match self.send_first(statement, claim).await {
                 Err(PhaseError::Database(err))
                     if is_retryable(&err) && tries < self.config.db_retries =>
@@ -322,10 +335,27 @@ impl Engine {
                         tokio::time::sleep(DB_RETRY.delay(tries)).await;
                     }
                 }
-                sent => break sent?,
+                sent => break sent,
             }
         };
-        let (id, version) = match claimed.claiming().map_err(corrupt)? {
+        let (claimed, made) = match sent {
+            Ok(sent) => sent,
+            // The statement waited longer than a claim may (a lock on a table it writes, held by
+            // a migration, say) and stored nothing. A read takes no such lock: it may still
+            // answer a replay or a refusal; a key to take waits for a retry.
+            Err(PhaseError::Database(err)) if gave_up(&err) => {
+                return match self.read_key(request).await.map_err(phase_error)? {
+                    Read::Decided(claim) => Ok(First::Decided(claim)),
+                    Read::Open(_) => Err(PhaseError::Database(err)),
+                };
+            }
+            Err(err) => return Err(self.unheld(request, &lease, err).await),
+        };
+        let claiming = match claimed.claiming() {
+            Ok(claiming) => claiming,
+            Err(err) => return Err(self.unheld(request, &lease, corrupt(err)).await),
+        };
+        let (id, version) = match claiming {
             Claiming::Stored { id, version } => (id, version),
             Claiming::Read(read) => {
                 return match self.decide(request, read).map_err(corrupt)? {
@@ -338,15 +368,17 @@ impl Engine {
                 };
             }
         };
-        let made = made.ok_or_else(|| corrupt(UNMADE))?;
-        if let (Some(digest), Some(version)) = (request.credential, version) {
-            self.answers.credential_seen(digest, Some((request.account_id, version)));
-        }
-        self.observer.event(Event::Claimed);
         lease.key_id = id;
         if !self.hold_granted(id, lease.token).await {
             return Err(PhaseError::LeaseLost);
         }
+        let Some(made) = made else {
+            return Err(self.unheld(request, &lease, corrupt(UNMADE)).await);
+        };
+        if let (Some(digest), Some(version)) = (request.credential, version) {
+            self.answers.credential_seen(digest, Some((request.account_id, version)));
+        }
+        self.observer.event(Event::Claimed);
         lease.moved(&step, &lease.phase_span());
         lease.stored().await?;
         // Right after the first phase committed, as `drive` after every other phase: the crash
@@ -355,13 +387,42 @@ impl Engine {
         Ok(First::Ran(lease, made))
     }
 
-    /// Sends a first statement once, on a kept phase connection or a pooled one.
+    /// After a first statement whose outcome this process cannot use (its connection failed as
+    /// it ran, or its answer made no sense): the key it may have stored under this lease's token
+    /// is given back at once, so that a retry resumes it rather than wait out the lease; nothing
+    /// happens if it stored nothing. Answers `err`.
+    async fn unheld<E>(
+        &self,
+        request: &ClaimRequest<'_>,
+        lease: &Lease,
+        err: PhaseError<E>,
+    ) -> PhaseError<E> {
+        let reason = "the claim's first phase ended without an answer";
+        let (account, key) = (request.account_id, request.key.as_str());
+        match store::release_unheld(&self.pool, account, key, lease.token, reason).await {
+            Ok(true) => {
+                self.observer.event(Event::Released);
+                tracing::warn!(
+                    operation = request.operation,
+                    "a key whose first phase ended without an answer was given back"
+                );
+            }
+            Ok(false) => {}
+            Err(release) => {
+                tracing::warn!(error = %release, "could not give back a key whose first phase ended without an answer; it is resumed when its lease expires")
+            }
+        }
+        err
+    }
+
+    /// Sends a first statement once, on a kept claim connection (its statement and lock waits
+    /// bounded by `claim_timeout`, as a claim's read) or a pooled one.
     async fn send_first<S: FirstStatement>(
         &self,
         statement: &mut S,
         claim: ClaimArgs<'_>,
     ) -> Result<(Claimed, Option<S::Output>), PhaseError<S::Error>> {
-        let Some(kept) = self.phase_connections() else {
+        let Some(kept) = self.claim_connections() else {
             let mut pooled = self.pool.acquire().await?;
             return statement.run(&mut pooled, claim).await;
         };

@@ -80,6 +80,34 @@ pub(crate) async fn release(
     Ok(released == 1)
 }
 
+/// As [`release`], for a new key a claim's first phase may have stored under `token` when the
+/// engine could not learn whether its statement committed (the connection failed as it ran), so it
+/// knows no id: found by its account and key, and released only if `token` owns it (nothing is
+/// done when the statement did not commit).
+pub(crate) async fn release_unheld(
+    executor: impl PgExecutor<'_>,
+    account_id: &str,
+    key: &str,
+    token: Uuid,
+    error: &str,
+) -> Result<bool, sqlx::Error> {
+    let released = sqlx::query!(
+        r#"
+        UPDATE idempotency_keys
+           SET owner_token = NULL, locked_until = NULL, last_error = $4, next_attempt_at = now()
+         WHERE account_id = $1 AND idempotency_key = $2 AND owner_token = $3
+        "#,
+        account_id,
+        key,
+        token,
+        error,
+    )
+    .execute(executor)
+    .await?
+    .rows_affected();
+    Ok(released == 1)
+}
+
 /// Makes an unfinished key due for the completer now, because news arrived that lets it finish
 /// (a webhook from the processor): `next_attempt_at` moves to now. Nothing else changes: a lease
 /// held now is left alone (its holder finishes or releases, and the release sets the next attempt
