@@ -771,3 +771,66 @@ async fn a_delivery_job_that_names_no_event_is_dead_lettered_after_the_job_bound
             .unwrap();
     assert_eq!((attempts, dead), (2, true));
 }
+
+/// A proxy named by the environment (`HTTP_PROXY`, `ALL_PROXY`, …) is never used for deliveries:
+/// it would resolve the endpoint's name itself, past the address rule, so that a name pointing
+/// at a private address would be delivered to. A worker started with one sends it nothing.
+#[sqlx::test(migrations = "../migrations")]
+async fn deliveries_ignore_a_proxy_named_by_the_environment(pool: PgPool) {
+    use payments_tests::system::{Process, System, free_port};
+    let sys = System::start(pool.clone()).await;
+    let api = sys.api("").await;
+    let account = sys.account("acme").await;
+    let http = reqwest::Client::new();
+    let created = http
+        .post(format!("{}/v1/webhook_endpoints", api.url))
+        .bearer_auth(&account.secret)
+        .json(&json!({"url": "https://hooks.example.com/webhooks", "enabled_events": ["*"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201, "{:?}", created.text().await);
+    // A name no resolver here knows: only a proxy would take a request for it.
+    sqlx::query("UPDATE webhook_endpoints SET url = 'http://hooks.internal.test/webhooks'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let answer = http
+        .post(format!("{}/v1/payments", api.url))
+        .bearer_auth(&account.secret)
+        .header("idempotency-key", "proxied")
+        .json(&json!({"amount": 100, "currency": "usd", "payment_method": "pm_card_visa"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 201);
+
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counting = asked.clone();
+    tokio::spawn(async move {
+        while let Ok((connection, _)) = proxy.accept().await {
+            counting.fetch_add(1, Ordering::SeqCst);
+            drop(connection);
+        }
+    });
+    let env = vec![
+        ("DATABASE_URL", sys.db_url.clone()),
+        ("PAYMENTS__PROCESSOR__BASE_URL", sys.sim.url.clone()),
+        ("PAYMENTS__WORKER__METRICS_PORT", "0".to_owned()),
+        ("HTTP_PROXY", proxy_url.clone()),
+        ("http_proxy", proxy_url.clone()),
+        ("HTTPS_PROXY", proxy_url.clone()),
+        ("ALL_PROXY", proxy_url),
+    ];
+    let mut once = Process::start("payments-worker", &["--once"], &env, free_port());
+    let status = tokio::time::timeout(Duration::from_secs(60), once.wait()).await;
+    assert!(matches!(status, Ok(Ok(s)) if s.success()), "{status:?}: {}", once.log());
+    let attempted: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_attempts")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(attempted >= 1, "the worker tried the delivery: {}", once.log());
+    assert_eq!(asked.load(Ordering::SeqCst), 0, "the proxy was asked to deliver");
+}

@@ -86,6 +86,9 @@ impl Deliverer {
             .connect_timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
             .dns_resolver(Arc::new(CheckedResolver { rule }))
+            // No proxy from the environment (`HTTP_PROXY`, `ALL_PROXY`, …): a proxy resolves the
+            // endpoint's name itself, past the address rule.
+            .no_proxy()
             .user_agent(concat!("payments-webhooks/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self { client, rule, settings: settings.clone() })
