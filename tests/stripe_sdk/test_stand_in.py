@@ -100,6 +100,29 @@ def check_a_declined_card_raises_card_error_with_its_decline_code():
         raise AssertionError("no CardError")
 
 
+def check_a_declined_charge_carries_its_error_code_and_its_outcome():
+    """As on Stripe: the charge's `failure_code` is the error's code, `outcome.reason` the
+    decline code; a successful charge has an outcome without a reason."""
+    params = visa(f"pay_{RUN}_if", source="pm_card_chargeDeclinedInsufficientFunds")
+    try:
+        stripe.Charge.create(idempotency_key=f"{RUN}-insufficient", **params)
+    except stripe.CardError as err:
+        assert (err.code, err.error.decline_code) == ("card_declined", "insufficient_funds"), err.error
+        charge, message = stripe.Charge.retrieve(err.error.charge), err.user_message
+    else:
+        raise AssertionError("no CardError")
+    assert charge.status == "failed" and not charge.paid, charge
+    assert charge.failure_code == "card_declined", charge
+    assert charge.failure_message == message, (charge.failure_message, message)
+    assert charge.outcome.reason == "insufficient_funds", charge.outcome
+    assert charge.outcome.type == "issuer_declined", charge.outcome
+    assert charge.outcome.network_status == "declined_by_network", charge.outcome
+    assert charge.outcome.seller_message, charge.outcome
+    paid = stripe.Charge.create(idempotency_key=f"{RUN}-authorized", **visa(f"pay_{RUN}_ok"))
+    assert paid.failure_code is None and paid.outcome.reason is None, paid
+    assert (paid.outcome.type, paid.outcome.network_status) == ("authorized", "approved_by_network")
+
+
 def check_an_authorization_is_captured_refunded_and_retrieved():
     authorized = stripe.Charge.create(
         idempotency_key=f"{RUN}-auth", **visa(f"pay_{RUN}_4", capture=False)

@@ -889,3 +889,99 @@ async fn a_successful_charge_reported_while_the_call_was_being_declined_is_audit
     );
     assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "phase".to_owned())]);
 }
+
+/// Every decline card the stand-in knows, with the decline code it is refused with.
+const DECLINE_CARDS: [(&str, &str); 3] = [
+    ("pm_card_chargeDeclined", "generic_decline"),
+    ("pm_card_chargeDeclinedInsufficientFunds", "insufficient_funds"),
+    ("pm_card_chargeDeclinedExpiredCard", "expired_card"),
+];
+
+impl Setup {
+    async fn pay_with(&self, key: &str, card: &str) -> reqwest::Response {
+        let body = json!({"amount": 500, "currency": "usd", "payment_method": card});
+        self.app.post("/v1/payments", &self.key, Some(key), &body).await
+    }
+
+    /// The 402 `response` for a decline with `code` and its failed payment: the problem less the
+    /// members that name the request or the payment, and the payment's `failure_code` and
+    /// `failure_message`. (A retry that resumes the key answers with the id of the request that
+    /// claimed it, so the request ids are not compared.)
+    async fn decline(&self, response: reqwest::Response, code: &str) -> (Value, Value, Value) {
+        assert_eq!(response.status(), 402);
+        let mut problem = json(response).await;
+        assert_eq!(problem["code"], "card_declined", "{problem}");
+        assert_eq!(problem["decline_code"], code, "{problem}");
+        let payment_id = problem["payment_id"].as_str().unwrap().to_owned();
+        let payment = json(self.app.get(&format!("/v1/payments/{payment_id}"), &self.key).await);
+        let payment = payment.await;
+        assert_eq!(payment["status"], "failed");
+        assert_eq!(payment["failure_code"], code, "{payment}");
+        let members = problem.as_object_mut().unwrap();
+        for name in ["request_id", "payment_id", "instance"] {
+            members.remove(name);
+        }
+        (problem, payment["failure_code"].clone(), payment["failure_message"].clone())
+    }
+}
+
+async fn adoptions(pool: &PgPool, cause: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE action = 'payment.reconciled' \
+         AND detail->>'outcome' = 'adopted' AND detail->>'cause' = $1",
+    )
+    .bind(cause)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The processor declines the card, then answers a 500 it keeps for the key: the request finds
+/// the declined charge by search and adopts it. The decline code is the charge's
+/// `outcome.reason`, not its `failure_code` (the error's code, `card_declined`): the answer and
+/// the payment are those the 402 itself would have given, for every decline card.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_decline_adopted_from_the_search_answers_as_the_decline_itself(pool: PgPool) {
+    let s = setup(&pool, FaultConfig::default(), &[]).await;
+    let none = s.http.put(format!("{}/_sim/webhooks", s.sim)).json(&Value::Null).send().await;
+    assert_eq!(none.unwrap().status(), 200, "no webhooks: only the search can tell");
+    let kept_500 = FaultConfig { error_after_processing_rate: 1.0, ..FaultConfig::default() };
+    for (n, (card, code)) in DECLINE_CARDS.into_iter().enumerate() {
+        s.set_faults(&FaultConfig::default()).await;
+        let direct = s.decline(s.pay_with(&format!("direct-{n}"), card).await, code).await;
+        s.set_faults(&kept_500).await;
+        let adopted = s.decline(s.pay_with(&format!("kept-{n}"), card).await, code).await;
+        assert_eq!(adopted, direct, "{card}");
+    }
+    assert_eq!(adoptions(&pool, "replayed_failure").await, 3, "each was found by the search");
+    assert_eq!(s.stats().await["charges_created"], 6, "one charge per payment");
+}
+
+/// The processor declines the card and the answer is lost; its webhook reports the declined
+/// charge, and the retry adopts it without a call. The answer and the payment are those the 402
+/// itself would have given, for every decline card.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_decline_adopted_from_the_webhook_answers_as_the_decline_itself(pool: PgPool) {
+    let s =
+        setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
+    // The event comes after the request has given up.
+    let lost =
+        FaultConfig { lost_response_rate: 1.0, webhook_delay_ms: 300, ..FaultConfig::default() };
+    for (n, (card, code)) in DECLINE_CARDS.into_iter().enumerate() {
+        s.set_faults(&FaultConfig::default()).await;
+        let direct = s.decline(s.pay_with(&format!("direct-{n}"), card).await, code).await;
+        let events = 2 * i64::try_from(n).unwrap();
+        until_received(&pool, events + 1).await;
+        s.set_faults(&lost).await;
+        let key = format!("lost-{n}");
+        assert_problem(s.pay_with(&key, card).await, 503, "processor_unavailable").await;
+        until_received(&pool, events + 2).await;
+        // A call would be answered now: the count below proves none is made.
+        s.set_faults(&FaultConfig::default()).await;
+        let requests = s.stats().await["requests"].clone();
+        let adopted = s.decline(s.pay_with(&key, card).await, code).await;
+        assert_eq!(s.stats().await["requests"], requests, "adopted without a call");
+        assert_eq!(adopted, direct, "{card}");
+    }
+    assert_eq!(adoptions(&pool, "webhook").await, 3, "each was adopted from its webhook");
+}

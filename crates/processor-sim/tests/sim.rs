@@ -134,6 +134,8 @@ async fn every_test_token_decides_the_outcome() {
             .await
             .unwrap();
         assert!(made.paid && made.captured && made.status == "succeeded", "{token}");
+        let outcome = made.outcome.unwrap();
+        assert_eq!((outcome.type_.as_deref(), outcome.reason), (Some("authorized"), None));
     }
     let declines = [
         ("pm_card_chargeDeclined", "generic_decline"),
@@ -147,9 +149,18 @@ async fn every_test_token_decides_the_outcome() {
             .await
             .unwrap_err();
         match err {
-            ProcessorError::Declined { decline_code, charge_id, .. } => {
+            ProcessorError::Declined { decline_code, charge_id, message } => {
                 assert_eq!(decline_code, expected);
-                assert!(charge_id.is_some_and(|c| c.starts_with("ch_")));
+                let charge_id = charge_id.unwrap();
+                assert!(charge_id.starts_with("ch_"));
+                // The declined charge says what the 402 said, as Stripe's does: the error's code
+                // and message, and the decline code as the outcome's reason.
+                let declined = client.retrieve_charge(&charge_id).await.unwrap();
+                assert_eq!(declined.decline_code(), expected, "{token}");
+                assert_eq!(declined.failure_message.as_deref(), Some(message.as_str()));
+                let outcome = declined.outcome.unwrap();
+                assert_eq!(outcome.type_.as_deref(), Some("issuer_declined"));
+                assert_eq!(outcome.network_status.as_deref(), Some("declined_by_network"));
             }
             other => panic!("{token}: {other:?}"),
         }
@@ -160,6 +171,44 @@ async fn every_test_token_decides_the_outcome() {
         .unwrap_err();
     assert!(
         matches!(err, ProcessorError::Invalid { status: 400, ref param, .. } if param.as_deref() == Some("source"))
+    );
+}
+
+/// Stripe's charge carries the error's code as `failure_code` and the decline code as
+/// `outcome.reason`, on the charge retrieved, listed, searched and in its event alike.
+#[tokio::test]
+async fn a_charge_carries_stripes_outcome_on_the_wire() {
+    let sim = start(FaultConfig::default()).await;
+    let form = [
+        ("amount", "500"),
+        ("currency", "usd"),
+        ("source", "pm_card_chargeDeclinedInsufficientFunds"),
+        ("metadata[payment_id]", "pay_if"),
+    ];
+    let declined: Value = sim.post("/v1/charges", "k1", &form).await.json().await.unwrap();
+    assert_eq!(declined["error"]["code"], "card_declined");
+    assert_eq!(declined["error"]["decline_code"], "insufficient_funds");
+    let id = declined["error"]["charge"].as_str().unwrap();
+    let charge = sim.get(&format!("/v1/charges/{id}")).await;
+    assert_eq!(charge["failure_code"], "card_declined");
+    assert_eq!(charge["failure_message"], declined["error"]["message"]);
+    assert_eq!(
+        charge["outcome"],
+        json!({"network_status": "declined_by_network", "reason": "insufficient_funds",
+               "risk_level": "normal", "type": "issuer_declined",
+               "seller_message": "The bank returned the decline code `insufficient_funds`."})
+    );
+    let searched = sim.get("/v1/charges/search?query=metadata['payment_id']:'pay_if'").await;
+    assert_eq!(searched["data"][0], charge);
+    assert_eq!(sim.get("/v1/charges").await["data"][0], charge);
+
+    let form = [("amount", "500"), ("currency", "usd"), ("source", "pm_card_visa")];
+    let paid: Value = sim.post("/v1/charges", "k2", &form).await.json().await.unwrap();
+    assert_eq!((&paid["failure_code"], &paid["failure_message"]), (&Value::Null, &Value::Null));
+    assert_eq!(
+        paid["outcome"],
+        json!({"network_status": "approved_by_network", "reason": null, "risk_level": "normal",
+               "seller_message": "Payment complete.", "type": "authorized"})
     );
 }
 

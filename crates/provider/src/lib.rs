@@ -22,4 +22,4 @@ pub use client::{
     TransientCause,
 };
 pub use keys::DownstreamKey;
-pub use types::{Charge, ChargeRequest, FrozenRequest, Refund, RefundRequest};
+pub use types::{Charge, ChargeOutcome, ChargeRequest, FrozenRequest, Refund, RefundRequest};

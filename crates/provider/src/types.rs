@@ -27,12 +27,52 @@ pub struct Charge {
     pub amount_refunded: i64,
     /// Whether the whole charge was refunded or released.
     pub refunded: bool,
-    /// Why a failed charge failed (`card_declined`, …).
+    /// The error code of a failed charge (`card_declined`, `expired_card`, …): the `code` of the
+    /// 402 its creation answered, not why the card was declined (that is `outcome.reason`).
     #[serde(default)]
     pub failure_code: Option<String>,
+    /// For people: the `message` of the 402 its creation answered.
+    #[serde(default)]
+    pub failure_message: Option<String>,
+    /// How it was decided; Stripe sends it on every charge, a processor may not.
+    #[serde(default)]
+    pub outcome: Option<ChargeOutcome>,
     /// Our ids on it (`payment_id`), as the client sent them.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+}
+
+impl Charge {
+    /// Why a failed charge was declined, as the `decline_code` of the 402 its creation answered:
+    /// `outcome.reason` (`insufficient_funds`, …). An outcome without a reason is a decline that
+    /// gave none, as a 402 without a `decline_code` is (`generic_decline`). Only a processor that
+    /// sent no outcome at all falls back on `failure_code`, which is the error's code.
+    pub fn decline_code(&self) -> String {
+        match &self.outcome {
+            Some(outcome) => outcome.reason.clone(),
+            None => self.failure_code.clone(),
+        }
+        .unwrap_or_else(|| "generic_decline".to_owned())
+    }
+}
+
+/// Stripe's `outcome` of a charge: how it was decided.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChargeOutcome {
+    /// `authorized`, `issuer_declined`, `blocked`, `invalid`, `manual_review`.
+    #[serde(rename = "type", default)]
+    pub type_: Option<String>,
+    /// Why the charge was declined or blocked, e.g. `insufficient_funds` (the decline code);
+    /// null for a successful charge.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// `approved_by_network`, `declined_by_network`, `not_sent_to_network`,
+    /// `reversed_after_approval`.
+    #[serde(default)]
+    pub network_status: Option<String>,
+    /// For the seller, not the customer.
+    #[serde(default)]
+    pub seller_message: Option<String>,
 }
 
 /// A refund at the processor.
@@ -244,5 +284,65 @@ mod tests {
         assert!(!format!("{frozen:?}").contains("4242"));
         assert_eq!(frozen.field("metadata[payment_id]"), Some("pay_1"));
         assert_eq!(frozen.next_generation().key.as_str(), "pay_1/charge/2");
+    }
+
+    /// A declined charge as Stripe sends it (`pm_card_chargeDeclinedInsufficientFunds`).
+    fn declined_charge() -> serde_json::Value {
+        serde_json::json!({
+            "id": "ch_1", "object": "charge", "amount": 500, "currency": "usd",
+            "captured": false, "paid": false, "status": "failed", "amount_captured": 0,
+            "amount_refunded": 0, "refunded": false, "failure_code": "card_declined",
+            "failure_message": "Your card has insufficient funds.",
+            "outcome": {"network_status": "declined_by_network", "reason": "insufficient_funds",
+                        "risk_level": "normal", "risk_score": 12,
+                        "seller_message": "The bank returned the decline code `insufficient_funds`.",
+                        "type": "issuer_declined"},
+            "metadata": {"payment_id": "pay_1"},
+        })
+    }
+
+    #[test]
+    fn a_declined_charge_is_declined_for_its_outcomes_reason_not_its_failure_code() {
+        let charge: Charge = serde_json::from_value(declined_charge()).unwrap();
+        assert_eq!(charge.failure_code.as_deref(), Some("card_declined"));
+        assert_eq!(charge.failure_message.as_deref(), Some("Your card has insufficient funds."));
+        let outcome = charge.outcome.as_ref().unwrap();
+        assert_eq!(outcome.type_.as_deref(), Some("issuer_declined"));
+        assert_eq!(outcome.network_status.as_deref(), Some("declined_by_network"));
+        assert_eq!(charge.decline_code(), "insufficient_funds");
+    }
+
+    #[test]
+    fn without_an_outcome_the_failure_code_stands_in_and_without_a_reason_the_decline_is_generic() {
+        let mut bare = declined_charge();
+        bare.as_object_mut().unwrap().remove("outcome");
+        let charge: Charge = serde_json::from_value(bare).unwrap();
+        assert_eq!(charge.decline_code(), "card_declined");
+
+        let mut no_reason = declined_charge();
+        no_reason["outcome"]["reason"] = serde_json::Value::Null;
+        let charge: Charge = serde_json::from_value(no_reason).unwrap();
+        assert_eq!(charge.decline_code(), "generic_decline");
+
+        let mut nothing = declined_charge();
+        nothing["outcome"] = serde_json::Value::Null;
+        nothing["failure_code"] = serde_json::Value::Null;
+        let charge: Charge = serde_json::from_value(nothing).unwrap();
+        assert_eq!(charge.decline_code(), "generic_decline");
+    }
+
+    #[test]
+    fn a_successful_charges_outcome_has_no_reason() {
+        let success = serde_json::json!({
+            "id": "ch_2", "object": "charge", "amount": 500, "currency": "usd", "captured": true,
+            "paid": true, "status": "succeeded", "amount_captured": 500, "amount_refunded": 0,
+            "refunded": false, "failure_code": null, "failure_message": null,
+            "outcome": {"network_status": "approved_by_network", "reason": null,
+                        "risk_level": "normal", "seller_message": "Payment complete.",
+                        "type": "authorized"},
+        });
+        let charge: Charge = serde_json::from_value(success).unwrap();
+        let outcome = charge.outcome.unwrap();
+        assert_eq!((outcome.type_.as_deref(), outcome.reason), (Some("authorized"), None));
     }
 }

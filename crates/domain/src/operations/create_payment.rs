@@ -338,12 +338,15 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                     }
                     declined => {
                         let err = match declined {
+                            // Adopted from the charge (its webhook, or the search): the
+                            // answer the 402 would have been. The decline code is the
+                            // outcome's reason; `failure_code` is the 402's `code`.
                             Ok(charge) => ProcessorError::Declined {
-                                decline_code: charge
-                                    .failure_code
+                                decline_code: charge.decline_code(),
+                                message: charge
+                                    .failure_message
                                     .clone()
-                                    .unwrap_or_else(|| "generic_decline".to_owned()),
-                                message: "Your card was declined.".to_owned(),
+                                    .unwrap_or_else(|| "Your card was declined.".to_owned()),
                                 charge_id: Some(charge.id),
                             },
                             Err(err) => err,

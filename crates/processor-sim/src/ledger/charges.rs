@@ -4,7 +4,7 @@
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use super::{ChargeRecord, Ledger, amount, metadata, new_id, no_such_charge, param};
+use super::{ChargeRecord, Ledger, Outcome, amount, metadata, new_id, no_such_charge, param};
 use crate::answer::Answer;
 use crate::webhooks::ChargeEvent;
 
@@ -93,6 +93,8 @@ impl Ledger {
             description: param(params, "description").map(str::to_owned),
             metadata: metadata(params),
             failure_code: None,
+            failure_message: None,
+            outcome: Outcome::Authorized,
             created,
             created_ms: self.clock.now_ms(),
         };
@@ -107,7 +109,11 @@ impl Ledger {
                 Answer::ok(charge.to_json())
             }
             TokenOutcome::Declined { code, decline_code, message } => {
+                // As on Stripe's charge: the error's code and message, and the decline code as
+                // the outcome's reason.
                 charge.failure_code = Some(code.to_owned());
+                charge.failure_message = Some(message.to_owned());
+                charge.outcome = Outcome::IssuerDeclined { reason: decline_code };
                 let body = json!({"error": {
                     "type": "card_error", "code": code, "decline_code": decline_code,
                     "message": message, "charge": charge.id,

@@ -72,6 +72,9 @@ struct ChargeRecord {
     description: Option<String>,
     metadata: BTreeMap<String, String>,
     failure_code: Option<String>,
+    failure_message: Option<String>,
+    /// Stripe's `outcome`: how the charge was decided.
+    outcome: Outcome,
     created: u64,
     /// When it was made, on the stand-in's clock: search sees it `search_lag_ms` later.
     created_ms: u64,
@@ -85,8 +88,41 @@ impl ChargeRecord {
             "amount_captured": self.amount_captured, "amount_refunded": self.amount_refunded,
             "refunded": self.amount_refunded == self.amount && self.paid,
             "description": self.description, "metadata": self.metadata,
-            "failure_code": self.failure_code, "created": self.created,
+            "failure_code": self.failure_code, "failure_message": self.failure_message,
+            "outcome": self.outcome.to_json(), "created": self.created,
         })
+    }
+}
+
+/// A charge's `outcome`, as Stripe puts it on every charge: approved by the network, or declined
+/// by the issuer with the decline code as its `reason` (the 402's `decline_code`; the charge's
+/// `failure_code` is the 402's `code`).
+#[derive(Debug, Clone)]
+enum Outcome {
+    Authorized,
+    IssuerDeclined { reason: &'static str },
+}
+
+impl Outcome {
+    fn to_json(&self) -> Value {
+        match self {
+            Self::Authorized => json!({
+                "network_status": "approved_by_network", "reason": null, "risk_level": "normal",
+                "seller_message": "Payment complete.", "type": "authorized",
+            }),
+            Self::IssuerDeclined { reason } => {
+                let seller_message = if *reason == "generic_decline" {
+                    "The bank did not return any further details with this decline.".to_owned()
+                } else {
+                    format!("The bank returned the decline code `{reason}`.")
+                };
+                json!({
+                    "network_status": "declined_by_network", "reason": reason,
+                    "risk_level": "normal", "seller_message": seller_message,
+                    "type": "issuer_declined",
+                })
+            }
+        }
     }
 }
 
