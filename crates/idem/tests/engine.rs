@@ -1410,7 +1410,7 @@ async fn a_flag_that_fails_costs_the_completer_only_that_key(pool: PgPool) {
     }
     sqlx::query(
         "UPDATE idempotency_keys SET next_attempt_at = now() - interval '1 second', \
-         attempts = CASE idempotency_key WHEN 'spent' THEN 50 ELSE 1 END",
+         completer_attempts = CASE idempotency_key WHEN 'spent' THEN 50 ELSE 0 END",
     )
     .execute(&h.pool)
     .await
@@ -1801,4 +1801,116 @@ impl Phase for Flaky<'_> {
         }
         Ok(Step::Next(Point::OrderCreated))
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The completer's give-up bound counts its own attempts only.
+
+/// The completer's attempt bound in these tests.
+const MAX_ATTEMPTS: u32 = 3;
+
+impl Harness {
+    /// Makes every unfinished key due for the completer now (its back-off is not under test).
+    async fn make_due(&self) {
+        sqlx::query(
+            "UPDATE idempotency_keys SET next_attempt_at = now() - interval '1 second' \
+             WHERE completed_at IS NULL",
+        )
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
+    /// One completer take, at the attempt bound `MAX_ATTEMPTS`.
+    async fn take_one_due(&self) -> idem::Due {
+        let mut due =
+            self.engine.take_due(1, MAX_ATTEMPTS, Duration::from_secs(3600)).await.unwrap();
+        assert_eq!(due.len(), 1, "{due:?}");
+        due.pop().unwrap()
+    }
+
+    /// `attempts`, `completer_attempts` and whether the key is flagged.
+    async fn attempt_counts(&self, key_value: &str) -> (i32, i32, bool) {
+        sqlx::query_as(
+            "SELECT attempts, completer_attempts, needs_human_at IS NOT NULL \
+               FROM idempotency_keys WHERE idempotency_key = $1",
+        )
+        .bind(key_value)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+}
+
+/// A client that retries a key through an outage, more often than the completer's bound, spends
+/// none of the completer's attempts: once the shipper is back, the completer drives the key to its
+/// answer instead of flagging it for a person on first sight. Every attempt is still on record.
+#[sqlx::test(migrations = "../../migrations")]
+async fn client_retries_do_not_spend_the_completers_attempts(pool: PgPool) {
+    let h = harness(pool).await;
+    let retries = MAX_ATTEMPTS as usize + 1;
+    h.shipper.failures.store(1 + retries, Ordering::SeqCst);
+    // The claim, then `max_attempts + 1` client retries, each resuming the released key through
+    // the claim and failing again.
+    let err = h.run(h.acquire("k1").await).await.unwrap_err();
+    assert!(matches!(err, Interrupted::Transient { .. }), "{err:?}");
+    for _ in 0..retries {
+        let err = h.run(h.acquire("k1").await).await.unwrap_err();
+        assert!(matches!(err, Interrupted::Transient { .. }), "{err:?}");
+    }
+    let client_attempts = 1 + retries as i32;
+    assert_eq!(h.attempt_counts("k1").await, (client_attempts, 0, false));
+
+    // The shipper is back; the client stopped; the completer's turn comes.
+    h.make_due().await;
+    let lease = match h.take_one_due().await {
+        idem::Due::Lease(lease) => lease,
+        idem::Due::Flagged { reason, .. } => panic!("flagged on first sight: {reason}"),
+    };
+    assert_eq!(lease.attempts(), client_attempts + 1, "every attempt counts for the record");
+    assert_eq!(h.run(lease).await.unwrap().status, 201);
+    assert_eq!(h.attempt_counts("k1").await, (client_attempts + 1, 1, false));
+    assert_eq!(h.events.count(Event::Flagged), 0);
+    assert_eq!(h.shipper.shipments_made(), 1);
+    assert!(matches!(h.claim("k1").await, Claim::Replay(_)));
+    let logged: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM idempotency_attempts a JOIN idempotency_keys k ON k.id = a.key_id \
+          WHERE k.idempotency_key = 'k1'",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert_eq!(logged, i64::from(client_attempts), "every attempt after the claim is logged");
+}
+
+/// A key the completer itself fails on `max_attempts` times is flagged for a person the next time
+/// it takes it, client retries in between or not; and a client retry then gets the flag.
+#[sqlx::test(migrations = "../../migrations")]
+async fn the_completer_gives_up_after_its_own_attempts(pool: PgPool) {
+    let h = harness(pool).await;
+    h.shipper.failures.store(usize::MAX / 2, Ordering::SeqCst);
+    h.run(h.acquire("k1").await).await.unwrap_err();
+    for run in 1..=MAX_ATTEMPTS as i32 {
+        // A client retry between the completer's runs neither spends nor resets its budget.
+        h.run(h.acquire("k1").await).await.unwrap_err();
+        h.make_due().await;
+        let lease = match h.take_one_due().await {
+            idem::Due::Lease(lease) => lease,
+            idem::Due::Flagged { reason, .. } => panic!("flagged after {run} runs: {reason}"),
+        };
+        let err = h.run(lease).await.unwrap_err();
+        assert!(matches!(err, Interrupted::Transient { .. }), "{err:?}");
+        assert_eq!(h.attempt_counts("k1").await, (1 + 2 * run, run, false));
+    }
+    h.make_due().await;
+    match h.take_one_due().await {
+        idem::Due::Flagged { reason, .. } => {
+            assert!(reason.contains(&format!("gave up after {MAX_ATTEMPTS} attempts")), "{reason}")
+        }
+        idem::Due::Lease(lease) => panic!("driven again: {lease:?}"),
+    }
+    let spent = 1 + 2 * MAX_ATTEMPTS as i32;
+    assert_eq!(h.attempt_counts("k1").await, (spent + 1, MAX_ATTEMPTS as i32 + 1, true));
+    assert_eq!(h.events.count(Event::Flagged), 1);
+    assert!(matches!(h.claim("k1").await, Claim::NeedsHuman));
 }

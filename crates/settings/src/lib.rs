@@ -254,7 +254,8 @@ pub struct WorkerSettings {
     pub interval_ms: u64,
     /// Most keys, old keys or jobs taken in one batch.
     pub batch_size: u32,
-    /// After this many attempts an unfinished key waits for a person.
+    /// After this many runs of the completer's own (`completer_attempts`; a client's retries do
+    /// not count) an unfinished key waits for a person.
     pub max_attempts: u32,
     /// An unfinished key older than this waits for a person: the processor forgets its own
     /// idempotency keys after 24 hours, and a retry after that could charge twice.

@@ -576,13 +576,123 @@ async fn a_key_that_keeps_failing_is_flagged_after_the_attempt_bound(pool: PgPoo
         operations::CreatePoint::PaymentCreated,
     )
     .await;
-    sqlx::query("UPDATE idempotency_keys SET attempts = $1")
+    // The completer's own runs: a client's retries never count against the bound (below).
+    sqlx::query("UPDATE idempotency_keys SET completer_attempts = $1")
         .bind(h.settings.worker.max_attempts as i32)
         .execute(&h.pool)
         .await
         .unwrap();
     assert_eq!(h.pass().await.flagged, 1);
     assert!(h.key_row("flaky").await.2);
+}
+
+impl Harness {
+    /// A client's retry of `key`: the claim resumes the released key and drives it, as the API
+    /// does; the processor is down, so it is released again (the client gets a 503).
+    async fn client_retry_fails(&self, key: &str, params: &CreatePaymentParams) {
+        let value = serde_json::to_value(params).unwrap();
+        let Claim::Acquired(lease) = self.claim(key, operations::CREATE_PAYMENT, &value).await
+        else {
+            panic!("a released key is resumed")
+        };
+        let op = &mut CreatePayment::new(self.ctx.clone(), params.clone());
+        match idem::drive(op, lease).await {
+            Err(idem::Interrupted::Transient { .. }) => {}
+            other => panic!("expected a transient failure, got {other:?}"),
+        }
+    }
+
+    /// `attempts` and `completer_attempts` of `key`.
+    async fn attempt_counts(&self, key: &str) -> (i32, i32) {
+        sqlx::query_as(
+            "SELECT attempts, completer_attempts FROM idempotency_keys WHERE idempotency_key = $1",
+        )
+        .bind(key)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    /// Makes every unfinished key due now (the back-off is not under test).
+    async fn make_due(&self) {
+        sqlx::query(
+            "UPDATE idempotency_keys SET next_attempt_at = now() WHERE completed_at IS NULL",
+        )
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}
+
+/// The processor is down for a while; the client retries the same key more often than the
+/// completer's bound, each retry resuming the key and getting a 503; the client stops; the
+/// processor recovers. The completer then drives the key to its answer, with one charge, instead
+/// of flagging it for a person on first sight: client retries spend none of its attempts.
+#[sqlx::test(migrations = "../../migrations")]
+async fn client_retries_through_an_outage_leave_the_completer_its_attempts(pool: PgPool) {
+    let h = harness_with(pool, &[("PAYMENTS__WORKER__MAX_ATTEMPTS", "3")]).await;
+    let max = h.settings.worker.max_attempts;
+    let params = h.create_params(CaptureMethod::Automatic, None);
+    let value = serde_json::to_value(&params).unwrap();
+    let op = CreatePayment::new(h.ctx.clone(), params.clone());
+    h.abandon(
+        "outage",
+        operations::CREATE_PAYMENT,
+        &value,
+        op,
+        operations::CreatePoint::PaymentCreated,
+    )
+    .await;
+    set_faults(&h.sim, json!({"rate_limit_rate": 1.0})).await;
+    for _ in 0..=max {
+        h.client_retry_fails("outage", &params).await;
+    }
+    assert_eq!(h.attempt_counts("outage").await, (max as i32 + 2, 0));
+
+    set_faults(&h.sim, json!({})).await;
+    h.make_due().await;
+    let report = h.pass().await;
+    assert_eq!((report.completed, report.flagged), (1, 0), "{report:?}");
+    h.assert_finished_and_replayed("outage", operations::CREATE_PAYMENT, &value, 201).await;
+    assert_eq!(h.attempt_counts("outage").await, (max as i32 + 3, 1));
+    assert_eq!(h.stats().await["charges_created"], 1);
+}
+
+/// The completer's own failures still end in the flag: after `max_attempts` runs of its own, the
+/// next time it takes the key it flags it for a person, whatever the client did in between.
+#[sqlx::test(migrations = "../../migrations")]
+async fn the_completer_flags_a_key_after_its_own_attempts(pool: PgPool) {
+    let h = harness_with(pool, &[("PAYMENTS__WORKER__MAX_ATTEMPTS", "3")]).await;
+    let max = h.settings.worker.max_attempts;
+    let params = h.create_params(CaptureMethod::Automatic, None);
+    let value = serde_json::to_value(&params).unwrap();
+    let op = CreatePayment::new(h.ctx.clone(), params.clone());
+    h.abandon(
+        "down",
+        operations::CREATE_PAYMENT,
+        &value,
+        op,
+        operations::CreatePoint::PaymentCreated,
+    )
+    .await;
+    set_faults(&h.sim, json!({"rate_limit_rate": 1.0})).await;
+    for run in 1..=max {
+        h.client_retry_fails("down", &params).await;
+        h.make_due().await;
+        let report = h.pass().await;
+        assert_eq!((report.released, report.flagged), (1, 0), "run {run}: {report:?}");
+    }
+    h.make_due().await;
+    assert_eq!(h.pass().await.flagged, 1);
+    assert!(h.key_row("down").await.2);
+    assert_eq!(h.attempt_counts("down").await, (2 * max as i32 + 2, max as i32 + 1));
+    let stuck = idem::stuck_keys(&h.pool, 10).await.unwrap();
+    assert!(
+        stuck[0].last_error.as_deref().unwrap().contains("gave up after 3 attempts"),
+        "{stuck:?}"
+    );
+    assert!(matches!(h.claim("down", operations::CREATE_PAYMENT, &value).await, Claim::NeedsHuman));
+    assert_eq!(h.stats().await["charges_created"], 0);
 }
 
 #[sqlx::test(migrations = "../../migrations")]

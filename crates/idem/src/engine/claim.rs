@@ -543,9 +543,11 @@ impl Engine {
     /// The completer's claim: up to `limit` unfinished keys whose lease is free or expired and
     /// whose next attempt is due, each leased to this process. The completer asks for one key at
     /// a time and drives it before asking again: a key leased while it waits behind others can
-    /// see its lease run out before its turn comes. A key with more than
-    /// `max_attempts` attempts, or created longer than `window` ago, is flagged for a person
-    /// instead (returned as `Due::Flagged`) and never retried automatically.
+    /// see its lease run out before its turn comes. A key the completer has already run
+    /// `max_attempts` times, or created longer than `window` ago, is flagged for a person
+    /// instead (returned as `Due::Flagged`) and never retried automatically. Only the
+    /// completer's own runs count against `max_attempts`: a client may retry a key (resume or
+    /// take it over) as often as it likes without spending the completer's budget.
     pub async fn take_due(
         &self,
         limit: u32,
@@ -565,8 +567,8 @@ impl Engine {
         for row in rows {
             let reason = if row.too_old {
                 Some("older than the processor's idempotency window".to_owned())
-            } else if u32::try_from(row.attempts).unwrap_or(u32::MAX) > max_attempts {
-                Some(format!("gave up after {max_attempts} attempts"))
+            } else if u32::try_from(row.completer_attempts).unwrap_or(u32::MAX) > max_attempts {
+                Some(format!("the completer gave up after {max_attempts} attempts"))
             } else {
                 None
             };
@@ -591,6 +593,7 @@ impl Engine {
                     key_id = row.id,
                     recovery_point = %row.recovery_point,
                     attempts = row.attempts,
+                    completer_attempts = row.completer_attempts,
                     reason,
                     "an idempotency key needs a person"
                 );

@@ -10,7 +10,10 @@ pub(crate) struct DueRow {
     pub id: i64,
     pub token: Uuid,
     pub recovery_point: String,
+    /// Every attempt so far, this one included (the claim, client retries, completer runs).
     pub attempts: i32,
+    /// The completer's own runs so far, this one included: what `worker.max_attempts` bounds.
+    pub completer_attempts: i32,
     pub operation: String,
     pub request_params: Value,
     pub request_id: String,
@@ -20,6 +23,8 @@ pub(crate) struct DueRow {
 
 /// Takes up to `limit` unfinished keys whose lease is free or expired and whose next attempt is
 /// due, each with a fresh owner token. `SKIP LOCKED`: several completers never take one key.
+/// Counts the run in `attempts` (every attempt) and in `completer_attempts` (the completer's own,
+/// which its give-up bound counts; a client's takeover never moves it).
 pub(crate) async fn take_due(
     executor: impl PgExecutor<'_>,
     limit: i64,
@@ -39,18 +44,20 @@ pub(crate) async fn take_due(
             UPDATE idempotency_keys k
                SET owner_token = gen_random_uuid(),
                    locked_until = now() + $2 * interval '1 millisecond',
-                   attempts = k.attempts + 1, last_run_at = now()
+                   attempts = k.attempts + 1, completer_attempts = k.completer_attempts + 1,
+                   last_run_at = now()
               FROM due
              WHERE k.id = due.id
-            RETURNING k.id, k.owner_token, k.recovery_point, k.attempts, k.operation,
-                      k.request_params, k.request_id, k.created_at, due.took_over
+            RETURNING k.id, k.owner_token, k.recovery_point, k.attempts, k.completer_attempts,
+                      k.operation, k.request_params, k.request_id, k.created_at, due.took_over
         ), logged AS (
             -- The completer's attempts have no request id.
             INSERT INTO idempotency_attempts (key_id, attempt, request_id, took_over, recovery_point)
             SELECT id, attempts, NULL, took_over, recovery_point FROM taken
         )
         SELECT id AS "id!", owner_token AS "owner_token!", recovery_point AS "recovery_point!",
-               attempts AS "attempts!", operation AS "operation!",
+               attempts AS "attempts!", completer_attempts AS "completer_attempts!",
+               operation AS "operation!",
                request_params AS "request_params!", request_id AS "request_id!",
                created_at < now() - $3 * interval '1 millisecond' AS "too_old!"
           FROM taken
@@ -68,6 +75,7 @@ pub(crate) async fn take_due(
             token: r.owner_token,
             recovery_point: r.recovery_point,
             attempts: r.attempts,
+            completer_attempts: r.completer_attempts,
             operation: r.operation,
             request_params: r.request_params,
             request_id: r.request_id,
