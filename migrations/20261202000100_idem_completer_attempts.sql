@@ -6,16 +6,11 @@
 -- Incremented by the completer's take (crates/idem/src/store/sweep.rs, `take_due`); `attempts`
 -- still counts every attempt, for the record.
 --
--- A constant default: adding the column rewrites nothing. A release that does not know the
--- column leaves it at 0 (its own completer still flags by `attempts`).
-ALTER TABLE idempotency_keys
-    ADD COLUMN completer_attempts integer NOT NULL DEFAULT 0 CHECK (completer_attempts >= 0);
-
--- Unfinished keys carry their completer runs so far: the attempts it logged (no request id).
-UPDATE idempotency_keys k
-   SET completer_attempts = c.runs
-  FROM (SELECT a.key_id, count(*)::int AS runs
-          FROM idempotency_attempts a
-         WHERE a.request_id IS NULL
-         GROUP BY a.key_id) c
- WHERE c.key_id = k.id AND k.completed_at IS NULL;
+-- A constant default and no CHECK: adding the column rewrites and scans nothing, so the table's
+-- exclusive lock is held for an instant; and a lock that cannot be had soon (a long transaction on
+-- the table ahead of it, behind which every claim would queue) fails the migration instead, to be
+-- run again. A release that does not know the column leaves it at 0 (its own completer still
+-- flags by `attempts`). Keys unfinished when it is added start at 0: the completer gives each its
+-- full budget again, which costs some runs and flags nothing too early.
+SET LOCAL lock_timeout = '5s';
+ALTER TABLE idempotency_keys ADD COLUMN completer_attempts integer NOT NULL DEFAULT 0;

@@ -827,10 +827,8 @@ async fn deliveries_ignore_a_proxy_named_by_the_environment(pool: PgPool) {
     let mut once = Process::start("payments-worker", &["--once"], &env, free_port());
     let status = tokio::time::timeout(Duration::from_secs(60), once.wait()).await;
     assert!(matches!(status, Ok(Ok(s)) if s.success()), "{status:?}: {}", once.log());
-    let attempted: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_attempts")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let attempted: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM webhook_attempts").fetch_one(&pool).await.unwrap();
     assert!(attempted >= 1, "the worker tried the delivery: {}", once.log());
     assert_eq!(asked.load(Ordering::SeqCst), 0, "the proxy was asked to deliver");
 }

@@ -44,13 +44,17 @@ pub struct Charge {
 
 impl Charge {
     /// Why a failed charge was declined, as the `decline_code` of the 402 its creation answered:
-    /// `outcome.reason` (`insufficient_funds`, …). An outcome without a reason is a decline that
-    /// gave none, as a 402 without a `decline_code` is (`generic_decline`). Only a processor that
-    /// sent no outcome at all falls back on `failure_code`, which is the error's code.
+    /// the `reason` of an issuer's decline (`insufficient_funds`, …). An issuer's decline without
+    /// a reason is one that gave none, as a 402 without a `decline_code` is (`generic_decline`).
+    /// Any other outcome (`blocked` by the processor's risk rules, whose reason names a rule, not
+    /// a decline code) and a processor that sent no outcome fall back on `failure_code`, the
+    /// error's code.
     pub fn decline_code(&self) -> String {
         match &self.outcome {
-            Some(outcome) => outcome.reason.clone(),
-            None => self.failure_code.clone(),
+            Some(outcome) if outcome.type_.as_deref() == Some("issuer_declined") => {
+                outcome.reason.clone()
+            }
+            _ => self.failure_code.clone(),
         }
         .unwrap_or_else(|| "generic_decline".to_owned())
     }
@@ -329,6 +333,15 @@ mod tests {
         nothing["failure_code"] = serde_json::Value::Null;
         let charge: Charge = serde_json::from_value(nothing).unwrap();
         assert_eq!(charge.decline_code(), "generic_decline");
+    }
+
+    #[test]
+    fn a_charge_blocked_by_risk_rules_is_not_declined_for_the_rule_it_names() {
+        let mut blocked = declined_charge();
+        blocked["outcome"]["type"] = "blocked".into();
+        blocked["outcome"]["reason"] = "highest_risk_level".into();
+        let charge: Charge = serde_json::from_value(blocked).unwrap();
+        assert_eq!(charge.decline_code(), "card_declined");
     }
 
     #[test]
