@@ -289,8 +289,12 @@ impl Engine {
     /// writes nothing, so it may run where a client's hang-up cuts it off; this may not).
     ///
     /// A request that stores the same key meanwhile makes the statement fail on the unique index;
-    /// it is sent again and reads that key. A process that is stopping sends nothing (`InUse`), and
-    /// gives back a key stored while it began to stop (`PhaseError::LeaseLost`).
+    /// it is sent again and reads that key. The statement runs on the claim's connections, its
+    /// waits bounded by `claim_timeout`; a wait given up on is followed by a plain read, which may
+    /// still answer a replay or a refusal. A process that is stopping takes no key (it answers what
+    /// a plain read decides, `InUse` for a key it would take), and gives back a key stored while it
+    /// began to stop (`PhaseError::LeaseLost`); a key stored by a statement whose answer was lost
+    /// is given back at once.
     pub async fn claim_first<S: FirstStatement>(
         &self,
         request: &ClaimRequest<'_>,
