@@ -30,6 +30,15 @@ impl IdemError {
     }
 }
 
+/// A unique violation on the key: another request stored the same key while this statement ran,
+/// and the statement's whole transaction rolled back; sent again, a claim reads that key.
+pub(crate) fn stored_meanwhile(err: &sqlx::Error) -> bool {
+    err.as_database_error().is_some_and(|db| {
+        db.code().as_deref() == Some("23505")
+            && db.constraint() == Some("idempotency_keys_account_key")
+    })
+}
+
 /// Whether a statement gave up waiting: see [`IdemError::timed_out`].
 pub(crate) fn gave_up(err: &sqlx::Error) -> bool {
     match err {

@@ -624,6 +624,20 @@ impl Harness {
     }
 }
 
+impl Harness {
+    /// A payment abandoned at `payment_created` under `key` while the processor refuses every
+    /// call (429): its input, and the input as stored.
+    async fn abandoned_in_an_outage(&self, key: &str) -> (CreatePaymentParams, Value) {
+        let params = self.create_params(CaptureMethod::Automatic, None);
+        let value = serde_json::to_value(&params).unwrap();
+        let op = CreatePayment::new(self.ctx.clone(), params.clone());
+        let point = operations::CreatePoint::PaymentCreated;
+        self.abandon(key, operations::CREATE_PAYMENT, &value, op, point).await;
+        set_faults(&self.sim, json!({"rate_limit_rate": 1.0})).await;
+        (params, value)
+    }
+}
+
 /// The processor is down for a while; the client retries the same key more often than the
 /// completer's bound, each retry resuming the key and getting a 503; the client stops; the
 /// processor recovers. The completer then drives the key to its answer, with one charge, instead
@@ -632,18 +646,7 @@ impl Harness {
 async fn client_retries_through_an_outage_leave_the_completer_its_attempts(pool: PgPool) {
     let h = harness_with(pool, &[("PAYMENTS__WORKER__MAX_ATTEMPTS", "3")]).await;
     let max = h.settings.worker.max_attempts;
-    let params = h.create_params(CaptureMethod::Automatic, None);
-    let value = serde_json::to_value(&params).unwrap();
-    let op = CreatePayment::new(h.ctx.clone(), params.clone());
-    h.abandon(
-        "outage",
-        operations::CREATE_PAYMENT,
-        &value,
-        op,
-        operations::CreatePoint::PaymentCreated,
-    )
-    .await;
-    set_faults(&h.sim, json!({"rate_limit_rate": 1.0})).await;
+    let (params, value) = h.abandoned_in_an_outage("outage").await;
     for _ in 0..=max {
         h.client_retry_fails("outage", &params).await;
     }
@@ -664,18 +667,7 @@ async fn client_retries_through_an_outage_leave_the_completer_its_attempts(pool:
 async fn the_completer_flags_a_key_after_its_own_attempts(pool: PgPool) {
     let h = harness_with(pool, &[("PAYMENTS__WORKER__MAX_ATTEMPTS", "3")]).await;
     let max = h.settings.worker.max_attempts;
-    let params = h.create_params(CaptureMethod::Automatic, None);
-    let value = serde_json::to_value(&params).unwrap();
-    let op = CreatePayment::new(h.ctx.clone(), params.clone());
-    h.abandon(
-        "down",
-        operations::CREATE_PAYMENT,
-        &value,
-        op,
-        operations::CreatePoint::PaymentCreated,
-    )
-    .await;
-    set_faults(&h.sim, json!({"rate_limit_rate": 1.0})).await;
+    let (params, value) = h.abandoned_in_an_outage("down").await;
     for run in 1..=max {
         h.client_retry_fails("down", &params).await;
         h.make_due().await;

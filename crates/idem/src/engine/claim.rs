@@ -12,7 +12,7 @@ use super::answers::{Answer, KeptAnswer};
 use super::lease::{Lease, NewKey};
 use super::operation::{ClaimArgs, FirstStatement, UNMADE, corrupt};
 use super::{DB_RETRY, Engine, STARTED};
-use crate::error::{IdemError, PhaseError, gave_up, is_retryable};
+use crate::error::{IdemError, PhaseError, gave_up, is_retryable, stored_meanwhile};
 use crate::fingerprint::Fingerprint;
 use crate::kept::{Kept, connection_lost};
 use crate::key::IdempotencyKey;
@@ -115,15 +115,6 @@ fn phase_error<E>(err: IdemError) -> PhaseError<E> {
         IdemError::LeaseLost => PhaseError::LeaseLost,
         other => corrupt(other),
     }
-}
-
-/// A unique violation on the key: another request stored the same key while this statement ran
-/// (its whole statement rolled back); sent again, it reads that key.
-fn stored_meanwhile(err: &sqlx::Error) -> bool {
-    err.as_database_error().is_some_and(|db| {
-        db.code().as_deref() == Some("23505")
-            && db.constraint() == Some("idempotency_keys_account_key")
-    })
 }
 
 impl Engine {

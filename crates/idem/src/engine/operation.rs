@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::lease::Lease;
 use super::{DB_RETRY, FINISHED, LEASE_LOST, RecoveryPoint};
-use crate::error::{IdemError, PhaseError, is_retryable};
+use crate::error::{IdemError, PhaseError, is_retryable, stored_meanwhile};
 use crate::observe::Event;
 use crate::response::StoredResponse;
 use crate::store::{self, Claimed, Claiming, FenceRecord, NewKeyRecord};
@@ -615,12 +615,7 @@ impl Lease {
         let Some(db) = err.as_database_error() else { return PhaseError::Database(err) };
         match db.code().as_deref() {
             Some(LEASE_LOST) => PhaseError::LeaseLost,
-            Some("23505")
-                if self.new.is_some()
-                    && db.constraint() == Some("idempotency_keys_account_key") =>
-            {
-                PhaseError::Superseded
-            }
+            _ if self.new.is_some() && stored_meanwhile(&err) => PhaseError::Superseded,
             _ => PhaseError::Database(err),
         }
     }
