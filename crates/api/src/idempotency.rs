@@ -397,8 +397,9 @@ impl Runner {
         let task = self.tasks.spawn(
             async move {
                 let request = owned.request();
-                // Claimed again when another request took an unfinished key between the read and
-                // the take (at most once more: a second read finds it taken or finished).
+                // Claimed again, once, when another request took an unfinished key between the
+                // read and the take; missed twice (each taker gave the key back at once), the
+                // request answers that the key is contended.
                 for _ in 0..2 {
                     let first = {
                         let mut first = operation.first(request.request_id);

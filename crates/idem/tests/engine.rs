@@ -740,10 +740,35 @@ struct InsertInClaim {
     pause: Duration,
     /// Whether the answer is lost after the statement ran (as when its connection fails then).
     lose_answer: bool,
+    /// When set, the connection is lost at once while the server still runs the statement (on
+    /// this pool, a moment later) and commits it: the client never learns of it.
+    orphaned_on: Option<PgPool>,
 }
 
 impl InsertInClaim {
-    const NOW: Self = Self { pause: Duration::ZERO, lose_answer: false };
+    const NOW: Self = Self { pause: Duration::ZERO, lose_answer: false, orphaned_on: None };
+}
+
+/// The statement of [`InsertInClaim`].
+async fn insert_in_claim(
+    executor: impl sqlx::PgExecutor<'_>,
+    claim: ClaimArgs<'_>,
+    pause: Duration,
+) -> Result<(Claimed, Option<i64>), sqlx::Error> {
+    sqlx::query_as(
+        "WITH claim AS (SELECT idem_claim($1, $2, $3, $4) AS claimed), \
+              paused AS (SELECT pg_sleep($5) FROM claim WHERE (claimed).stored), \
+              ordered AS (INSERT INTO orders (key_id) SELECT (claimed).id FROM claim, paused \
+                          RETURNING id) \
+         SELECT claim.claimed, ordered.id FROM claim LEFT JOIN ordered ON true",
+    )
+    .bind(claim.account)
+    .bind(claim.key)
+    .bind(claim.credential)
+    .bind(claim.fence)
+    .bind(pause.as_secs_f64())
+    .fetch_one(executor)
+    .await
 }
 
 impl FirstStatement for InsertInClaim {
@@ -760,22 +785,23 @@ impl FirstStatement for InsertInClaim {
         connection: &mut PgConnection,
         claim: ClaimArgs<'_>,
     ) -> Result<(Claimed, Option<i64>), PhaseError<String>> {
-        let (claimed, order) = sqlx::query_as(
-            "WITH claim AS (SELECT idem_claim($1, $2, $3, $4) AS claimed), \
-                  paused AS (SELECT pg_sleep($5) FROM claim WHERE (claimed).stored), \
-                  ordered AS (INSERT INTO orders (key_id) SELECT (claimed).id FROM claim, paused \
-                              RETURNING id) \
-             SELECT claim.claimed, ordered.id FROM claim LEFT JOIN ordered ON true",
-        )
-        .bind(claim.account)
-        .bind(claim.key)
-        .bind(claim.credential)
-        .bind(claim.fence)
-        .bind(self.pause.as_secs_f64())
-        .fetch_one(connection)
-        .await?;
+        let lost = || PhaseError::Database(sqlx::Error::Protocol("connection lost".into()));
+        if let Some(pool) = self.orphaned_on.clone() {
+            let (account, key, fence) =
+                (claim.account.to_owned(), claim.key.to_owned(), claim.fence.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let claim =
+                    ClaimArgs { account: &account, key: &key, credential: None, fence: &fence };
+                insert_in_claim(&pool, claim, Duration::ZERO)
+                    .await
+                    .expect("the orphaned statement");
+            });
+            return Err(lost());
+        }
+        let (claimed, order) = insert_in_claim(connection, claim, self.pause).await?;
         if self.lose_answer {
-            return Err(PhaseError::Database(sqlx::Error::Protocol("connection lost".into())));
+            return Err(lost());
         }
         Ok((claimed, order))
     }
@@ -948,6 +974,31 @@ async fn a_first_statement_whose_answer_is_lost_gives_its_key_back(pool: PgPool)
     let First::Open(open) = h.claim_first("lost").await else { panic!("a free key is open") };
     assert!(matches!(h.engine.take(open, &request).await.unwrap(), Some(Claim::Acquired(_))));
     assert_eq!(h.orders().await, 1);
+}
+
+/// A first statement whose connection is lost while the server still runs it: the give-back that
+/// follows at once finds nothing (not committed yet); the engine looks again once the statement
+/// must have ended, and gives the key back then, instead of leaving it leased to no one.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_first_statement_orphaned_in_the_server_gives_its_key_back_once_it_ends(pool: PgPool) {
+    let config = EngineConfig { claim_timeout: Duration::from_millis(300), ..Default::default() };
+    let h = harness_with(pool, config).await;
+    let (key, body) = (key("orphan"), json!({"item": "book"}));
+    let request = order_claim("acct_1", &key, &body);
+    let mut first = InsertInClaim { orphaned_on: Some(h.pool.clone()), ..InsertInClaim::NOW };
+    let lost = h.engine.claim_first(&request, &mut first).await;
+    assert!(matches!(lost, Err(PhaseError::Database(_))), "{lost:?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let free: (bool, String) = sqlx::query_as(
+        "SELECT owner_token IS NULL AND locked_until IS NULL, recovery_point \
+         FROM idempotency_keys WHERE idempotency_key = 'orphan'",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .expect("the orphaned statement stored the key");
+    assert_eq!(free, (true, "order_created".to_owned()), "stored, and given back later");
+    let First::Open(open) = h.claim_first("orphan").await else { panic!("a free key is open") };
+    assert!(matches!(h.engine.take(open, &request).await.unwrap(), Some(Claim::Acquired(_))));
 }
 
 /// The claim with the first phase waits no longer than a claim may (`claim_timeout`), and a wait

@@ -384,30 +384,50 @@ impl Engine {
 
     /// After a first statement whose outcome this process cannot use (its connection failed as
     /// it ran, or its answer made no sense): the key it may have stored under this lease's token
-    /// is given back at once, so that a retry resumes it rather than wait out the lease; nothing
-    /// happens if it stored nothing. Answers `err`.
+    /// is given back at once, so that a retry resumes it rather than wait out the lease. An error
+    /// the server answered needs nothing: the statement rolled back. When nothing is found, the
+    /// statement may still be running in the server with its client gone: it is looked for once
+    /// more when it must have ended (its waits are bounded by `claim_timeout`). Answers `err`.
     async fn unheld<E>(
         &self,
         request: &ClaimRequest<'_>,
         lease: &Lease,
         err: PhaseError<E>,
     ) -> PhaseError<E> {
-        let reason = "the claim's first phase ended without an answer";
-        let (account, key) = (request.account_id, request.key.as_str());
-        match store::release_unheld(&self.pool, account, key, lease.token, reason).await {
-            Ok(true) => {
-                self.observer.event(Event::Released);
-                tracing::warn!(
-                    operation = request.operation,
-                    "a key whose first phase ended without an answer was given back"
-                );
-            }
-            Ok(false) => {}
-            Err(release) => {
-                tracing::warn!(error = %release, "could not give back a key whose first phase ended without an answer; it is resumed when its lease expires")
-            }
+        if matches!(&err, PhaseError::Database(db) if db.as_database_error().is_some()) {
+            return err;
+        }
+        let (account, key) = (request.account_id.to_owned(), request.key.as_str().to_owned());
+        let token = lease.token;
+        if !self.give_back_unheld(&account, &key, token).await {
+            let engine = self.clone();
+            let ended = self.config.claim_timeout * 2 + Duration::from_millis(100);
+            tokio::spawn(async move {
+                tokio::time::sleep(ended).await;
+                engine.give_back_unheld(&account, &key, token).await;
+            });
         }
         err
+    }
+
+    /// Gives back the key `token` holds, found by its account and key: whether one was found.
+    async fn give_back_unheld(&self, account: &str, key: &str, token: Uuid) -> bool {
+        let reason = "the claim's first phase ended without an answer";
+        match store::release_unheld(&self.pool, account, key, token, reason).await {
+            Ok(released) => {
+                if released {
+                    self.observer.event(Event::Released);
+                    tracing::warn!(
+                        "a key whose first phase ended without an answer was given back"
+                    );
+                }
+                released
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not give back a key whose first phase ended without an answer; it is resumed when its lease expires");
+                false
+            }
+        }
     }
 
     /// Sends a first statement once, on a kept claim connection (its statement and lock waits
