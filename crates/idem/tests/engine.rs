@@ -1965,3 +1965,36 @@ async fn the_completer_gives_up_after_its_own_attempts(pool: PgPool) {
     assert_eq!(h.events.count(Event::Flagged), 1);
     assert!(matches!(h.claim("k1").await, Claim::NeedsHuman));
 }
+
+/// A key whose lease runs out between the completer's take and its flag, and which another taker
+/// holds by then, is that taker's to drive: the completer neither reports it flagged nor counts
+/// it as needing a person.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_flag_that_matches_no_lease_reports_nothing(pool: PgPool) {
+    let h = harness(pool).await;
+    h.shipper.failures.store(1, Ordering::SeqCst);
+    h.run(h.acquire("k1").await).await.unwrap_err();
+    // The completer's budget is spent: its next take of the key flags it.
+    sqlx::query("UPDATE idempotency_keys SET completer_attempts = $1")
+        .bind(MAX_ATTEMPTS as i32)
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    h.make_due().await;
+    // Stands in for the takeover between the take and the flag: the flag's update, fenced on the
+    // completer's token, matches no row.
+    sqlx::raw_sql(
+        "CREATE FUNCTION taken_meanwhile() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RETURN NULL; END $$; \
+         CREATE TRIGGER taken_meanwhile BEFORE UPDATE ON idempotency_keys FOR EACH ROW \
+         WHEN (OLD.needs_human_at IS NULL AND NEW.needs_human_at IS NOT NULL) \
+         EXECUTE FUNCTION taken_meanwhile()",
+    )
+    .execute(&h.pool)
+    .await
+    .unwrap();
+    let due = h.engine.take_due(1, MAX_ATTEMPTS, Duration::from_secs(3600)).await.unwrap();
+    assert!(due.is_empty(), "{due:?}");
+    assert_eq!(h.events.count(Event::Flagged), 0);
+    assert!(!h.attempt_counts("k1").await.2, "the key is not flagged");
+}

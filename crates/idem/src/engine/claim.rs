@@ -595,13 +595,26 @@ impl Engine {
                         Ok(store::flag(&self.pool, row.id, row.token, &reason).await?)
                     })
                     .await;
-                if let Err(err) = flagged {
-                    tracing::warn!(
-                        key_id = row.id,
-                        error = %err,
-                        "could not flag a key for a person; it is taken again when its lease expires"
-                    );
-                    continue;
+                match flagged {
+                    Ok(true) => {}
+                    // The lease ran out between the take and the flag, and another taker holds
+                    // the key now: it is theirs to drive, not a person's.
+                    Ok(false) => {
+                        tracing::info!(
+                            key_id = row.id,
+                            reason,
+                            "a key due for a person was taken by another request first"
+                        );
+                        continue;
+                    }
+                    Err(err) => {
+                        tracing::warn!(
+                            key_id = row.id,
+                            error = %err,
+                            "could not flag a key for a person; it is taken again when its lease expires"
+                        );
+                        continue;
+                    }
                 }
                 self.observer.event(Event::Flagged);
                 tracing::error!(
