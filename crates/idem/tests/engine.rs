@@ -253,6 +253,9 @@ fn fingerprint(body: &Value) -> Fingerprint {
     })
 }
 
+/// The sample operation's name.
+const ORDERS_PLACE: &str = "orders.place";
+
 /// The claim of a `/orders` request for `account` with `body`.
 fn order_claim<'a>(account: &'a str, key: &'a IdempotencyKey, body: &'a Value) -> ClaimRequest<'a> {
     ClaimRequest {
@@ -263,7 +266,7 @@ fn order_claim<'a>(account: &'a str, key: &'a IdempotencyKey, body: &'a Value) -
         method: "POST",
         path: "/orders",
         request_id: "req_test",
-        operation: "orders.place",
+        operation: ORDERS_PLACE,
         params: body,
     }
 }
@@ -1478,7 +1481,7 @@ async fn a_flag_that_fails_costs_the_completer_only_that_key(pool: PgPool) {
     .await
     .unwrap();
 
-    let due = h.engine.take_due(10, 10, Duration::from_secs(3600)).await.unwrap();
+    let due = h.engine.take_due(10, 10, Duration::from_secs(3600), &[ORDERS_PLACE]).await.unwrap();
     let leases: Vec<Lease> = due
         .into_iter()
         .filter_map(|due| match due {
@@ -1774,7 +1777,11 @@ async fn random_interleavings_keep_one_answer_and_one_shipment_per_key(pool: PgP
                         .execute(&h.pool)
                         .await
                         .unwrap();
-                    for due in h.engine.take_due(10, 1000, Duration::from_secs(3600)).await.unwrap()
+                    for due in h
+                        .engine
+                        .take_due(10, 1000, Duration::from_secs(3600), &[ORDERS_PLACE])
+                        .await
+                        .unwrap()
                     {
                         if let idem::Due::Lease(lease) = due {
                             let _ = h.run(lease).await;
@@ -1808,7 +1815,9 @@ async fn random_interleavings_keep_one_answer_and_one_shipment_per_key(pool: PgP
             .execute(&h.pool)
             .await
             .unwrap();
-        for due in h.engine.take_due(10, 1000, Duration::from_secs(3600)).await.unwrap() {
+        for due in
+            h.engine.take_due(10, 1000, Duration::from_secs(3600), &[ORDERS_PLACE]).await.unwrap()
+        {
             if let idem::Due::Lease(lease) = due {
                 h.run(lease).await.unwrap();
             }
@@ -1874,8 +1883,11 @@ impl Harness {
 
     /// One completer take, at the attempt bound `MAX_ATTEMPTS`.
     async fn take_one_due(&self) -> idem::Due {
-        let mut due =
-            self.engine.take_due(1, MAX_ATTEMPTS, Duration::from_secs(3600)).await.unwrap();
+        let mut due = self
+            .engine
+            .take_due(1, MAX_ATTEMPTS, Duration::from_secs(3600), &[ORDERS_PLACE])
+            .await
+            .unwrap();
         assert_eq!(due.len(), 1, "{due:?}");
         due.pop().unwrap()
     }
@@ -1993,7 +2005,11 @@ async fn a_flag_that_matches_no_lease_reports_nothing(pool: PgPool) {
     .execute(&h.pool)
     .await
     .unwrap();
-    let due = h.engine.take_due(1, MAX_ATTEMPTS, Duration::from_secs(3600)).await.unwrap();
+    let due = h
+        .engine
+        .take_due(1, MAX_ATTEMPTS, Duration::from_secs(3600), &[ORDERS_PLACE])
+        .await
+        .unwrap();
     assert!(due.is_empty(), "{due:?}");
     assert_eq!(h.events.count(Event::Flagged), 0);
     assert!(!h.attempt_counts("k1").await.2, "the key is not flagged");

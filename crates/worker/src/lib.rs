@@ -183,11 +183,15 @@ impl<P: CardProcessor> Worker<P> {
     ) -> anyhow::Result<()> {
         let window = Duration::from_secs(u64::from(self.settings.processor_window_hours) * 3600);
         let most = MAX_BATCHES_PER_PASS.saturating_mul(self.settings.batch_size as usize);
+        // The operations this release resumes: a key of one it does not know (a newer release's,
+        // during a rolling deploy) waits for a worker that does.
+        let operations = operations::resumable::<P>();
         for _ in 0..most {
             if *stop.borrow() {
                 break;
             }
-            let mut due = self.engine.take_due(1, self.settings.max_attempts, window).await?;
+            let mut due =
+                self.engine.take_due(1, self.settings.max_attempts, window, &operations).await?;
             let Some(item) = due.pop() else { break };
             match item {
                 Due::Flagged { .. } => report.flagged += 1,

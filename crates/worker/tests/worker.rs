@@ -1048,3 +1048,41 @@ async fn the_completer_knows_every_operation_name_and_flags_an_unknown_one(pool:
         assert!(reason.starts_with(expected), "{name}: {reason}");
     }
 }
+
+/// During a rolling deploy a key can belong to an operation only the newer release knows. A
+/// completer of the older release leaves it alone (neither takes nor flags it) for a completer
+/// that can drive it, and still finishes the keys it knows.
+#[sqlx::test(migrations = "../../migrations")]
+async fn the_completer_leaves_a_key_of_an_operation_it_does_not_know_to_one_that_does(
+    pool: PgPool,
+) {
+    let h = harness(pool).await;
+    for key in ["known", "newer"] {
+        let params = h.create_params(CaptureMethod::Automatic, None);
+        let value = serde_json::to_value(&params).unwrap();
+        h.abandon(
+            key,
+            operations::CREATE_PAYMENT,
+            &value,
+            CreatePayment::new(h.ctx.clone(), params),
+            points(&["payment_created"]).pop().unwrap(),
+        )
+        .await;
+    }
+    // As if a newer release had started it under an operation this one does not resume.
+    sqlx::query("UPDATE idempotency_keys SET operation = 'payments.create_v2' WHERE idempotency_key = 'newer'")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    let report = h.pass().await;
+    assert_eq!((report.completed, report.flagged), (1, 0), "{report:?}");
+    assert_eq!(h.key_row("known").await, ("finished".into(), Some(201), false));
+    let newer: (String, bool, i32, i32) = sqlx::query_as(
+        "SELECT recovery_point, needs_human_at IS NOT NULL, attempts, completer_attempts
+           FROM idempotency_keys WHERE idempotency_key = 'newer'",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert_eq!(newer, ("payment_created".into(), false, 1, 0), "untouched, not flagged");
+}

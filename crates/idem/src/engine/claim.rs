@@ -563,11 +563,18 @@ impl Engine {
     /// instead (returned as `Due::Flagged`) and never retried automatically. Only the
     /// completer's own runs count against `max_attempts`: a client may retry a key (resume or
     /// take it over) as often as it likes without spending the completer's budget.
+    ///
+    /// Only keys of the `operations` the caller can drive are taken: during a rolling deploy, a
+    /// completer of the older release leaves a key of an operation only the newer one knows to a
+    /// completer that knows it, rather than taking it and finding nothing to do but flag it. A
+    /// key of an operation no release knows any more is flagged by the reaper once it is older
+    /// than the retention ([`Engine::reap`]).
     pub async fn take_due(
         &self,
         limit: u32,
         max_attempts: u32,
         window: Duration,
+        operations: &[&str],
     ) -> Result<Vec<Due>, IdemError> {
         let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
         let lease_ms = self.config.lease_ms();
@@ -575,7 +582,8 @@ impl Engine {
         let Some(_granting) = self.granting() else { return Ok(Vec::new()) };
         let rows = self
             .retrying(|| async {
-                Ok(store::take_due(&self.pool, i64::from(limit), lease_ms, window_ms).await?)
+                Ok(store::take_due(&self.pool, i64::from(limit), lease_ms, window_ms, operations)
+                    .await?)
             })
             .await?;
         let mut due = Vec::with_capacity(rows.len());

@@ -24,12 +24,14 @@ pub(crate) struct DueRow {
 /// Takes up to `limit` unfinished keys whose lease is free or expired and whose next attempt is
 /// due, each with a fresh owner token. `SKIP LOCKED`: several completers never take one key.
 /// Counts the run in `attempts` (every attempt) and in `completer_attempts` (the completer's own,
-/// which its give-up bound counts; a client's takeover never moves it).
+/// which its give-up bound counts; a client's takeover never moves it). Only keys of the named
+/// `operations` are taken.
 pub(crate) async fn take_due(
     executor: impl PgExecutor<'_>,
     limit: i64,
     lease_ms: i64,
     window_ms: i64,
+    operations: &[&str],
 ) -> Result<Vec<DueRow>, sqlx::Error> {
     let rows = sqlx::query!(
         r#"
@@ -37,6 +39,7 @@ pub(crate) async fn take_due(
             SELECT id, owner_token IS NOT NULL AS took_over FROM idempotency_keys
              WHERE completed_at IS NULL AND needs_human_at IS NULL AND next_attempt_at <= now()
                AND (locked_until IS NULL OR locked_until <= now())
+               AND operation = ANY($4::text[])
              ORDER BY next_attempt_at
              LIMIT $1
              FOR UPDATE SKIP LOCKED
@@ -65,6 +68,7 @@ pub(crate) async fn take_due(
         limit,
         lease_ms as f64,
         window_ms as f64,
+        operations as &[&str],
     )
     .fetch_all(executor)
     .await?;
