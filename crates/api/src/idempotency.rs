@@ -399,7 +399,7 @@ impl Runner {
                 let request = owned.request();
                 // Claimed again, once, when another request took an unfinished key between the
                 // read and the take; missed twice (each taker gave the key back at once), the
-                // request answers that the key is contended.
+                // key is in use: `409`, which the client retries.
                 for _ in 0..2 {
                     let first = {
                         let mut first = operation.first(request.request_id);
@@ -441,6 +441,9 @@ fn answered(
         Ok(Ok(Ran::Driven(Ok(stored)))) => Ok(stored_response(stored, false)),
         Ok(Ok(Ran::Driven(Err(interrupted)))) => Err(interrupted_error(interrupted)),
         Ok(Ok(Ran::Claimed(claim))) => claimed(claim, key),
+        // Other requests kept taking the key and giving it back: it is in use, and a retry with
+        // the same key gets its answer, as the 409's `Retry-After` promises.
+        Ok(Err(idem::IdemError::Contended)) => Err(in_use()),
         Ok(Err(err)) if err.timed_out() => Err(claim_timed_out()),
         Ok(Err(err)) => Err(ApiError::internal(&err)),
         Err(join_error) => Err(ApiError::internal(&join_error)),
@@ -606,4 +609,21 @@ pub fn stored_response(stored: StoredResponse, replayed: bool) -> Response {
         headers.insert(IDEMPOTENT_REPLAYED.clone(), HeaderValue::from_static("true"));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_key_other_requests_keep_taking_is_in_use_not_a_server_error() {
+        let key = IdempotencyKey::parse(b"k-contended").unwrap();
+        let answer = answered(Ok(Err(idem::IdemError::Contended)), &key).unwrap_err();
+        assert_eq!(answer.code(), ProblemCode::IdempotencyKeyInUse);
+        let response = answer.render("req_test", "http://localhost");
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert!(response.headers().contains_key(axum::http::header::RETRY_AFTER));
+    }
 }
