@@ -2014,3 +2014,58 @@ async fn a_flag_that_matches_no_lease_reports_nothing(pool: PgPool) {
     assert_eq!(h.events.count(Event::Flagged), 0);
     assert!(!h.attempt_counts("k1").await.2, "the key is not flagged");
 }
+
+/// News that lets a key finish (a processor webhook) can arrive while the key is held, its holder
+/// waiting on a call that then fails. The wake leaves the holder alone; the holder's release then
+/// makes the key due at once instead of after its back-off, so the news is not lost behind it.
+/// A release with no wake since the lease began keeps the back-off.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_key_woken_while_held_is_due_at_once_when_its_holder_releases_it(pool: PgPool) {
+    let h = harness(pool).await;
+    let due_in = |key: &'static str| {
+        let pool = h.pool.clone();
+        async move {
+            let seconds: f64 = sqlx::query_scalar(
+                "SELECT extract(epoch FROM next_attempt_at - now())::float8 \
+                   FROM idempotency_keys WHERE idempotency_key = $1",
+            )
+            .bind(key)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            seconds
+        }
+    };
+    for (key, woken) in [("woken", true), ("quiet", false)] {
+        let mut lease = h.acquire(key).await;
+        let key_id = lease.key_id();
+        lease.phase(Insert::order(key_id)).await.unwrap();
+        if woken {
+            // The holder's lease and point are untouched.
+            assert!(idem::wake(&h.pool, key_id).await.unwrap(), "unfinished");
+            assert_eq!(lease.point::<Point>().unwrap(), Point::OrderCreated);
+        }
+        lease.release("the call failed").await;
+        let due = due_in(key).await;
+        if woken {
+            assert!(due <= 0.0, "{key}: due in {due} s");
+        } else {
+            assert!(due > 0.0, "{key}: the back-off is kept, due in {due} s");
+        }
+    }
+    // The completer takes the woken key now and not the other.
+    let due = h.engine.take_due(10, 10, Duration::from_secs(3600), &[ORDERS_PLACE]).await.unwrap();
+    let taken: Vec<i64> = due
+        .iter()
+        .map(|d| match d {
+            idem::Due::Lease(lease) => lease.key_id(),
+            idem::Due::Flagged { key_id, .. } => *key_id,
+        })
+        .collect();
+    let woken_id: i64 =
+        sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idempotency_key = 'woken'")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!(taken, [woken_id]);
+}

@@ -54,7 +54,9 @@ pub(crate) async fn unresolved_for(
 }
 
 /// Gives the lease back after a transient failure, keeping the recovery point, and schedules
-/// the completer's next attempt. Does nothing if `token` no longer owns the key.
+/// the completer's next attempt: after `retry_in_ms`, or now if the key was woken since its lease
+/// or last phase began (news that lets it finish arrived while it was held). Does nothing if
+/// `token` no longer owns the key.
 pub(crate) async fn release(
     executor: impl PgExecutor<'_>,
     key_id: i64,
@@ -66,7 +68,8 @@ pub(crate) async fn release(
         r#"
         UPDATE idempotency_keys
            SET owner_token = NULL, locked_until = NULL, last_error = $3,
-               next_attempt_at = now() + $4 * interval '1 millisecond'
+               next_attempt_at = CASE WHEN woken_at > last_run_at THEN now()
+                                      ELSE now() + $4 * interval '1 millisecond' END
          WHERE id = $1 AND owner_token = $2
         "#,
         key_id,
@@ -109,16 +112,19 @@ pub(crate) async fn release_unheld(
 }
 
 /// Makes an unfinished key due for the completer now, because news arrived that lets it finish
-/// (a webhook from the processor): `next_attempt_at` moves to now. Nothing else changes: a lease
-/// held now is left alone (its holder finishes or releases, and the release sets the next attempt
-/// itself); a finished key or one waiting for a person is not touched. True if the key was
-/// unfinished and moved.
+/// (a webhook from the processor): `next_attempt_at` moves to now, and `woken_at` records the
+/// news. A lease held now is left alone: its holder finishes, or releases, and a release after a
+/// wake schedules the next attempt now instead of after its back-off. A finished key or one
+/// waiting for a person is not touched. True if the key was unfinished.
+///
+/// `woken_at` is read from the clock when the row is written, after any phase of the holder that
+/// held the row's lock has committed, so it is later than that phase's `last_run_at`.
 pub async fn wake(executor: impl PgExecutor<'_>, key_id: i64) -> Result<bool, sqlx::Error> {
     let woken = sqlx::query!(
         r#"
-        UPDATE idempotency_keys SET next_attempt_at = now()
+        UPDATE idempotency_keys
+           SET next_attempt_at = least(next_attempt_at, now()), woken_at = clock_timestamp()
          WHERE id = $1 AND completed_at IS NULL AND needs_human_at IS NULL
-           AND next_attempt_at > now()
         "#,
         key_id,
     )
