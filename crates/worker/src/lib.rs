@@ -78,6 +78,38 @@ impl PassReport {
     pub fn found_work(&self) -> bool {
         *self != Self::default()
     }
+
+    /// This pass's counts and `other`'s together.
+    fn and(self, other: Self) -> Self {
+        Self {
+            completed: self.completed + other.completed,
+            released: self.released + other.released,
+            lost: self.lost + other.lost,
+            flagged: self.flagged + other.flagged,
+            reaped: self.reaped + other.reaped,
+            jobs_done: self.jobs_done + other.jobs_done,
+            jobs_retried: self.jobs_retried + other.jobs_retried,
+            jobs_dead: self.jobs_dead + other.jobs_dead,
+        }
+    }
+}
+
+/// The worker's loops, run side by side ([`Worker::run_until`]).
+#[derive(Debug, Clone, Copy)]
+enum Loop {
+    /// Drives unfinished keys to their answers (`Worker::complete`).
+    Completer,
+    /// Deletes expired keys and runs staged jobs (`Worker::reap`, `Worker::run_jobs`).
+    Upkeep,
+}
+
+impl Loop {
+    fn name(self) -> &'static str {
+        match self {
+            Loop::Completer => "completer",
+            Loop::Upkeep => "upkeep",
+        }
+    }
 }
 
 /// A worker over one database and processor.
@@ -136,28 +168,35 @@ impl<P: CardProcessor> Worker<P> {
         Backoff::new(base, base.saturating_mul(1 << 16), Jitter::None)
     }
 
-    /// One pass of each loop, stopping between items once `stop` turns true.
+    /// One pass of each loop, one after the other, stopping between items once `stop` turns
+    /// true (`payments-worker --once`, and tests).
     pub async fn run_once(&self, stop: &watch::Receiver<bool>) -> anyhow::Result<PassReport> {
-        let mut report = PassReport::default();
-        self.complete(stop, &mut report).await?;
-        self.reap(stop, &mut report).await?;
-        self.run_jobs(stop, &mut report).await?;
-        if report.found_work() {
-            tracing::info!(?report, "worker pass");
-        }
-        report.count();
-        Ok(report)
+        let completer = self.pass(Loop::Completer, stop).await?;
+        let upkeep = self.pass(Loop::Upkeep, stop).await?;
+        Ok(completer.and(upkeep))
     }
 
-    /// Passes until `stop` turns true, pausing when a pass found nothing. A failed pass (the
-    /// database is away, say) is logged and tried again after the pause.
-    pub async fn run_until(&self, mut stop: watch::Receiver<bool>) {
+    /// Runs the loops until `stop` turns true. The completer runs apart from the reaper and the
+    /// job runner: its calls last as long as the processor makes them (through an outage, a
+    /// timeout per key for every due key), and receipts, webhook deliveries and the reaper must
+    /// not wait behind them.
+    pub async fn run_until(&self, stop: watch::Receiver<bool>) {
+        tokio::join!(
+            self.keep_passing(Loop::Completer, stop.clone()),
+            self.keep_passing(Loop::Upkeep, stop)
+        );
+        tracing::info!("worker stopped");
+    }
+
+    /// Passes of one loop until `stop` turns true, pausing when a pass found nothing. A failed
+    /// pass (the database is away, say) is logged and tried again after the pause.
+    async fn keep_passing(&self, which: Loop, mut stop: watch::Receiver<bool>) {
         let interval = Duration::from_millis(self.settings.interval_ms);
         while !*stop.borrow() {
-            let busy = match self.run_once(&stop).await {
+            let busy = match self.pass(which, &stop).await {
                 Ok(report) => report.found_work(),
                 Err(err) => {
-                    tracing::warn!(error = %format!("{err:#}"), "worker pass failed; trying again");
+                    tracing::warn!(error = %format!("{err:#}"), worker_loop = which.name(), "worker pass failed; trying again");
                     false
                 }
             };
@@ -168,7 +207,23 @@ impl<P: CardProcessor> Worker<P> {
                 }
             }
         }
-        tracing::info!("worker stopped");
+    }
+
+    /// One pass of one loop, counted in the worker's metrics.
+    async fn pass(&self, which: Loop, stop: &watch::Receiver<bool>) -> anyhow::Result<PassReport> {
+        let mut report = PassReport::default();
+        match which {
+            Loop::Completer => self.complete(stop, &mut report).await?,
+            Loop::Upkeep => {
+                self.reap(stop, &mut report).await?;
+                self.run_jobs(stop, &mut report).await?;
+            }
+        }
+        if report.found_work() {
+            tracing::info!(?report, worker_loop = which.name(), "worker pass");
+        }
+        report.count();
+        Ok(report)
     }
 
     /// The completer. It leases one key at a time, when its turn comes: a key waiting behind

@@ -838,6 +838,54 @@ async fn a_stop_mid_pass_finishes_the_item_in_hand_and_gives_back_the_rest(pool:
     assert_eq!((finished, leased), (1, 0), "nothing is left leased to a stopped worker");
 }
 
+/// Through a processor outage the completer can spend a long time on each due key. Receipts
+/// (and webhook deliveries, the same job queue) and the reaper run beside it, not behind it.
+#[sqlx::test(migrations = "../../migrations")]
+async fn jobs_do_not_wait_behind_a_completer_stuck_in_slow_calls(pool: PgPool) {
+    let h = harness(pool).await;
+    // A receipt staged by a payment made in one go.
+    let params = h.create_params(CaptureMethod::Automatic, Some("jo@example.com"));
+    let value = serde_json::to_value(&params).unwrap();
+    let Claim::Acquired(lease) = h.claim("with-receipt", operations::CREATE_PAYMENT, &value).await
+    else {
+        panic!("new key")
+    };
+    idem::drive(&mut CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
+    // A key the completer must finish with a call, and a processor that takes its time.
+    let params = h.create_params(CaptureMethod::Automatic, None);
+    let value = serde_json::to_value(&params).unwrap();
+    let op = CreatePayment::new(h.ctx.clone(), params);
+    h.abandon("k", operations::CREATE_PAYMENT, &value, op, operations::CreatePoint::PaymentCreated)
+        .await;
+    reqwest::Client::new()
+        .put(format!("{}/_sim/faults", h.sim))
+        .json(&json!({"latency_ms": 3000}))
+        .send()
+        .await
+        .unwrap();
+
+    let (stop_tx, stop) = watch::channel(false);
+    let worker = h.worker();
+    let running = tokio::spawn(async move { worker.run_until(stop).await });
+    let sent = tokio::time::timeout(Duration::from_millis(2000), async {
+        while h.mailer.sent.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let key_unfinished: bool = sqlx::query_scalar(
+        "SELECT completed_at IS NULL FROM idempotency_keys WHERE idempotency_key = 'k'",
+    )
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert!(sent.is_ok(), "the receipt waited behind the completer's call");
+    assert!(key_unfinished, "the completer's call was still on its way");
+    stop_tx.send(true).unwrap();
+    running.await.unwrap();
+    assert_eq!(h.key_row("k").await, ("finished".into(), Some(201), false));
+}
+
 #[sqlx::test(migrations = "../../migrations")]
 async fn sigterm_mid_pass_exits_cleanly_without_losing_the_item(pool: PgPool) {
     let h = harness(pool).await;
