@@ -156,32 +156,12 @@ pub fn verify(
 }
 
 /// The checks a delivery's `Stripe-Signature` header allows before its body is read: present,
-/// well-formed (`t=<unix seconds>` and at least one `v1=`), and signed within `tolerance` of
-/// `now`. They prove nothing about the sender (anyone can write such a header), but they cost
-/// nothing, so a delivery that [`verify`] would refuse whatever its body is refused unread.
-/// [`verify`] checks the header again, with the signature over the body.
+/// well-formed, and signed within `tolerance` of `now` ([`provider::signature::check_header`]).
+/// A delivery that [`verify`] would refuse whatever its body is refused unread; [`verify`]
+/// checks the header again, with the signature over the body.
 pub fn check_header(header: Option<&str>, tolerance: Duration, now: i64) -> Result<(), Refused> {
     let header = header.ok_or(Refused::NoSignature)?;
-    let mut timestamp = None;
-    let mut signed = false;
-    for part in header.split(',') {
-        match part.trim().split_once('=') {
-            Some(("t", value)) => {
-                timestamp =
-                    Some(value.parse::<i64>().map_err(|_| SignatureError::MalformedHeader)?);
-            }
-            Some(("v1", _)) => signed = true,
-            _ => {}
-        }
-    }
-    let timestamp = timestamp.ok_or(SignatureError::MalformedHeader)?;
-    if !signed {
-        return Err(SignatureError::MalformedHeader.into());
-    }
-    if now.abs_diff(timestamp) > tolerance.as_secs() {
-        return Err(SignatureError::OutsideTolerance.into());
-    }
-    Ok(())
+    Ok(signature::check_header(header, tolerance, now)?)
 }
 
 /// What receiving an event did.
@@ -466,6 +446,10 @@ mod tests {
         let outside = Err(Refused::Signature(SignatureError::OutsideTolerance));
         assert_eq!(check_header(Some(&good), tolerance, NOW + 301), outside);
         assert_eq!(check_header(Some(&good), tolerance, NOW - 301), outside);
+        // A header that `verify` would refuse for its size is refused before the body too.
+        let flood = format!("t={NOW}{}", ",v1=00".repeat(signature::MAX_SIGNATURES + 1));
+        let too_many = Err(Refused::Signature(SignatureError::TooManySignatures));
+        assert_eq!(check_header(Some(&flood), tolerance, NOW), too_many);
     }
 
     #[test]
