@@ -110,9 +110,27 @@ async fn create_payment(app: &TestApp, key: &str, idem: &str, body: Value) -> Va
     json(response).await
 }
 
+/// The account's events (`GET /v1/events`), once every committed one is listed.
 async fn events(app: &TestApp, key: &str, query: &str) -> Vec<Value> {
+    wait_for_the_feed_to_settle(&app.pool).await;
     let list = json(app.get(&format!("/v1/events?limit=100{query}"), key).await).await;
     list["data"].as_array().cloned().expect("a list")
+}
+
+/// Waits until no transaction that was running when a committed event was written is running
+/// still: the list shows an event only then (docs/webhooks.md, "The feed's order"), and a write
+/// transaction of another test on the same cluster may be one of them (bounded at a minute).
+async fn wait_for_the_feed_to_settle(pool: &PgPool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let unlisted = payments_domain::events::unlisted(pool).await.expect("the feed's horizon");
+        let settled = unlisted == 0;
+        if settled {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "a write transaction held the feed back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[sqlx::test(migrations = "../migrations")]

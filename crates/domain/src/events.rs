@@ -6,6 +6,11 @@
 //! The same statement stages one `webhook` job per matching endpoint of the account (dedupe key
 //! `<event>:<endpoint>`), so the fan-out commits with the event and the worker's staged-job
 //! runner delivers it at least once (see [`crate::webhooks`]).
+//!
+//! The list ([`list`]) is gap-free for a poller: each event records the transaction that wrote
+//! it, the list is in the order those transactions began writing, and an event is listed once
+//! every transaction that began writing before it has ended (docs/webhooks.md, "The feed's
+//! order").
 
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgExecutor};
@@ -141,7 +146,8 @@ impl From<EventRow> for Event {
     }
 }
 
-/// The account's event, if it has one of this id.
+/// The account's event, if it has one of this id: as soon as it is committed, which may be
+/// before [`list`] shows it.
 pub async fn find(
     executor: impl PgExecutor<'_>,
     account_id: &AccountId,
@@ -160,9 +166,17 @@ pub async fn find(
     Ok(row.map(Event::from))
 }
 
-/// A page of the account's events, newest first (by commit order of insertion), optionally of
-/// one type, and whether more lie beyond it. `None` when the cursor names no event of the
-/// account.
+/// A page of the account's events, newest first, optionally of one type, and whether more lie
+/// beyond it. `None` when the cursor names no event of the account.
+///
+/// The order is the writing transaction's id (the order transactions began writing), then
+/// `seq`, not `seq` alone: a transaction that took an earlier seq may commit after one that took
+/// a later seq. And only events whose transaction is older than every transaction still running
+/// are listed: every event not visible yet has a transaction id at or above that horizon, so it
+/// lands ahead of any cursor this list hands out, never behind it, and a poller walking forward
+/// with `ending_before` misses none. The price: a write transaction left open anywhere on the
+/// database cluster holds back every event after it (delays the list, never reorders it).
+/// [`find`] reads an event as soon as it commits.
 pub async fn list(
     conn: &mut PgConnection,
     account_id: &AccountId,
@@ -170,51 +184,67 @@ pub async fn list(
     limit: i64,
     cursor: Option<&Cursor<EventId>>,
 ) -> Result<Option<(Vec<Event>, bool)>, DomainError> {
+    // The cursor's place in the list's order: its transaction's id (as text: sqlx has no `xid8`)
+    // and its seq. A row older than the `xid` column has none and counts as transaction 0, the
+    // oldest (migrations/20261203000000_events_commit_order.sql); the indexes are on the same
+    // expression.
     let position = match cursor {
         None => None,
         Some(Cursor::After(id) | Cursor::Before(id)) => {
-            let seq = sqlx::query_scalar!(
-                "SELECT seq FROM events WHERE id = $1 AND account_id = $2",
+            let position = sqlx::query!(
+                r#"SELECT coalesce(xid, '0')::text AS "xid!", seq
+                     FROM events WHERE id = $1 AND account_id = $2"#,
                 id as &EventId,
                 account_id as &AccountId
             )
             .fetch_optional(&mut *conn)
             .await?;
-            match seq {
+            match position {
                 None => return Ok(None),
-                some => some,
+                Some(row) => Some((row.xid, row.seq)),
             }
         }
     };
-    // Each direction walks (account_id[, type], seq) from the cursor and stops at `limit + 1`
-    // rows: the extra row tells whether there is more.
+    // Each direction walks (account_id[, type], xid, seq) from the cursor and stops at
+    // `limit + 1` rows: the extra row tells whether there is more. The horizon comes from the
+    // statement's own snapshot (`pg_current_snapshot` is the active one), the one its rows are
+    // read in: every transaction below it has ended, so what it hides now stays above it.
     let backwards = matches!(cursor, Some(Cursor::Before(_)));
     let mut rows = if backwards {
+        let (xid, seq) = position.unwrap_or_else(|| ("0".to_owned(), 0));
         sqlx::query_as!(
             EventRow,
             r#"SELECT id AS "id: _", account_id AS "account_id: _", type AS "event_type: _",
                       object, extract(epoch FROM created_at)::bigint AS "created!"
                  FROM events
-                WHERE account_id = $1 AND ($2::text IS NULL OR type = $2) AND seq > $3
-                ORDER BY seq LIMIT $4::bigint + 1"#,
+                WHERE account_id = $1 AND ($2::text IS NULL OR type = $2)
+                  AND coalesce(xid, '0') < pg_snapshot_xmin(pg_current_snapshot())
+                  AND (coalesce(xid, '0'), seq) > ($3::text::xid8, $4)
+                ORDER BY coalesce(xid, '0'), seq LIMIT $5::bigint + 1"#,
             account_id as &AccountId,
             event_type as Option<EventType>,
-            position.unwrap_or(0),
+            xid,
+            seq,
             limit,
         )
         .fetch_all(&mut *conn)
         .await?
     } else {
+        // No cursor: from the top of the range (the largest `xid8`), which the horizon bounds.
+        let (xid, seq) = position.unwrap_or_else(|| (u64::MAX.to_string(), i64::MAX));
         sqlx::query_as!(
             EventRow,
             r#"SELECT id AS "id: _", account_id AS "account_id: _", type AS "event_type: _",
                       object, extract(epoch FROM created_at)::bigint AS "created!"
                  FROM events
-                WHERE account_id = $1 AND ($2::text IS NULL OR type = $2) AND seq < $3
-                ORDER BY seq DESC LIMIT $4::bigint + 1"#,
+                WHERE account_id = $1 AND ($2::text IS NULL OR type = $2)
+                  AND coalesce(xid, '0') < pg_snapshot_xmin(pg_current_snapshot())
+                  AND (coalesce(xid, '0'), seq) < ($3::text::xid8, $4)
+                ORDER BY coalesce(xid, '0') DESC, seq DESC LIMIT $5::bigint + 1"#,
             account_id as &AccountId,
             event_type as Option<EventType>,
-            position.unwrap_or(i64::MAX),
+            xid,
+            seq,
             limit,
         )
         .fetch_all(&mut *conn)
@@ -226,6 +256,18 @@ pub async fn list(
         rows.reverse();
     }
     Ok(Some((rows.into_iter().map(Event::from).collect(), has_more)))
+}
+
+/// How many committed events [`list`] does not show yet: those of transactions at or above its
+/// horizon, held back until every transaction that began writing before them has ended. The
+/// feed's lag, for an operator; a test waits for it to be 0 before it lists what it wrote.
+pub async fn unlisted(executor: impl PgExecutor<'_>) -> Result<i64, DomainError> {
+    Ok(sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM events
+            WHERE coalesce(xid, '0') >= pg_snapshot_xmin(pg_current_snapshot())"#
+    )
+    .fetch_one(executor)
+    .await?)
 }
 
 #[cfg(test)]
