@@ -187,6 +187,26 @@ impl Harness {
         PaymentId::parse(body["id"].as_str().unwrap()).unwrap()
     }
 
+    /// A payment made in one go with a receipt to send (its job staged); returns its answer.
+    async fn paid_with_receipt(&self, key: &str) -> idem::StoredResponse {
+        let params = self.create_params(CaptureMethod::Automatic, Some("jo@example.com"));
+        let value = serde_json::to_value(&params).unwrap();
+        let Claim::Acquired(lease) = self.claim(key, operations::CREATE_PAYMENT, &value).await
+        else {
+            panic!("new key")
+        };
+        idem::drive(&mut CreatePayment::new(self.ctx.clone(), params), lease).await.unwrap()
+    }
+
+    /// A payment abandoned after its first phase, before its call: the completer must call.
+    async fn abandoned_before_the_call(&self, key: &str) {
+        let params = self.create_params(CaptureMethod::Automatic, None);
+        let value = serde_json::to_value(&params).unwrap();
+        let op = CreatePayment::new(self.ctx.clone(), params);
+        let point = operations::CreatePoint::PaymentCreated;
+        self.abandon(key, operations::CREATE_PAYMENT, &value, op, point).await;
+    }
+
     async fn stats(&self) -> Value {
         reqwest::get(format!("{}/_sim/stats", self.sim)).await.unwrap().json().await.unwrap()
     }
@@ -745,13 +765,7 @@ async fn the_reaper_removes_only_completed_keys_past_retention_and_keeps_payment
 async fn a_failing_job_is_retried_then_dead_lettered(pool: PgPool) {
     let h = harness(pool).await;
     h.mailer.failing.store(true, Ordering::SeqCst);
-    let params = h.create_params(CaptureMethod::Automatic, Some("jo@example.com"));
-    let value = serde_json::to_value(&params).unwrap();
-    let Claim::Acquired(lease) = h.claim("with-receipt", operations::CREATE_PAYMENT, &value).await
-    else {
-        panic!()
-    };
-    idem::drive(&mut CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
+    h.paid_with_receipt("with-receipt").await;
 
     let mut reports = Vec::new();
     for _ in 0..3 {
@@ -775,13 +789,7 @@ async fn a_failing_job_is_retried_then_dead_lettered(pool: PgPool) {
 #[sqlx::test(migrations = "../../migrations")]
 async fn a_receipt_job_that_runs_twice_sends_one_receipt(pool: PgPool) {
     let h = harness(pool).await;
-    let params = h.create_params(CaptureMethod::Automatic, Some("jo@example.com"));
-    let value = serde_json::to_value(&params).unwrap();
-    let Claim::Acquired(lease) = h.claim("with-receipt", operations::CREATE_PAYMENT, &value).await
-    else {
-        panic!()
-    };
-    idem::drive(&mut CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
+    h.paid_with_receipt("with-receipt").await;
 
     assert_eq!(h.pass().await.jobs_done, 1);
     // As if the worker had died after sending and before marking the job done.
@@ -813,12 +821,7 @@ async fn a_stop_mid_pass_finishes_the_item_in_hand_and_gives_back_the_rest(pool:
         )
         .await;
     }
-    reqwest::Client::new()
-        .put(format!("{}/_sim/faults", h.sim))
-        .json(&json!({"latency_ms": 300}))
-        .send()
-        .await
-        .unwrap();
+    set_faults(&h.sim, json!({"latency_ms": 300})).await;
     let (stop_tx, stop) = watch::channel(false);
     let worker = h.worker();
     let pass = tokio::spawn(async move { worker.run_once(&stop).await });
@@ -844,25 +847,10 @@ async fn a_stop_mid_pass_finishes_the_item_in_hand_and_gives_back_the_rest(pool:
 async fn jobs_do_not_wait_behind_a_completer_stuck_in_slow_calls(pool: PgPool) {
     let h = harness(pool).await;
     // A receipt staged by a payment made in one go.
-    let params = h.create_params(CaptureMethod::Automatic, Some("jo@example.com"));
-    let value = serde_json::to_value(&params).unwrap();
-    let Claim::Acquired(lease) = h.claim("with-receipt", operations::CREATE_PAYMENT, &value).await
-    else {
-        panic!("new key")
-    };
-    idem::drive(&mut CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
+    h.paid_with_receipt("with-receipt").await;
     // A key the completer must finish with a call, and a processor that takes its time.
-    let params = h.create_params(CaptureMethod::Automatic, None);
-    let value = serde_json::to_value(&params).unwrap();
-    let op = CreatePayment::new(h.ctx.clone(), params);
-    h.abandon("k", operations::CREATE_PAYMENT, &value, op, operations::CreatePoint::PaymentCreated)
-        .await;
-    reqwest::Client::new()
-        .put(format!("{}/_sim/faults", h.sim))
-        .json(&json!({"latency_ms": 3000}))
-        .send()
-        .await
-        .unwrap();
+    h.abandoned_before_the_call("k").await;
+    set_faults(&h.sim, json!({"latency_ms": 3000})).await;
 
     let (stop_tx, stop) = watch::channel(false);
     let worker = h.worker();
@@ -889,17 +877,8 @@ async fn jobs_do_not_wait_behind_a_completer_stuck_in_slow_calls(pool: PgPool) {
 #[sqlx::test(migrations = "../../migrations")]
 async fn sigterm_mid_pass_exits_cleanly_without_losing_the_item(pool: PgPool) {
     let h = harness(pool).await;
-    let params = h.create_params(CaptureMethod::Automatic, None);
-    let value = serde_json::to_value(&params).unwrap();
-    let op = CreatePayment::new(h.ctx.clone(), params);
-    h.abandon("k", operations::CREATE_PAYMENT, &value, op, operations::CreatePoint::PaymentCreated)
-        .await;
-    reqwest::Client::new()
-        .put(format!("{}/_sim/faults", h.sim))
-        .json(&json!({"latency_ms": 800}))
-        .send()
-        .await
-        .unwrap();
+    h.abandoned_before_the_call("k").await;
+    set_faults(&h.sim, json!({"latency_ms": 800})).await;
 
     let options = h.pool.connect_options();
     let url = format!(
@@ -1015,13 +994,7 @@ async fn stalling_smtp() -> StallingSmtp {
 async fn a_receipt_sent_again_by_a_second_runner_carries_one_message_id(pool: PgPool) {
     let h = harness(pool).await;
     let smtp = stalling_smtp().await;
-    let params = h.create_params(CaptureMethod::Automatic, Some("jo@example.com"));
-    let value = serde_json::to_value(&params).unwrap();
-    let Claim::Acquired(lease) = h.claim("with-receipt", operations::CREATE_PAYMENT, &value).await
-    else {
-        panic!()
-    };
-    let answer = idem::drive(&mut CreatePayment::new(h.ctx.clone(), params), lease).await.unwrap();
+    let answer = h.paid_with_receipt("with-receipt").await;
     let payment: Value = serde_json::from_slice(&answer.body).unwrap();
     let payment_id = payment["id"].as_str().unwrap().to_owned();
     let runner = || {
