@@ -79,8 +79,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Migrate => {
             create_database_if_missing(&settings).await?;
-            let pool = connect(&settings).await?;
-            MIGRATOR.run(&pool).await?;
+            migrate(&settings).await?;
             let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
             eprintln!("migrations applied; schema version {latest}");
             Ok(())
@@ -148,6 +147,52 @@ async fn create_database_if_missing(settings: &Settings) -> anyhow::Result<()> {
         let name = settings.database.connect_options()?.get_database().unwrap_or("").to_owned();
         eprintln!("created database {name}");
     }
+    Ok(())
+}
+
+/// The advisory lock `migrate` takes before sqlx's migrator takes its own (any number that is
+/// not sqlx's: it derives its key from the database's name).
+const MIGRATE_TURN_LOCK: i64 = 0x7061_796d_656e_7473; // "payments"
+
+/// How often a `migrate` waiting for another one's turn to end asks again.
+const MIGRATE_TURN_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Applies the migrations not applied yet, on one connection of its own:
+/// - with no `statement_timeout`: an index built `CONCURRENTLY` (outside a transaction, in a
+///   `-- no-transaction` migration) scans the table twice and waits for every older snapshot,
+///   which can take far longer than a request's statement may, and a build cut short leaves an
+///   INVALID index behind; each migration bounds its own lock waits (`SET LOCAL lock_timeout`);
+/// - one `migrate` at a time, waiting its turn by asking for a lock without waiting on it:
+///   sqlx's migrator waits for its own lock inside a statement, whose snapshot a concurrent
+///   index build of the migrator holding it would wait for, a deadlock Postgres breaks by
+///   cancelling one of them, possibly the build. Between two asks this waiter holds no
+///   snapshot, so the build never waits for it.
+async fn migrate(settings: &Settings) -> anyhow::Result<()> {
+    use sqlx::Connection as _;
+    let options = settings.database.connect_options()?.options([("statement_timeout", "0")]);
+    let mut conn = sqlx::PgConnection::connect_with(&options).await.map_err(|err| {
+        anyhow::anyhow!("cannot connect to the database (database.url / DATABASE_URL): {err}")
+    })?;
+    let mut said = false;
+    while !sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1)")
+        .bind(MIGRATE_TURN_LOCK)
+        .fetch_one(&mut conn)
+        .await?
+    {
+        if !said {
+            eprintln!("another migrate is running; waiting for it to end");
+            said = true;
+        }
+        tokio::time::sleep(MIGRATE_TURN_POLL).await;
+    }
+    let applied = MIGRATOR.run(&mut conn).await;
+    // Closing the session releases the lock too; this says so at once.
+    let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(MIGRATE_TURN_LOCK)
+        .execute(&mut conn)
+        .await;
+    applied?;
+    conn.close().await?;
     Ok(())
 }
 

@@ -111,6 +111,56 @@ async fn migrate_creates_a_missing_database_and_is_idempotent(pool: PgPool) {
     sqlx::query(&format!("DROP DATABASE {fresh} WITH (FORCE)")).execute(&pool).await.unwrap();
 }
 
+/// `migrate` applies every migration with no statement timeout, whatever the pool's setting (an
+/// index built concurrently on a big table takes longer than any request's statement may), and
+/// waits for another `migrate` to end before it starts, holding no snapshot while it waits.
+#[sqlx::test(migrations = false)]
+async fn migrate_ignores_the_statement_timeout_and_waits_for_another_migrate(pool: PgPool) {
+    let fresh = format!("payments_cli_turn_{}", std::process::id());
+    let url = database_url(&pool);
+    let url = format!("{}/{fresh}", url.rsplit_once('/').unwrap().0);
+    sqlx::query(&format!("CREATE DATABASE {fresh}")).execute(&pool).await.unwrap();
+    let other = PgPool::connect(&url).await.unwrap();
+    // Another `migrate` holds its turn.
+    let mut holder = other.acquire().await.unwrap();
+    assert!(
+        sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock(8097887115748996211)")
+            .fetch_one(&mut *holder)
+            .await
+            .unwrap()
+    );
+    let url_for_migrate = url.clone();
+    let waiting = tokio::spawn(async move {
+        let timeout = ("PAYMENTS__DATABASE__STATEMENT_TIMEOUT_MS", "1");
+        payments_api(&["migrate"], &[("DATABASE_URL", &url_for_migrate), timeout]).await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(!waiting.is_finished(), "migrate did not wait for the other one");
+    let applied: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT FROM pg_tables WHERE tablename = '_sqlx_migrations')",
+    )
+    .fetch_one(&mut *holder)
+    .await
+    .unwrap();
+    assert!(!applied, "nothing applied while the other migrate runs");
+    // Waiting, it holds no snapshot (no transaction, no statement running).
+    let snapshots: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+            AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL",
+    )
+    .fetch_one(&mut *holder)
+    .await
+    .unwrap();
+    assert_eq!(snapshots, 0);
+    drop(holder);
+    other.close().await;
+    let output = waiting.await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("another migrate is running"), "{stderr}");
+    sqlx::query(&format!("DROP DATABASE {fresh} WITH (FORCE)")).execute(&pool).await.unwrap();
+}
+
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn json_logs_carry_the_request_and_account_ids_and_never_the_key(pool: PgPool) {
     let url = database_url(&pool);
