@@ -2,6 +2,7 @@
 //! floods of bad keys, webhook bodies from anyone that trickle in, honest Retry-After, keyed
 //! PATCH, and the rest of HTTP hygiene. Every answer to bad input is a problem, never a 5xx.
 
+use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 /// Asserts a final 4xx: a problem of this status and code, and no promise that a retry helps.
 async fn assert_final(response: reqwest::Response, status: u16, code: &str) -> Value {
@@ -206,6 +207,61 @@ async fn a_body_that_stalls_is_cut_off(pool: PgPool) {
     let answer = answer.expect("a connection whose body stalls is closed");
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("application/problem+json"), "{answer}");
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_client_that_stops_reading_its_answers_is_disconnected(pool: PgPool) {
+    // Only the write bound is short: no other timer of the server could close the connection
+    // within the test's wait.
+    let limits = [
+        ("PAYMENTS__HTTP__WRITE_TIMEOUT_MS", "300"),
+        ("PAYMENTS__HTTP__HEADER_READ_TIMEOUT_MS", "60000"),
+        ("PAYMENTS__HTTP__BODY_TIMEOUT_MS", "60000"),
+    ];
+    let app = TestApp::spawn_with(pool.clone(), pool, &limits).await;
+    let address: SocketAddr = app.address.trim_start_matches("http://").parse().unwrap();
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(address).await.unwrap();
+    // Pipelined requests for the OpenAPI document (tens of KB each), written on and on, and not
+    // one answer read: the server's writes soon wait on a full socket. Once it drops the
+    // connection, a write here fails (the server's kernel resets a connection closed with
+    // requests it never read). Without the bound it never drops it: hyper holds the next request
+    // until the answer before it is written, and no timer of its own runs meanwhile.
+    let requests = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n".repeat(64);
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Err(err) = stream.write_all(&requests).await {
+                return err;
+            }
+        }
+    })
+    .await;
+    let err = ended.expect("the server closes the connection of a client that stopped reading");
+    assert!(
+        matches!(
+            err.kind(),
+            ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted
+        ),
+        "{err:?}"
+    );
+    // Counted, which also shows that the server saw the stalled write behind hyper's error.
+    // The count follows the close by a moment: wait for it, with a deadline.
+    let counted = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let metrics = app.send(app.http.get(app.url("/metrics"))).await.text().await.unwrap();
+            let count = metrics
+                .lines()
+                .find_map(|line| line.strip_prefix("http_write_stalled_connections_total "))
+                .map(|value| value.trim().parse::<f64>().unwrap());
+            if count.is_some_and(|count| count >= 1.0) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "the stalled connection is counted in /metrics");
 }
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]

@@ -8,8 +8,10 @@
 //!
 //! The accept loop is hyper's own connection builder rather than `axum::serve`, which runs
 //! without a timer: here every connection has a header-read timeout (which also closes idle
-//! keep-alive connections), the number of open connections is bounded, and each request knows
-//! its peer's address (`ConnectInfo`) for the per-address limit.
+//! keep-alive connections: hyper starts it for the next request as soon as an answer is written),
+//! a write timeout (`write_timeout`: a client that stops reading its answers is dropped instead of
+//! holding its connection for ever), the number of open connections is bounded, and each request
+//! knows its peer's address (`ConnectInfo`) for the per-address limit.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -41,6 +43,7 @@ use crate::routes::{
     events, health, payments, problems, processor_webhooks, refunds, webhook_endpoints,
 };
 use crate::settings::Settings;
+use crate::write_timeout::{WriteStalled, WriteTimeout};
 
 /// What every handler can reach. axum clones it for every request and extractor, so it is one
 /// shared pointer (`Services` behind an `Arc`), not a struct of them.
@@ -89,6 +92,7 @@ pub struct Application {
     router: Router,
     shutdown_grace: Duration,
     header_read_timeout: Duration,
+    write_timeout: Duration,
     max_connections: usize,
     /// Operations that outlive their requests; shutdown waits for them.
     tasks: TaskTracker,
@@ -122,6 +126,7 @@ impl Application {
         };
         let shutdown_grace = Duration::from_millis(settings.http.shutdown_grace_ms);
         let header_read_timeout = Duration::from_millis(settings.http.header_read_timeout_ms);
+        let write_timeout = Duration::from_millis(settings.http.write_timeout_ms);
         let max_connections = settings.http.max_connections as usize;
         // Install the metrics recorder before anything records.
         let _ = payments_telemetry::metrics();
@@ -163,6 +168,7 @@ impl Application {
             router,
             shutdown_grace,
             header_read_timeout,
+            write_timeout,
             max_connections,
             tasks,
             engine,
@@ -196,8 +202,9 @@ impl Application {
         });
         let graceful = GracefulShutdown::new();
         let connections = Arc::new(Semaphore::new(self.max_connections));
+        let timer = TokioTimer::new();
         let mut http = http1::Builder::new();
-        http.timer(TokioTimer::new()).header_read_timeout(self.header_read_timeout);
+        http.timer(timer.clone()).header_read_timeout(self.header_read_timeout);
         let mut accept_rx = stopping_rx.clone();
         loop {
             // At the bound, new connections wait in the kernel's backlog, not in memory here.
@@ -219,6 +226,9 @@ impl Application {
                 () = stopping(&mut accept_rx) => break,
             };
             let _ = stream.set_nodelay(true);
+            // hyper's own timer covers only the reading of headers; a write that waits on a
+            // client that stopped reading must end too.
+            let stream = WriteTimeout::new(stream, self.write_timeout, timer.clone());
             let router = self.router.clone();
             let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
                 request.extensions_mut().insert(ConnectInfo(peer));
@@ -228,7 +238,15 @@ impl Application {
             tokio::spawn(async move {
                 if let Err(err) = connection.await {
                     // A client that stalled, hung up or spoke garbage: its problem, not ours.
-                    tracing::debug!(error = %err, %peer, "connection ended with an error");
+                    if WriteStalled::caused(&err) {
+                        metrics::counter!("http_write_stalled_connections_total").increment(1);
+                        tracing::debug!(
+                            %peer,
+                            "connection closed: the client stopped reading its answers"
+                        );
+                    } else {
+                        tracing::debug!(error = %err, %peer, "connection ended with an error");
+                    }
                 }
                 drop(permit);
             });

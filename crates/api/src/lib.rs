@@ -15,6 +15,7 @@ pub mod inspector;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;
+pub mod write_timeout;
 pub use payments_settings as settings;
 pub use payments_telemetry as telemetry;
 

@@ -5,7 +5,9 @@
 //! - `idempotency_events_total{event}`: claims, replays, 409s, 422s, takeovers, lost leases, …;
 //! - `processor_calls_total{operation,outcome}` and `processor_call_duration_seconds` (recorded by
 //!   the provider client);
-//! - `rate_limited_total`.
+//! - `rate_limited_total`;
+//! - `http_write_stalled_connections_total`: connections closed because their client read
+//!   nothing for `http.write_timeout_ms` while an answer waited (`write_timeout`).
 
 use std::time::Instant;
 

@@ -105,6 +105,9 @@ pub struct HttpSettings {
     /// Limit for a request's line and headers, counted from when the connection waits for a
     /// request (so it also bounds an idle keep-alive connection).
     pub header_read_timeout_ms: u64,
+    /// Longest a write to the client may make no progress (the client stopped reading its
+    /// answers); past it the connection is closed.
+    pub write_timeout_ms: u64,
     /// Longest pause between two pieces of a request body.
     pub body_timeout_ms: u64,
     /// Limit for a whole request, headers to answer.

@@ -166,3 +166,11 @@ fn a_zero_body_limit_is_refused() {
     let err = load(&[("PAYMENTS__HTTP__BODY_LIMIT_BYTES", "0")]).unwrap_err().to_string();
     assert!(err.contains("http.body_limit_bytes"), "{err}");
 }
+
+#[test]
+fn the_write_timeout_defaults_to_thirty_seconds_and_zero_is_refused() {
+    assert_eq!(load(&[]).unwrap().http.write_timeout_ms, 30_000);
+    let err = load(&[("PAYMENTS__HTTP__WRITE_TIMEOUT_MS", "0")]).unwrap_err().to_string();
+    assert!(err.contains("http.write_timeout_ms"), "{err}");
+    assert!(err.contains("PAYMENTS__HTTP__WRITE_TIMEOUT_MS"), "{err}");
+}

@@ -24,6 +24,7 @@ impl Settings {
         }
         for (setting, value) in [
             ("http.header_read_timeout_ms", self.http.header_read_timeout_ms),
+            ("http.write_timeout_ms", self.http.write_timeout_ms),
             ("http.body_timeout_ms", self.http.body_timeout_ms),
             ("http.request_timeout_ms", self.http.request_timeout_ms),
             ("http.max_connections", u64::from(self.http.max_connections)),
