@@ -266,6 +266,52 @@ async fn a_cancel_releases_the_authorization_and_only_from_requires_capture(pool
     assert_problem(capture_canceled, 400, "payment_unexpected_state").await;
 }
 
+/// A capture the processor refuses leaves the payment awaiting capture; a second capture, under
+/// another key and with another amount, is asked of the processor anew and gets its own answer (a
+/// downstream key per payment made it an idempotency error, read as a reused key and flagged for
+/// a person, leaving the payment `processing`). Here the authorization was released at the
+/// processor behind the API's back (as when it expires), so both are refused.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_second_capture_after_a_refused_one_gets_its_own_answer(pool: PgPool) {
+    let (app, sim) = spawn_with_sim(pool.clone(), &[]).await;
+    let (_, key) = app.create_account("shop").await;
+    let manual = json!({"amount": 1000, "currency": "usd", "payment_method": "pm_card_visa", "capture_method": "manual"});
+    let id = create(&app, &key, "p1", &manual).await["id"].as_str().unwrap().to_owned();
+    let charge: String =
+        sqlx::query_scalar("SELECT processor_charge_id FROM payments WHERE id = $1")
+            .bind(&id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let released = reqwest::Client::new()
+        .post(format!("{sim}/v1/refunds"))
+        .bearer_auth("sk_test_processor")
+        .form(&[("charge", charge.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert!(released.status().is_success(), "{released:?}");
+
+    let path = format!("/v1/payments/{id}/capture");
+    let first = app.post(&path, &key, Some("c1"), &json!({})).await;
+    assert_eq!(first.status(), 400);
+    let first = json(first).await;
+    let second = app.post(&path, &key, Some("c2"), &json!({"amount_to_capture": 100})).await;
+    assert_eq!(second.status(), 400, "a refusal of its own, not a key for a person");
+    assert_eq!(json(second).await["code"], first["code"]);
+    let payment = json(app.get(&format!("/v1/payments/{id}"), &key).await).await;
+    assert_eq!(payment["status"], "requires_capture");
+    let keys: Vec<String> = sqlx::query_scalar(
+        "SELECT planned_call->>'key' FROM idempotency_keys \
+          WHERE idempotency_key IN ('c1', 'c2') ORDER BY idempotency_key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(keys.len(), 2);
+    assert_ne!(keys[0], keys[1], "each capture its own downstream key: {keys:?}");
+}
+
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn refunds_never_exceed_what_was_captured(pool: PgPool) {
     let (app, _sim) = spawn_with_sim(pool, &[]).await;

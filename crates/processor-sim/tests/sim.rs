@@ -225,7 +225,7 @@ async fn captures_and_refunds_keep_the_books_straight() {
         .capture_charge(&FrozenRequest::capture(
             &authorized.id,
             Some(600),
-            DownstreamKey::capture("pay_1"),
+            DownstreamKey::capture("pay_1", 1),
         ))
         .await
         .unwrap();

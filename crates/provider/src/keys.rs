@@ -1,8 +1,13 @@
 //! Downstream idempotency keys, derived from our own records.
 //!
 //! The key sent to the processor is built from the id of a local record that an earlier phase
-//! committed, and the action: `pay_…/charge`, `pay_…/capture`, `pay_…/cancel`, `re_…/refund`.
-//! So it is
+//! committed, and the action: `pay_…/charge`, `re_…/refund`, and for the actions a payment can be
+//! asked for more than once, the operation's own key record too: `pay_…/capture/k<key id>`,
+//! `pay_…/cancel/k<key id>` (the idempotency key's row, stored by the operation's first phase).
+//! A capture refused by the processor leaves the payment awaiting capture; a second capture, under
+//! another idempotency key and perhaps with another amount, is a new request to the processor,
+//! which a key per payment would have made a replay of the first refusal, or an idempotency
+//! error when the amount differs (a reused key, which reconciliation must then explain). So it is
 //! - **stable**: every retry, takeover and completer run of the same operation sends the same key,
 //!   and the processor answers with the original object instead of acting twice;
 //! - **unique across accounts**: our ids are random and global, so two accounts that happen to use
@@ -30,14 +35,16 @@ impl DownstreamKey {
         Self::derive(payment_id, "charge")
     }
 
-    /// The key for capturing the charge of payment `payment_id`.
-    pub fn capture(payment_id: &str) -> Self {
-        Self::derive(payment_id, "capture")
+    /// The key for capturing the charge of payment `payment_id`, by the operation whose
+    /// idempotency key is the row `key_id`.
+    pub fn capture(payment_id: &str, key_id: i64) -> Self {
+        Self::derive(payment_id, &format!("capture/k{key_id}"))
     }
 
-    /// The key for releasing the authorization of payment `payment_id` (a cancel).
-    pub fn cancel(payment_id: &str) -> Self {
-        Self::derive(payment_id, "cancel")
+    /// The key for releasing the authorization of payment `payment_id` (a cancel), by the
+    /// operation whose idempotency key is the row `key_id`.
+    pub fn cancel(payment_id: &str, key_id: i64) -> Self {
+        Self::derive(payment_id, &format!("cancel/k{key_id}"))
     }
 
     /// The key for creating refund `refund_id` at the processor.
@@ -92,9 +99,24 @@ mod tests {
         assert_eq!(DownstreamKey::charge("pay_1"), DownstreamKey::charge("pay_1"));
         assert_eq!(DownstreamKey::charge("pay_1").as_str(), "pay_1/charge");
         assert_ne!(DownstreamKey::charge("pay_1"), DownstreamKey::charge("pay_2"));
-        assert_ne!(DownstreamKey::charge("pay_1"), DownstreamKey::capture("pay_1"));
-        assert_ne!(DownstreamKey::capture("pay_1"), DownstreamKey::cancel("pay_1"));
+        assert_ne!(DownstreamKey::charge("pay_1"), DownstreamKey::capture("pay_1", 7));
+        assert_ne!(DownstreamKey::capture("pay_1", 7), DownstreamKey::cancel("pay_1", 7));
         assert_eq!(DownstreamKey::refund("re_9").as_str(), "re_9/refund");
+    }
+
+    #[test]
+    fn each_capture_or_cancel_of_a_payment_has_its_own_key_with_generations() {
+        let first = DownstreamKey::capture("pay_1", 7);
+        assert_eq!(first.as_str(), "pay_1/capture/k7");
+        assert_eq!(first, DownstreamKey::capture("pay_1", 7), "stable for one operation");
+        assert_ne!(first, DownstreamKey::capture("pay_1", 8), "another operation, another key");
+        assert_eq!(DownstreamKey::cancel("pay_1", 8).as_str(), "pay_1/cancel/k8");
+        // The operation's part is not a number, so it is never read as a generation.
+        assert_eq!(first.generation_number(), 1);
+        let second = first.generation(2);
+        assert_eq!(second.as_str(), "pay_1/capture/k7/2");
+        assert_eq!(second.generation_number(), 2);
+        assert_eq!(second.generation(1), first);
     }
 
     #[test]

@@ -101,7 +101,7 @@ async fn refunds_and_captures_carry_their_keys_and_metadata() {
         .await;
     Mock::given(method("POST"))
         .and(path("/v1/charges/ch_1/capture"))
-        .and(header("idempotency-key", "pay_123/capture"))
+        .and(header("idempotency-key", "pay_123/capture/k7"))
         .and(body_string_contains("amount=300"))
         .respond_with(ResponseTemplate::new(200).set_body_json(charge_json()))
         .expect(1)
@@ -123,7 +123,7 @@ async fn refunds_and_captures_carry_their_keys_and_metadata() {
         .capture_charge(&FrozenRequest::capture(
             "ch_1",
             Some(300),
-            DownstreamKey::capture("pay_123"),
+            DownstreamKey::capture("pay_123", 7),
         ))
         .await
         .unwrap();

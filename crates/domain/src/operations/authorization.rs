@@ -51,9 +51,10 @@ impl Gate {
     }
 }
 
-/// The call a capture or a cancel makes, frozen, built from the payment's id, its charge and the
-/// amount to capture.
-pub(super) type PlanCall = fn(&str, &str, Option<Amount>) -> FrozenRequest;
+/// The call a capture or a cancel makes, frozen, built from the payment's id, its charge, the
+/// amount to capture and the operation's key (its row id: each operation has its own downstream
+/// key, `DownstreamKey::capture`).
+pub(super) type PlanCall = fn(&str, &str, Option<Amount>, i64) -> FrozenRequest;
 
 /// The first phase of a capture or a cancel (`action`: "captured" or "canceled") of the payment
 /// `payment_id`: opens the gate ([`open_gate`]), then goes on to `next` with the call `plan`
@@ -94,7 +95,8 @@ impl<P: RecoveryPoint> Phase for OpenGate<'_, P> {
         let (payment_id, amount) = (self.payment_id, self.capture_amount);
         let gate =
             open_gate(tx, self.account_id, payment_id, amount, self.action, self.info).await?;
-        let plan = |payment: &str, charge: &str| (self.plan)(payment, charge, amount);
+        let key_id = self.info.key_id;
+        let plan = |payment: &str, charge: &str| (self.plan)(payment, charge, amount, key_id);
         Ok(gate.into_step(self.next, plan, self.info, self.base))
     }
 }

@@ -35,9 +35,14 @@ pub struct CancelParams {
     pub cancellation_reason: Option<CancellationReason>,
 }
 
-/// The release of `charge_id`'s authorization, frozen under the payment's cancel key (a cancel
-/// has no amount: it releases the whole authorization).
-fn cancel_request(payment_id: &str, charge_id: &str, _amount: Option<Amount>) -> FrozenRequest {
+/// The release of `charge_id`'s authorization, frozen under this cancel's own key (a cancel has
+/// no amount: it releases the whole authorization).
+fn cancel_request(
+    payment_id: &str,
+    charge_id: &str,
+    _amount: Option<Amount>,
+    key_id: i64,
+) -> FrozenRequest {
     RefundRequest {
         charge_id: charge_id.to_owned(),
         payment_id: payment_id.to_owned(),
@@ -45,7 +50,7 @@ fn cancel_request(payment_id: &str, charge_id: &str, _amount: Option<Amount>) ->
         amount: None,
         reason: None,
     }
-    .freeze(DownstreamKey::cancel(payment_id))
+    .freeze(DownstreamKey::cancel(payment_id, key_id))
 }
 
 payment_operation! {
@@ -66,12 +71,14 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
             }
             CancelPoint::CancelStarted => {
                 let (info, base) = (LeaseInfo::of(lease), &self.ctx.public_base_url);
+                let key_id = info.key_id;
                 let (account_id, payment_id) = (&self.params.account_id, &self.params.payment_id);
                 let (payment, charge_id) =
                     authorized_payment(&self.ctx, account_id, payment_id).await?;
-                let request =
-                    planned_call(lease, at, || cancel_request(&payment.id, &charge_id, None))
-                        .await?;
+                let request = planned_call(lease, at, || {
+                    cancel_request(&payment.id, &charge_id, None, key_id)
+                })
+                .await?;
                 idem::failpoint(|| format!("{CANCEL_PAYMENT}.before_call")).await;
                 let outcome = self.ctx.processor.create_refund(&request).await.map(|_| ());
                 idem::failpoint(|| format!("{CANCEL_PAYMENT}.after_call")).await;

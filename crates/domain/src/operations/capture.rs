@@ -36,9 +36,15 @@ pub struct CaptureParams {
     pub amount_to_capture: Option<Amount>,
 }
 
-/// The capture of `charge_id`, frozen under the payment's capture key.
-fn capture_request(payment_id: &str, charge_id: &str, amount: Option<Amount>) -> FrozenRequest {
-    FrozenRequest::capture(charge_id, amount.map(Amount::get), DownstreamKey::capture(payment_id))
+/// The capture of `charge_id`, frozen under this capture's own key.
+fn capture_request(
+    payment_id: &str,
+    charge_id: &str,
+    amount: Option<Amount>,
+    key_id: i64,
+) -> FrozenRequest {
+    let key = DownstreamKey::capture(payment_id, key_id);
+    FrozenRequest::capture(charge_id, amount.map(Amount::get), key)
 }
 
 payment_operation! {
@@ -60,13 +66,15 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
             }
             CapturePoint::CaptureStarted => {
                 let (info, base) = (LeaseInfo::of(lease), &self.ctx.public_base_url);
+                let key_id = info.key_id;
                 let (account_id, payment_id) = (&self.params.account_id, &self.params.payment_id);
                 let (payment, charge_id) =
                     authorized_payment(&self.ctx, account_id, payment_id).await?;
                 let amount = self.params.amount_to_capture;
-                let request =
-                    planned_call(lease, at, || capture_request(&payment.id, &charge_id, amount))
-                        .await?;
+                let request = planned_call(lease, at, || {
+                    capture_request(&payment.id, &charge_id, amount, key_id)
+                })
+                .await?;
                 idem::failpoint(|| format!("{CAPTURE_PAYMENT}.before_call")).await;
                 let outcome = match self.ctx.processor.capture_charge(&request).await {
                     // A capture that answers with an uncaptured charge did not say what it did.

@@ -14,8 +14,8 @@
 //! | operation | recovery points | downstream key |
 //! |---|---|---|
 //! | create a payment | `started` → `payment_created` → finished | `pay_…/charge` |
-//! | capture | `started` → `capture_started` → finished | `pay_…/capture` |
-//! | cancel | `started` → `cancel_started` → finished | `pay_…/cancel` |
+//! | capture | `started` → `capture_started` → finished | `pay_…/capture/k<key id>` |
+//! | cancel | `started` → `cancel_started` → finished | `pay_…/cancel/k<key id>` |
 //! | refund | `started` → `refund_created` → finished | `re_…/refund` |
 //!
 //! The call's result and the final answer are committed in one phase, and a new key is stored by
