@@ -83,6 +83,8 @@ pub struct Services {
     /// (`processor.webhook_max_unverified`): they wait outside the edge's in-flight bound, whose
     /// places are for callers known to be who they say.
     pub unverified_webhooks: Semaphore,
+    /// Readiness probes, which share the check in progress (`/readyz`).
+    pub readiness: crate::routes::health::Readiness,
 }
 
 /// A bound, not yet serving, API server.
@@ -161,6 +163,7 @@ impl Application {
             unknown_keys,
             openapi,
             unverified_webhooks,
+            readiness: Default::default(),
         }));
         let router = edge::wrap(router(api, state), edge);
         Ok(Self {

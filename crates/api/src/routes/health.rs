@@ -47,10 +47,65 @@ pub async fn healthz() -> Json<Value> {
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    let (status, body) = state.readiness.answer(|| check(&state.pool)).await;
+    (status, Json(body))
+}
+
+/// Readiness probes that arrive while one checks the database share its check: they answer what
+/// the last check found (at most one check's time old) instead of each sending the database its
+/// two statements. A probe is unauthenticated and may come from anyone: a flood of them holds one
+/// pooled connection, and a place in the edge's in-flight bound for an instant each, instead of
+/// one connection and up to [`READY_TIMEOUT`] per probe, which shed every other request.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    /// Held by the probe that is checking.
+    checking: tokio::sync::Mutex<()>,
+    /// What the last check that ran to its end found.
+    last: std::sync::Mutex<Option<Probe>>,
+}
+
+/// A readiness answer: its status and body.
+type Probe = (StatusCode, Value);
+
+impl Readiness {
+    /// The answer to a probe: `check`'s, run now unless another probe is checking; then the last
+    /// check's, or, before any check has ended, the one on its way.
+    pub async fn answer<F, Fut>(&self, check: F) -> Probe
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Probe>,
+    {
+        let _checking = match self.checking.try_lock() {
+            Ok(guard) => guard,
+            Err(_) => {
+                if let Some(last) = self.last() {
+                    return last;
+                }
+                let guard = self.checking.lock().await;
+                // A check that ended meanwhile answers; one cut short (its client hung up) left
+                // nothing, and this probe checks.
+                if let Some(last) = self.last() {
+                    return last;
+                }
+                guard
+            }
+        };
+        let probe = check().await;
+        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(probe.clone());
+        probe
+    }
+
+    fn last(&self) -> Option<Probe> {
+        self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+/// The database's answer, with this binary's migrations against the schema's.
+async fn check(pool: &sqlx::PgPool) -> Probe {
     let known: Vec<(i64, &[u8])> =
         crate::MIGRATOR.iter().map(|m| (m.version, m.checksum.as_ref())).collect();
     let expected = known.iter().map(|(version, _)| *version).max().unwrap_or(0);
-    let checked = tokio::time::timeout(READY_TIMEOUT, schema(&state.pool, &known)).await;
+    let checked = tokio::time::timeout(READY_TIMEOUT, schema(pool, &known)).await;
     let (status, database, schema) = match checked {
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "timed out", Schema::default()),
         Ok(Err(err)) => {
@@ -68,7 +123,7 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) 
     let ready = status == StatusCode::OK;
     (
         status,
-        Json(json!({
+        json!({
             "status": if ready { "ready" } else { "unavailable" },
             "checks": {
                 "database": database,
@@ -76,7 +131,7 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) 
                 "expected_schema_version": expected,
                 "missing_migrations": schema.missing,
             }
-        })),
+        }),
     )
 }
 
@@ -112,4 +167,53 @@ async fn schema(pool: &sqlx::PgPool, known: &[(i64, &[u8])]) -> Result<Schema, s
     .bind(known.iter().map(|(_, checksum)| checksum.to_vec()).collect::<Vec<Vec<u8>>>())
     .fetch_one(pool)
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A check that counts its runs and takes `pause`.
+    async fn counted(runs: &AtomicUsize, pause: Duration) -> Probe {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(pause).await;
+        (StatusCode::OK, json!({ "run": n }))
+    }
+
+    #[tokio::test]
+    async fn probes_that_arrive_together_share_one_check() {
+        let (readiness, runs) = (Arc::new(Readiness::default()), Arc::new(AtomicUsize::new(0)));
+        let probes = (0..50).map(|_| {
+            let (readiness, runs) = (readiness.clone(), runs.clone());
+            tokio::spawn(async move {
+                readiness.answer(|| counted(&runs, Duration::from_millis(100))).await
+            })
+        });
+        let answers = futures::future::join_all(probes).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "one check for fifty probes");
+        for answer in answers {
+            assert_eq!(answer.unwrap(), (StatusCode::OK, json!({ "run": 1 })));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_probe_after_a_check_ended_checks_again() {
+        let (readiness, runs) = (Readiness::default(), AtomicUsize::new(0));
+        for n in 1..=3 {
+            let answer = readiness.answer(|| counted(&runs, Duration::ZERO)).await;
+            assert_eq!(answer.1, json!({ "run": n }));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_probe_whose_check_was_cut_short_leaves_the_next_to_check() {
+        let (readiness, runs) = (Readiness::default(), AtomicUsize::new(0));
+        let cut = readiness.answer(|| counted(&runs, Duration::from_secs(60)));
+        assert!(tokio::time::timeout(Duration::from_millis(20), cut).await.is_err());
+        let answer = readiness.answer(|| counted(&runs, Duration::ZERO)).await;
+        assert_eq!(answer.1, json!({ "run": 2 }));
+    }
 }
