@@ -349,6 +349,12 @@ async fn a_flood_of_unknown_keys_from_one_address_meets_429(pool: PgPool) {
     assert!(statuses.iter().filter(|s| **s == 401).count() <= 5, "{statuses:?}");
     assert!(statuses.ends_with(&[429, 429, 429]), "{statuses:?}");
     assert_eq!(app.get("/v1/payments", &key).await.status(), 200, "the live key is not limited");
+    // What costs no lookup is answered as it is, limited address or not: no key at all, and a
+    // key found unknown a moment ago.
+    let anonymous = app.send(app.http.get(app.url("/v1/payments"))).await;
+    assert_final(anonymous, 401, "authentication_required").await;
+    let again = app.get("/v1/payments", "sk_test_bogus0").await;
+    assert_final(again, 401, "invalid_api_key").await;
 }
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]

@@ -206,16 +206,18 @@ async fn identify(parts: &Parts, state: &AppState, trust_known: bool) -> Result<
         _ => None,
     };
     let known = digest.and_then(|digest| state.known_keys.account(&digest));
-    if known.is_none() {
-        limit_address(parts, state)?;
-    }
+    // What costs nothing is answered before the address's limit: no key, a malformed one, a key
+    // found unknown lately. The limit is on lookups of keys not known to be live.
     presented?;
     let Some(digest) = digest else { return Err(invalid_api_key()) };
-    let caller = match known.filter(|_| trust_known) {
+    let caller = match known.clone().filter(|_| trust_known) {
         Some(account) => Caller { account, digest, checked: false },
         None => {
             if state.unknown_keys.contains(&digest) {
                 return Err(invalid_api_key());
+            }
+            if known.is_none() {
+                limit_address(parts, state)?;
             }
             let Some(account) = accounts::authenticate_digest(&state.pool, &digest).await? else {
                 state.unknown_keys.insert(digest);

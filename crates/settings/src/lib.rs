@@ -126,7 +126,8 @@ pub struct RateLimitSettings {
     pub per_second: u32,
     /// Requests an account may make at once.
     pub burst: u32,
-    /// Requests per second per client address without a key known to be live; 0: no limit.
+    /// Lookups of API keys per second per client address (keys neither known to be live nor
+    /// found unknown lately); 0: no limit.
     pub per_address_per_second: u32,
     /// Such requests one address may make at once.
     pub per_address_burst: u32,
