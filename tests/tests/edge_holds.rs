@@ -324,6 +324,26 @@ async fn requests_beyond_the_in_flight_bound_are_shed_with_503_and_retry_after(p
     assert_eq!(status, 200);
 }
 
+/// A client that keeps sending headers is refused once they pass `http.max_header_bytes`, at once,
+/// not when the header timer runs out: until then every such connection held what it had sent
+/// (hyper's own bound, its read buffer, is about 400 KB).
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn headers_past_the_bound_are_refused_at_once(pool: PgPool) {
+    let timers = [("PAYMENTS__HTTP__HEADER_READ_TIMEOUT_MS", "60000")];
+    let app = TestApp::spawn_with(pool.clone(), pool, &timers).await;
+    let address: SocketAddr = app.address.trim_start_matches("http://").parse().unwrap();
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let mut request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: ".to_vec();
+    request.extend(std::iter::repeat_n(b'a', 40_000));
+    // No end of the headers: the client would go on.
+    stream.write_all(&request).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the server waited for more headers");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+}
+
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn a_flood_of_unknown_keys_from_one_address_meets_429(pool: PgPool) {
     let limits = [

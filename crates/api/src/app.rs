@@ -94,6 +94,7 @@ pub struct Application {
     router: Router,
     shutdown_grace: Duration,
     header_read_timeout: Duration,
+    max_header_bytes: usize,
     write_timeout: Duration,
     max_connections: usize,
     /// Operations that outlive their requests; shutdown waits for them.
@@ -129,6 +130,8 @@ impl Application {
         let shutdown_grace = Duration::from_millis(settings.http.shutdown_grace_ms);
         let header_read_timeout = Duration::from_millis(settings.http.header_read_timeout_ms);
         let write_timeout = Duration::from_millis(settings.http.write_timeout_ms);
+        let max_header_bytes =
+            usize::try_from(settings.http.max_header_bytes).unwrap_or(usize::MAX);
         let max_connections = settings.http.max_connections as usize;
         // Install the metrics recorder before anything records.
         let _ = payments_telemetry::metrics();
@@ -171,6 +174,7 @@ impl Application {
             router,
             shutdown_grace,
             header_read_timeout,
+            max_header_bytes,
             write_timeout,
             max_connections,
             tasks,
@@ -207,7 +211,9 @@ impl Application {
         let connections = Arc::new(Semaphore::new(self.max_connections));
         let timer = TokioTimer::new();
         let mut http = http1::Builder::new();
-        http.timer(timer.clone()).header_read_timeout(self.header_read_timeout);
+        http.timer(timer.clone())
+            .header_read_timeout(self.header_read_timeout)
+            .max_header_size(self.max_header_bytes);
         let mut accept_rx = stopping_rx.clone();
         loop {
             // At the bound, new connections wait in the kernel's backlog, not in memory here.

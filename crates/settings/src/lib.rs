@@ -105,6 +105,9 @@ pub struct HttpSettings {
     /// Limit for a request's line and headers, counted from when the connection waits for a
     /// request (so it also bounds an idle keep-alive connection).
     pub header_read_timeout_ms: u64,
+    /// Largest request line and headers, in bytes; larger is `431` and the connection closes.
+    /// Bounds what a connection that is still sending its headers holds in memory.
+    pub max_header_bytes: u64,
     /// Longest a write to the client may make no progress (the client stopped reading its
     /// answers); past it the connection is closed.
     pub write_timeout_ms: u64,

@@ -174,3 +174,10 @@ fn the_write_timeout_defaults_to_thirty_seconds_and_zero_is_refused() {
     assert!(err.contains("http.write_timeout_ms"), "{err}");
     assert!(err.contains("PAYMENTS__HTTP__WRITE_TIMEOUT_MS"), "{err}");
 }
+
+#[test]
+fn headers_are_bounded_at_32_kib_and_the_bound_is_at_least_1024() {
+    assert_eq!(load(&[]).unwrap().http.max_header_bytes, 32_768);
+    let err = load(&[("PAYMENTS__HTTP__MAX_HEADER_BYTES", "100")]).unwrap_err().to_string();
+    assert!(err.contains("http.max_header_bytes"), "{err}");
+}

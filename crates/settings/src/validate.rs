@@ -22,6 +22,9 @@ impl Settings {
             // The URL itself is not repeated: it may hold a password.
             return Err(invalid("database.url", "not a valid postgres:// URL".into()));
         }
+        if self.http.max_header_bytes < 1024 {
+            return Err(invalid("http.max_header_bytes", "must be at least 1024".into()));
+        }
         for (setting, value) in [
             ("http.header_read_timeout_ms", self.http.header_read_timeout_ms),
             ("http.write_timeout_ms", self.http.write_timeout_ms),
