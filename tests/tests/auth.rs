@@ -1,9 +1,12 @@
 //! Authentication at the edge: every way to present a key, and every way to be refused.
 
+use std::time::Duration;
+
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use payments_tests::{TestApp, assert_problem, json};
 use sqlx::PgPool;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn a_bearer_key_is_accepted(pool: PgPool) {
@@ -127,6 +130,29 @@ async fn seen_then_revoked(app: &TestApp, name: &str) -> (String, String) {
         .await
         .unwrap();
     (account, key)
+}
+
+/// Once a lookup has found a key revoked (here a `GET`'s), a money-moving request with it is
+/// refused before its body is read: the key is no longer taken for live by the requests that
+/// trust the keys seen before. Here the body never comes; the answer must not wait for it.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_key_found_revoked_is_refused_before_a_body_is_read(pool: PgPool) {
+    let (app, _sim) = payments_tests::spawn_with_sim(pool.clone(), &[]).await;
+    let (_, key) = seen_then_revoked(&app, "revoked").await;
+    assert_problem(app.get("/v1/payments", &key).await, 401, "invalid_api_key").await;
+
+    let address = app.address.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Idempotency-Key: stalled\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer)).await;
+    let n = read.expect("answered without waiting for the body").unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
 }
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]

@@ -220,6 +220,9 @@ async fn identify(parts: &Parts, state: &AppState, trust_known: bool) -> Result<
                 limit_address(parts, state)?;
             }
             let Some(account) = accounts::authenticate_digest(&state.pool, &digest).await? else {
+                // Revoked since it was seen live, perhaps: a request that trusts the known keys
+                // must not take it for live again (it would read a body the claim then refuses).
+                state.known_keys.forget(&digest);
                 state.unknown_keys.insert(digest);
                 return Err(invalid_api_key());
             };
