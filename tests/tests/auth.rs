@@ -132,6 +132,22 @@ async fn seen_then_revoked(app: &TestApp, name: &str) -> (String, String) {
     (account, key)
 }
 
+/// Authentication is the first check (api.md): a path whose id cannot be a payment's does not
+/// answer `404` to a request that has not said who it is.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_money_moving_request_with_an_odd_path_and_no_key_is_a_401(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    for path in ["/v1/payments/%FF/capture", "/v1/payments/%FF/cancel", "/v1/payments/%FF/refunds"]
+    {
+        let request = app
+            .http
+            .post(app.url(path))
+            .header("idempotency-key", "k")
+            .json(&serde_json::json!({}));
+        assert_problem(app.send(request).await, 401, "authentication_required").await;
+    }
+}
+
 /// Once a lookup has found a key revoked (here a `GET`'s), a money-moving request with it is
 /// refused before its body is read: the key is no longer taken for live by the requests that
 /// trust the keys seen before. Here the body never comes; the answer must not wait for it.

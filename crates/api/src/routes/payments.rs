@@ -352,9 +352,11 @@ pub struct CaptureBody {
 )]
 pub async fn capture(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
+    // Checked after the key: an unauthenticated request is a 401 whatever its path says.
+    path: Result<ApiPath<String>, ApiError>,
     post: IdempotentPost<CaptureBody>,
 ) -> Result<Response, ApiError> {
+    let ApiPath(id) = post.admit(&state, path).await?;
     let amount_to_capture = post.body.value.amount_to_capture.map(|amount| {
         Amount::new(amount).ok_or_else(|| {
             ApiError::invalid_request(
@@ -402,9 +404,11 @@ pub struct CancelBody {
 )]
 pub async fn cancel(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
+    // Checked after the key: an unauthenticated request is a 401 whatever its path says.
+    path: Result<ApiPath<String>, ApiError>,
     post: IdempotentPost<CancelBody>,
 ) -> Result<Response, ApiError> {
+    let ApiPath(id) = post.admit(&state, path).await?;
     let payment_id = require_payment(&state, &post, &id).await?;
     let params = CancelParams {
         account_id: post.account().clone(),

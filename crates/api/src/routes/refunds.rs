@@ -47,9 +47,11 @@ pub fn routes(api: ApiRouter) -> ApiRouter {
 )]
 pub async fn create(
     State(state): State<AppState>,
-    ApiPath(id): ApiPath<String>,
+    // Checked after the key: an unauthenticated request is a 401 whatever its path says.
+    path: Result<ApiPath<String>, ApiError>,
     post: IdempotentPost<CreateRefundRequest>,
 ) -> Result<Response, ApiError> {
+    let ApiPath(id) = post.admit(&state, path).await?;
     let request = post.admit(&state, post.body.value.validate()).await?;
     let payment_id = require_payment(&state, &post, &id).await?;
     let params = RefundParams { account_id: post.account().clone(), payment_id, request };
