@@ -180,9 +180,9 @@ fn param_name(path: &str, message: &str) -> String {
         (Some(path), Some(member)) => format!("{path}.{member}"),
         (None, Some(member)) => member,
         (Some(path), None) => path.to_owned(),
-        (None, None) => {
-            quoted_after(message, "unknown field `").unwrap_or_else(|| "body".to_owned())
-        }
+        (None, None) => quoted_after(message, "unknown field `")
+            .or_else(|| quoted_after(message, "duplicate field `"))
+            .unwrap_or_else(|| "body".to_owned()),
     }
 }
 
@@ -210,6 +210,8 @@ mod tests {
         assert_eq!(param_name(".", "missing field `amount`"), "amount");
         assert_eq!(param_name("metadata", "missing field `x`"), "metadata.x");
         assert_eq!(param_name(".", "something else"), "body");
+        // `?limit=1&limit=2`, or a member given twice in a body.
+        assert_eq!(param_name(".", "duplicate field `limit`"), "limit");
     }
 
     #[test]
