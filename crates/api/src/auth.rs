@@ -4,8 +4,9 @@
 //! or revoked is `401 invalid_api_key`. A key that does not even look like one of ours is refused
 //! without a database round trip, and so is, for a few seconds, a key just found unknown.
 //!
-//! Before any lookup, a request that presents no key known to be live counts against a limit per
-//! client address: a flood of bogus credentials meets `429` and costs no database round trip.
+//! Every lookup of a key not known to be live counts against a limit per client address: a flood
+//! of bogus credentials meets `429` and costs no database round trip. What needs no lookup (no
+//! key, a malformed one, one found unknown lately) is a `401` and is not counted.
 //!
 //! Idempotent endpoints take a `Caller`, whose key may be checked by the claim itself rather than
 //! by a lookup of its own; everything else takes `Authenticated`.
@@ -33,7 +34,7 @@ use crate::error::{ApiError, ProblemCode};
 /// Request rates, per account.
 pub type AccountLimiter = governor::DefaultKeyedRateLimiter<AccountId>;
 
-/// Rates of requests without a key known to be live, per client address.
+/// Rates of lookups of keys not known to be live, per client address.
 pub type AddressLimiter = governor::DefaultKeyedRateLimiter<IpAddr>;
 
 /// The per-address limiter the settings describe, or `None` when it is off.

@@ -43,6 +43,11 @@ fn cancel_request(
     _amount: Option<Amount>,
     key_id: i64,
 ) -> FrozenRequest {
+    release_of(payment_id, charge_id).freeze(DownstreamKey::cancel(payment_id, key_id))
+}
+
+/// The refund of the whole of `charge_id`'s authorization, which releases it.
+fn release_of(payment_id: &str, charge_id: &str) -> RefundRequest {
     RefundRequest {
         charge_id: charge_id.to_owned(),
         payment_id: payment_id.to_owned(),
@@ -50,7 +55,6 @@ fn cancel_request(
         amount: None,
         reason: None,
     }
-    .freeze(DownstreamKey::cancel(payment_id, key_id))
 }
 
 payment_operation! {
@@ -71,14 +75,16 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
             }
             CancelPoint::CancelStarted => {
                 let (info, base) = (LeaseInfo::of(lease), &self.ctx.public_base_url);
-                let key_id = info.key_id;
                 let (account_id, payment_id) = (&self.params.account_id, &self.params.payment_id);
                 let (payment, charge_id) =
                     authorized_payment(&self.ctx, account_id, payment_id).await?;
-                let request = planned_call(lease, at, || {
-                    cancel_request(&payment.id, &charge_id, None, key_id)
-                })
-                .await?;
+                // No plan stored: a release that did not freeze its calls moved the key here, and
+                // its call went out under the payment's one cancel key.
+                let legacy = || {
+                    let key = DownstreamKey::per_payment(&payment.id, "cancel");
+                    release_of(&payment.id, &charge_id).freeze(key)
+                };
+                let request = planned_call(lease, at, legacy).await?;
                 idem::failpoint(|| format!("{CANCEL_PAYMENT}.before_call")).await;
                 let outcome = self.ctx.processor.create_refund(&request).await.map(|_| ());
                 idem::failpoint(|| format!("{CANCEL_PAYMENT}.after_call")).await;

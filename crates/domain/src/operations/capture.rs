@@ -66,15 +66,17 @@ impl<P: CardProcessor> Operation for CapturePayment<P> {
             }
             CapturePoint::CaptureStarted => {
                 let (info, base) = (LeaseInfo::of(lease), &self.ctx.public_base_url);
-                let key_id = info.key_id;
                 let (account_id, payment_id) = (&self.params.account_id, &self.params.payment_id);
                 let (payment, charge_id) =
                     authorized_payment(&self.ctx, account_id, payment_id).await?;
                 let amount = self.params.amount_to_capture;
-                let request = planned_call(lease, at, || {
-                    capture_request(&payment.id, &charge_id, amount, key_id)
-                })
-                .await?;
+                // No plan stored: a release that did not freeze its calls moved the key here, and
+                // its call went out under the payment's one capture key.
+                let legacy = || {
+                    let key = DownstreamKey::per_payment(&payment.id, "capture");
+                    FrozenRequest::capture(&charge_id, amount.map(Amount::get), key)
+                };
+                let request = planned_call(lease, at, legacy).await?;
                 idem::failpoint(|| format!("{CAPTURE_PAYMENT}.before_call")).await;
                 let outcome = match self.ctx.processor.capture_charge(&request).await {
                     // A capture that answers with an uncaptured charge did not say what it did.
