@@ -6,6 +6,8 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use futures::FutureExt as _;
+use futures::future::{BoxFuture, Shared};
 use serde_json::{Value, json};
 use utoipa_axum::routes;
 
@@ -47,56 +49,55 @@ pub async fn healthz() -> Json<Value> {
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let (status, body) = state.readiness.answer(|| check(&state.pool)).await;
+    let pool = state.pool.clone();
+    let (status, body) = state.readiness.answer(|| async move { check(&pool).await }).await;
     (status, Json(body))
 }
 
-/// Readiness probes that arrive while one checks the database share its check: they answer what
-/// the last check found (at most one check's time old) instead of each sending the database its
-/// two statements. A probe is unauthenticated and may come from anyone: a flood of them holds one
-/// pooled connection, and a place in the edge's in-flight bound for an instant each, instead of
-/// one connection and up to [`READY_TIMEOUT`] per probe, which shed every other request.
+/// Readiness probes that arrive while one checks the database share its check and its answer,
+/// instead of each sending the database its two statements. A probe is unauthenticated and may
+/// come from anyone: a flood of them keeps one check at a time in flight, each probe waiting for
+/// the one under way (a few milliseconds while the database answers), instead of one connection
+/// and up to [`READY_TIMEOUT`] per probe, which shed every other request. The check runs on a
+/// task of its own, so it ends and answers even when the probe that started it hangs up (a
+/// prober that gives up sooner than the check, during an outage); and no answer is older than
+/// the probe that gets it: a probe that arrives after a check ended starts the next one.
 #[derive(Debug, Default)]
 pub struct Readiness {
-    /// Held by the probe that is checking.
-    checking: tokio::sync::Mutex<()>,
-    /// What the last check that ran to its end found.
-    last: std::sync::Mutex<Option<Probe>>,
+    /// The check under way, or the last one.
+    check: std::sync::Mutex<Option<Shared<BoxFuture<'static, Probe>>>>,
 }
 
 /// A readiness answer: its status and body.
 type Probe = (StatusCode, Value);
 
 impl Readiness {
-    /// The answer to a probe: `check`'s, run now unless another probe is checking; then the last
-    /// check's, or, before any check has ended, the one on its way.
+    /// The answer to a probe: the check under way's, or a new check's, which `check` starts.
     pub async fn answer<F, Fut>(&self, check: F) -> Probe
     where
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Probe>,
+        Fut: std::future::Future<Output = Probe> + Send + 'static,
     {
-        let _checking = match self.checking.try_lock() {
-            Ok(guard) => guard,
-            Err(_) => {
-                if let Some(last) = self.last() {
-                    return last;
+        let shared = {
+            let mut slot = self.check.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &*slot {
+                Some(running) if running.peek().is_none() => running.clone(),
+                _ => {
+                    let task = tokio::spawn(check());
+                    let answer = async move {
+                        task.await.unwrap_or_else(|err| {
+                            tracing::error!(error = %err, "the readiness check failed");
+                            let failed = json!({ "status": "unavailable" });
+                            (StatusCode::SERVICE_UNAVAILABLE, failed)
+                        })
+                    };
+                    let running = answer.boxed().shared();
+                    *slot = Some(running.clone());
+                    running
                 }
-                let guard = self.checking.lock().await;
-                // A check that ended meanwhile answers; one cut short (its client hung up) left
-                // nothing, and this probe checks.
-                if let Some(last) = self.last() {
-                    return last;
-                }
-                guard
             }
         };
-        let probe = check().await;
-        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(probe.clone());
-        probe
-    }
-
-    fn last(&self) -> Option<Probe> {
-        self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        shared.await
     }
 }
 
@@ -176,21 +177,29 @@ mod tests {
 
     use super::*;
 
-    /// A check that counts its runs and takes `pause`.
-    async fn counted(runs: &AtomicUsize, pause: Duration) -> Probe {
-        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
-        tokio::time::sleep(pause).await;
-        (StatusCode::OK, json!({ "run": n }))
+    /// A check that counts its runs in `runs` and takes `pause`.
+    fn counted(
+        runs: &Arc<AtomicUsize>,
+        pause: Duration,
+    ) -> impl FnOnce() -> BoxFuture<'static, Probe> + use<> {
+        let runs = runs.clone();
+        move || {
+            async move {
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(pause).await;
+                (StatusCode::OK, json!({ "run": n }))
+            }
+            .boxed()
+        }
     }
 
     #[tokio::test]
     async fn probes_that_arrive_together_share_one_check() {
         let (readiness, runs) = (Arc::new(Readiness::default()), Arc::new(AtomicUsize::new(0)));
         let probes = (0..50).map(|_| {
-            let (readiness, runs) = (readiness.clone(), runs.clone());
-            tokio::spawn(async move {
-                readiness.answer(|| counted(&runs, Duration::from_millis(100))).await
-            })
+            let (readiness, check) =
+                (readiness.clone(), counted(&runs, Duration::from_millis(100)));
+            tokio::spawn(async move { readiness.answer(check).await })
         });
         let answers = futures::future::join_all(probes).await;
         assert_eq!(runs.load(Ordering::SeqCst), 1, "one check for fifty probes");
@@ -201,19 +210,20 @@ mod tests {
 
     #[tokio::test]
     async fn a_probe_after_a_check_ended_checks_again() {
-        let (readiness, runs) = (Readiness::default(), AtomicUsize::new(0));
+        let (readiness, runs) = (Readiness::default(), Arc::new(AtomicUsize::new(0)));
         for n in 1..=3 {
-            let answer = readiness.answer(|| counted(&runs, Duration::ZERO)).await;
+            let answer = readiness.answer(counted(&runs, Duration::ZERO)).await;
             assert_eq!(answer.1, json!({ "run": n }));
         }
     }
 
     #[tokio::test]
-    async fn a_probe_whose_check_was_cut_short_leaves_the_next_to_check() {
-        let (readiness, runs) = (Readiness::default(), AtomicUsize::new(0));
-        let cut = readiness.answer(|| counted(&runs, Duration::from_secs(60)));
+    async fn a_check_outlives_the_probe_that_hung_up_and_answers_the_next() {
+        let (readiness, runs) = (Readiness::default(), Arc::new(AtomicUsize::new(0)));
+        let cut = readiness.answer(counted(&runs, Duration::from_millis(200)));
         assert!(tokio::time::timeout(Duration::from_millis(20), cut).await.is_err());
-        let answer = readiness.answer(|| counted(&runs, Duration::ZERO)).await;
-        assert_eq!(answer.1, json!({ "run": 2 }));
+        let answer = readiness.answer(counted(&runs, Duration::ZERO)).await;
+        assert_eq!(answer.1, json!({ "run": 1 }), "the check under way answers");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 }
