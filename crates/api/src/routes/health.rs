@@ -1,6 +1,8 @@
 //! `GET /healthz` (the process is alive) and `GET /readyz` (it can serve: the database answers and
 //! its schema is at the version this binary was built for).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Json;
@@ -65,7 +67,15 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) 
 #[derive(Debug, Default)]
 pub struct Readiness {
     /// The check under way, or the last one.
-    check: std::sync::Mutex<Option<Shared<BoxFuture<'static, Probe>>>>,
+    check: std::sync::Mutex<Option<Check>>,
+}
+
+/// A check, and whether it has ended (set by its task: a check whose probes all hung up ends
+/// with nobody polling its answer, and must not be joined then).
+#[derive(Debug)]
+struct Check {
+    answer: Shared<BoxFuture<'static, Probe>>,
+    ended: Arc<AtomicBool>,
 }
 
 /// A readiness answer: its status and body.
@@ -81,9 +91,18 @@ impl Readiness {
         let shared = {
             let mut slot = self.check.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match &*slot {
-                Some(running) if running.peek().is_none() => running.clone(),
+                Some(running) if !running.ended.load(Ordering::Acquire) => running.answer.clone(),
                 _ => {
-                    let task = tokio::spawn(check());
+                    let ended = Arc::new(AtomicBool::new(false));
+                    let checking = check();
+                    let task = tokio::spawn({
+                        let ended = ended.clone();
+                        async move {
+                            let probe = checking.await;
+                            ended.store(true, Ordering::Release);
+                            probe
+                        }
+                    });
                     let answer = async move {
                         task.await.unwrap_or_else(|err| {
                             tracing::error!(error = %err, "the readiness check failed");
@@ -91,9 +110,9 @@ impl Readiness {
                             (StatusCode::SERVICE_UNAVAILABLE, failed)
                         })
                     };
-                    let running = answer.boxed().shared();
-                    *slot = Some(running.clone());
-                    running
+                    let answer = answer.boxed().shared();
+                    *slot = Some(Check { answer: answer.clone(), ended });
+                    answer
                 }
             }
         };
@@ -172,8 +191,7 @@ async fn schema(pool: &sqlx::PgPool, known: &[(i64, &[u8])]) -> Result<Schema, s
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
 
     use super::*;
 
@@ -225,5 +243,15 @@ mod tests {
         let answer = readiness.answer(counted(&runs, Duration::ZERO)).await;
         assert_eq!(answer.1, json!({ "run": 1 }), "the check under way answers");
         assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_check_that_ended_while_nobody_waited_is_not_answered_again() {
+        let (readiness, runs) = (Readiness::default(), Arc::new(AtomicUsize::new(0)));
+        let cut = readiness.answer(counted(&runs, Duration::from_millis(50)));
+        assert!(tokio::time::timeout(Duration::from_millis(10), cut).await.is_err());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let answer = readiness.answer(counted(&runs, Duration::ZERO)).await;
+        assert_eq!(answer.1, json!({ "run": 2 }), "a probe after the check ended checks anew");
     }
 }
