@@ -510,6 +510,12 @@ async fn a_disabled_or_deleted_endpoint_receives_nothing_and_a_failing_one_is_de
         )
         .await;
     assert_eq!(json(update).await["status"], "disabled");
+    // Its Idempotency-Key is checked as on every POST (and not stored: the update sets a state).
+    let path = format!("/v1/webhook_endpoints/{disabled_id}");
+    let malformed = app.post(&path, &key, Some("\"unclosed"), &json!({"disabled": true})).await;
+    assert_problem(malformed, 400, "idempotency_key_invalid").await;
+    let keyed = app.post(&path, &key, Some("disable-1"), &json!({"disabled": true})).await;
+    assert_eq!(json(keyed).await["status"], "disabled");
     let deleted = json(app.post("/v1/webhook_endpoints", &key, None, &body).await).await;
     let deleted_id = deleted["id"].as_str().expect("id").to_owned();
     let failing = json(app.post("/v1/webhook_endpoints", &key, None, &body).await).await;

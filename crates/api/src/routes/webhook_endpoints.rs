@@ -183,11 +183,12 @@ pub async fn retrieve(
     operation_id = "updateWebhookEndpoint",
     tag = "webhooks",
     summary = "Disable (or enable again) a webhook endpoint",
-    params(param::EndpointId),
+    params(param::EndpointId, param::StateKey),
     request_body(content = UpdateWebhookEndpointRequest, content_type = "application/json"),
     responses(
         (status = 200, description = OK, body = WebhookEndpointDoc),
         Problems<ApiKey, (
+            code::IdempotencyKeyInvalid,
             code::InvalidRequest,
             code::ResourceMissing,
             code::PayloadTooLarge,
@@ -198,6 +199,8 @@ pub async fn retrieve(
 pub async fn update(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
+    // Checked, not stored: the update sets a state, so a retry sets the same one again.
+    OptionalKey(_key): OptionalKey,
     ApiPath(path): ApiPath<String>,
     body: JsonBody<UpdateWebhookEndpointRequest>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
