@@ -78,20 +78,6 @@ impl PassReport {
     pub fn found_work(&self) -> bool {
         *self != Self::default()
     }
-
-    /// This pass's counts and `other`'s together.
-    fn and(self, other: Self) -> Self {
-        Self {
-            completed: self.completed + other.completed,
-            released: self.released + other.released,
-            lost: self.lost + other.lost,
-            flagged: self.flagged + other.flagged,
-            reaped: self.reaped + other.reaped,
-            jobs_done: self.jobs_done + other.jobs_done,
-            jobs_retried: self.jobs_retried + other.jobs_retried,
-            jobs_dead: self.jobs_dead + other.jobs_dead,
-        }
-    }
 }
 
 /// The worker's loops, run side by side ([`Worker::run_until`]).
@@ -171,9 +157,7 @@ impl<P: CardProcessor> Worker<P> {
     /// One pass of each loop, one after the other, stopping between items once `stop` turns
     /// true (`payments-worker --once`, and tests).
     pub async fn run_once(&self, stop: &watch::Receiver<bool>) -> anyhow::Result<PassReport> {
-        let completer = self.pass(Loop::Completer, stop).await?;
-        let upkeep = self.pass(Loop::Upkeep, stop).await?;
-        Ok(completer.and(upkeep))
+        self.pass(&[Loop::Completer, Loop::Upkeep], stop).await
     }
 
     /// Runs the loops until `stop` turns true. The completer runs apart from the reaper and the
@@ -193,7 +177,7 @@ impl<P: CardProcessor> Worker<P> {
     async fn keep_passing(&self, which: Loop, mut stop: watch::Receiver<bool>) {
         let interval = Duration::from_millis(self.settings.interval_ms);
         while !*stop.borrow() {
-            let busy = match self.pass(which, &stop).await {
+            let busy = match self.pass(&[which], &stop).await {
                 Ok(report) => report.found_work(),
                 Err(err) => {
                     tracing::warn!(error = %format!("{err:#}"), worker_loop = which.name(), "worker pass failed; trying again");
@@ -209,18 +193,25 @@ impl<P: CardProcessor> Worker<P> {
         }
     }
 
-    /// One pass of one loop, counted in the worker's metrics.
-    async fn pass(&self, which: Loop, stop: &watch::Receiver<bool>) -> anyhow::Result<PassReport> {
+    /// One pass of each of `loops`, in turn, counted in the worker's metrics.
+    async fn pass(
+        &self,
+        loops: &[Loop],
+        stop: &watch::Receiver<bool>,
+    ) -> anyhow::Result<PassReport> {
         let mut report = PassReport::default();
-        match which {
-            Loop::Completer => self.complete(stop, &mut report).await?,
-            Loop::Upkeep => {
-                self.reap(stop, &mut report).await?;
-                self.run_jobs(stop, &mut report).await?;
+        for which in loops {
+            match which {
+                Loop::Completer => self.complete(stop, &mut report).await?,
+                Loop::Upkeep => {
+                    self.reap(stop, &mut report).await?;
+                    self.run_jobs(stop, &mut report).await?;
+                }
             }
         }
         if report.found_work() {
-            tracing::info!(?report, worker_loop = which.name(), "worker pass");
+            let loops: Vec<&str> = loops.iter().map(|l| l.name()).collect();
+            tracing::info!(?report, ?loops, "worker pass");
         }
         report.count();
         Ok(report)
