@@ -78,6 +78,15 @@ struct Check {
     ended: Arc<AtomicBool>,
 }
 
+/// Marks a check ended when its task lets go of it.
+struct Ended(Arc<AtomicBool>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 /// A readiness answer: its status and body.
 type Probe = (StatusCode, Value);
 
@@ -96,11 +105,12 @@ impl Readiness {
                     let ended = Arc::new(AtomicBool::new(false));
                     let checking = check();
                     let task = tokio::spawn({
-                        let ended = ended.clone();
+                        // Marked ended however the check ends: with an answer, a panic, or the
+                        // runtime stopping.
+                        let ended = Ended(ended.clone());
                         async move {
-                            let probe = checking.await;
-                            ended.store(true, Ordering::Release);
-                            probe
+                            let _ended = ended;
+                            checking.await
                         }
                     });
                     let answer = async move {
@@ -243,6 +253,15 @@ mod tests {
         let answer = readiness.answer(counted(&runs, Duration::ZERO)).await;
         assert_eq!(answer.1, json!({ "run": 1 }), "the check under way answers");
         assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_check_that_failed_is_not_answered_again() {
+        let (readiness, runs) = (Readiness::default(), Arc::new(AtomicUsize::new(0)));
+        let failed = readiness.answer(|| async { panic!("the check broke") }.boxed()).await;
+        assert_eq!(failed.0, StatusCode::SERVICE_UNAVAILABLE);
+        let answer = readiness.answer(counted(&runs, Duration::ZERO)).await;
+        assert_eq!(answer, (StatusCode::OK, json!({ "run": 1 })), "the next probe checks anew");
     }
 
     #[tokio::test]
