@@ -274,6 +274,44 @@ async fn endpoint_urls_are_held_to_the_address_rule(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = "../migrations")]
+async fn a_keyed_endpoint_update_is_replayed_not_applied_again(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let (_, key) = app.create_account("acme").await;
+    let body = json!({"url": "https://hooks.example.com/a", "enabled_events": ["*"]});
+    let created = json(app.post("/v1/webhook_endpoints", &key, None, &body).await).await;
+    let id = created["id"].as_str().expect("id").to_owned();
+    let path = format!("/v1/webhook_endpoints/{id}");
+    let disable = json!({"disabled": true});
+
+    // An unknown endpoint stores nothing for the key: the same key then serves another path.
+    let last = if id.ends_with('a') { 'b' } else { 'a' };
+    let unknown = format!("/v1/webhook_endpoints/{}{last}", &id[..id.len() - 1]);
+    let refused = app.post(&unknown, &key, Some("off-1"), &disable).await;
+    assert_problem(refused, 404, "resource_missing").await;
+
+    let first = app.post(&path, &key, Some("off-1"), &disable).await;
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first = first.bytes().await.expect("a body");
+    let answered: Value = serde_json::from_slice(&first).expect("JSON");
+    assert_eq!(answered["status"], "disabled");
+    assert!(answered.get("secret").is_none_or(Value::is_null), "no secret: {answered}");
+
+    // Someone enables it again; then the first request's retry arrives (its answer was lost).
+    let enabled = app.post(&path, &key, None, &json!({"disabled": false})).await;
+    assert_eq!(json(enabled).await["status"], "enabled");
+    let retry = app.post(&path, &key, Some("off-1"), &disable).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.bytes().await.expect("a body"), first, "the first answer, byte for byte");
+    let now = json(app.get(&path, &key).await).await;
+    assert_eq!(now["status"], "enabled", "the retry did not disable the endpoint again");
+
+    let other = app.post(&path, &key, Some("off-1"), &json!({"disabled": false})).await;
+    assert_problem(other, 422, "idempotency_key_reused").await;
+}
+
+#[sqlx::test(migrations = "../migrations")]
 async fn a_keyed_endpoint_creation_is_replayed_byte_for_byte_secret_included(pool: PgPool) {
     let app = TestApp::spawn(pool.clone()).await;
     let (_, key) = app.create_account("acme").await;
@@ -510,7 +548,7 @@ async fn a_disabled_or_deleted_endpoint_receives_nothing_and_a_failing_one_is_de
         )
         .await;
     assert_eq!(json(update).await["status"], "disabled");
-    // Its Idempotency-Key is checked as on every POST (and not stored: the update sets a state).
+    // Its Idempotency-Key is checked as on every POST.
     let path = format!("/v1/webhook_endpoints/{disabled_id}");
     let malformed = app.post(&path, &key, Some("\"unclosed"), &json!({"disabled": true})).await;
     assert_problem(malformed, 400, "idempotency_key_invalid").await;

@@ -7,7 +7,7 @@
 use maud::{Markup, html};
 use payments_domain::operations::{CANCEL_PAYMENT, CAPTURE_PAYMENT, CREATE_PAYMENT, CREATE_REFUND};
 use payments_domain::updates::UPDATE_PAYMENT;
-use payments_domain::webhooks::CREATE_ENDPOINT;
+use payments_domain::webhooks::{CREATE_ENDPOINT, UPDATE_ENDPOINT};
 
 /// One operation as the diagram draws it. The recovery points are the operation's own
 /// (`recovery_points!` in `payments_domain::operations`, `UpdatePoint`); a test holds the two
@@ -59,6 +59,12 @@ pub const SHAPES: &[Shape] = &[
     },
     Shape {
         operation: CREATE_ENDPOINT,
+        points: &[("started", "")],
+        first_phase_may_finish: true,
+        guide_anchor: "the-keys-state-machine",
+    },
+    Shape {
+        operation: UPDATE_ENDPOINT,
         points: &[("started", "")],
         first_phase_may_finish: true,
         guide_anchor: "the-keys-state-machine",
@@ -354,7 +360,7 @@ mod tests {
                 CAPTURE_PAYMENT => names::<CapturePoint>(shape),
                 CANCEL_PAYMENT => names::<CancelPoint>(shape),
                 CREATE_REFUND => names::<RefundPoint>(shape),
-                UPDATE_PAYMENT | CREATE_ENDPOINT => names::<UpdatePoint>(shape),
+                UPDATE_PAYMENT | CREATE_ENDPOINT | UPDATE_ENDPOINT => names::<UpdatePoint>(shape),
                 other => panic!("{other} is not an operation"),
             }
         };

@@ -91,12 +91,13 @@ params! {
          endpoint it made, not a second one. The same key with another body is `422`; kept \
          at least {retention_hours} hours. Without it each request registers an endpoint.",
     )];
-    /// The optional `Idempotency-Key` of a request that sets a state (an endpoint's update):
-    /// checked, not stored.
-    StateKey => vec![idempotency_key(
+    /// An endpoint update's optional `Idempotency-Key`.
+    UpdateKey => vec![idempotency_key(
         Required::False,
-        "Optional, and not stored: the request sets the endpoint's state, so a retry sets the \
-         same state again. A malformed key is `400 idempotency_key_invalid`, as everywhere.",
+        "Optional. When sent, the update is claimed, stored and replayed like a creation (the \
+         same key with another body is `422`), so that a retry after a lost answer does not set \
+         the status again over someone else's change; kept at least {retention_hours} hours. \
+         Without it the status is set as sent.",
     )];
     /// A patch's optional `Idempotency-Key` (PATCH is idempotent by nature; the key makes a
     /// retry replay instead of applying the patch again).

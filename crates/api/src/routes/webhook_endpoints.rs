@@ -11,6 +11,7 @@ use axum::response::Response;
 use payments_domain::ids::WebhookEndpointId;
 use payments_domain::webhooks::{
     self, AddressRule, CreateEndpoint, CreateEndpointParams, EnabledEvents, EndpointStatus,
+    UpdateEndpoint, UpdateEndpointParams,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -74,7 +75,7 @@ pub struct WebhookEndpointDoc {
 }
 
 fn no_such_endpoint(id: &str) -> ApiError {
-    ApiError::resource_missing(format!("No such webhook endpoint: '{id}'.")).with_param("id")
+    ApiError::from_problem(webhooks::missing_endpoint(id))
 }
 
 /// The endpoint a path names, if the path holds an endpoint's id; else the 404 for it.
@@ -176,19 +177,24 @@ pub async fn retrieve(
     Ok(Json(endpoint.to_value(false)))
 }
 
-/// `POST /v1/webhook_endpoints/{id}`: disable or enable.
+/// `POST /v1/webhook_endpoints/{id}`: disable or enable. With an `Idempotency-Key` the update is
+/// claimed, stored and replayed like a creation: a retry after a lost answer gets that answer
+/// and does not set the status again over someone else's change in between.
 #[utoipa::path(
     post,
     path = "/v1/webhook_endpoints/{id}",
     operation_id = "updateWebhookEndpoint",
     tag = "webhooks",
     summary = "Disable (or enable again) a webhook endpoint",
-    params(param::EndpointId, param::StateKey),
+    params(param::EndpointId, param::UpdateKey),
     request_body(content = UpdateWebhookEndpointRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = OK, body = WebhookEndpointDoc),
+        (status = 200, description = OK, body = WebhookEndpointDoc,
+            headers(("Idempotent-Replayed"))),
         Problems<ApiKey, (
             code::IdempotencyKeyInvalid,
+            code::IdempotencyKeyInUse,
+            code::IdempotencyKeyReused,
             code::InvalidRequest,
             code::ResourceMissing,
             code::PayloadTooLarge,
@@ -199,18 +205,26 @@ pub async fn retrieve(
 pub async fn update(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
-    // Checked, not stored: the update sets a state, so a retry sets the same one again.
-    OptionalKey(_key): OptionalKey,
+    meta: RequestMeta,
+    OptionalKey(key): OptionalKey,
     ApiPath(path): ApiPath<String>,
     body: JsonBody<UpdateWebhookEndpointRequest>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let id = endpoint_id(&path)?;
     let status =
         if body.value.disabled { EndpointStatus::Disabled } else { EndpointStatus::Enabled };
-    let endpoint = webhooks::set_status(&state.pool, &account, &id, status)
-        .await?
-        .ok_or_else(|| no_such_endpoint(&path))?;
-    Ok(Json(endpoint.to_value(false)))
+    let Some(key) = key else {
+        let endpoint = webhooks::set_status(&state.pool, &account, &id, status)
+            .await?
+            .ok_or_else(|| no_such_endpoint(&path))?;
+        return Ok(stored_response(webhooks::updated_answer(&endpoint), false));
+    };
+    // An unknown endpoint stores nothing for the key, as for a payment's PATCH.
+    webhooks::find(&state.pool, &account, &id).await?.ok_or_else(|| no_such_endpoint(&path))?;
+    let params = UpdateEndpointParams { account_id: account.clone(), endpoint_id: id, status };
+    let operation = UpdateEndpoint::new(state.operations.public_base_url.clone(), params);
+    let keyed = Keyed { account: &account, credential: None, key: &key, meta: &meta, body: &body };
+    keyed.run(&state, operation).await
 }
 
 /// `DELETE /v1/webhook_endpoints/{id}`

@@ -49,7 +49,7 @@ use crate::payments::{self, Payment};
 use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
 use crate::refunds::Refund;
 use crate::updates::UpdatePayment;
-use crate::webhooks::CreateEndpoint;
+use crate::webhooks::{CreateEndpoint, UpdateEndpoint};
 
 macro_rules! recovery_points {
     ($name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
@@ -343,6 +343,7 @@ macro_rules! every_operation {
             CreateRefundOp<P>,
             UpdatePayment,
             CreateEndpoint,
+            UpdateEndpoint,
         )
     };
 }
@@ -419,6 +420,7 @@ mod tests {
             name_of::<CreateRefundOp<ProcessorClient>>(),
             name_of::<UpdatePayment>(),
             name_of::<CreateEndpoint>(),
+            name_of::<UpdateEndpoint>(),
         ];
         assert_eq!(started.len(), resumable.len());
         for name in started {
@@ -439,6 +441,7 @@ mod tests {
                 "refunds.create",
                 "payments.update",
                 "webhook_endpoints.create",
+                "webhook_endpoints.update",
             ]
         );
     }

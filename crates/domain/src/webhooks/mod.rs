@@ -19,9 +19,13 @@ use crate::stored::text_enum;
 mod create;
 mod enabled;
 mod log;
+mod update;
 
 pub use create::{CREATE_ENDPOINT, CreateEndpoint, CreateEndpointParams, created_answer};
 pub use enabled::EnabledEvents;
+pub use update::{
+    UPDATE_ENDPOINT, UpdateEndpoint, UpdateEndpointParams, missing_endpoint, updated_answer,
+};
 
 pub use log::{Attempt, DeliveryLine, Outcome, attempts, log_attempt, recent_deliveries};
 
