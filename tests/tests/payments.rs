@@ -270,7 +270,9 @@ async fn a_cancel_releases_the_authorization_and_only_from_requires_capture(pool
 /// another key and with another amount, is asked of the processor anew and gets its own answer (a
 /// downstream key per payment made it an idempotency error, read as a reused key and flagged for
 /// a person, leaving the payment `processing`). Here the authorization was released at the
-/// processor behind the API's back (as when it expires), so both are refused.
+/// processor behind the API's back (as when it expires), so both are refused; a cancel then finds
+/// the authorization released, as the charge says, and cancels the payment (it replayed the
+/// processor's refusal for ever, the payment awaiting a capture that could never be).
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn a_second_capture_after_a_refused_one_gets_its_own_answer(pool: PgPool) {
     let (app, sim) = spawn_with_sim(pool.clone(), &[]).await;
@@ -310,6 +312,21 @@ async fn a_second_capture_after_a_refused_one_gets_its_own_answer(pool: PgPool) 
     .unwrap();
     assert_eq!(keys.len(), 2);
     assert_ne!(keys[0], keys[1], "each capture its own downstream key: {keys:?}");
+
+    let cancel = app.post(&format!("/v1/payments/{id}/cancel"), &key, Some("x1"), &json!({})).await;
+    assert_eq!(cancel.status(), 200, "the release found, not the refusal answered");
+    assert_eq!(json(cancel).await["status"], "canceled");
+    let adopted: String = sqlx::query_scalar(
+        "SELECT detail->>'cause' FROM audit_events \
+          WHERE object_id = $1 AND action = 'payment.reconciled'",
+    )
+    .bind(&id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(adopted, "already_refunded");
+    let capture = app.post(&path, &key, Some("c3"), &json!({})).await;
+    assert_problem(capture, 400, "payment_unexpected_state").await;
 }
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]

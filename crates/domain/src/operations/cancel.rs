@@ -1,7 +1,9 @@
 //! `POST /v1/payments/{id}/cancel`: `started` → `cancel_started` → finished.
 
 use idem::{Interrupted, Lease, Operation, Phase, PhaseError, Step};
-use provider::{CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, RefundRequest};
+use provider::{
+    CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError, RefundRequest,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
@@ -9,8 +11,10 @@ use sqlx::PgConnection;
 use super::authorization::{
     PlanCall, authorized_payment, open_phase, reconcile_authorization, reopen,
 };
-use super::reconcile::{planned_call, refused_at_a_later_generation};
-use super::{LeaseInfo, payment_answer, record, record_reconciled, refusal};
+use super::reconcile::{
+    adopted, already_refunded, count_reconciliation, planned_call, refused_at_a_later_generation,
+};
+use super::{Context, LeaseInfo, payment_answer, record, record_reconciled, refusal, unavailable};
 use crate::DomainError;
 use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
@@ -92,14 +96,23 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                     Err(err) if err.class() == ErrorClass::Reconcile => {
                         let call = (at, &request);
                         let (ctx, of) = (&self.ctx, (&payment, charge_id.as_str()));
-                        let done = |charge: &Charge| {
-                            !charge.captured && charge.amount_refunded >= charge.amount
-                        };
-                        match reconcile_authorization(ctx, lease, call, of, "cancel", &err, done)
+                        let what = "cancel";
+                        match reconcile_authorization(ctx, lease, call, of, what, &err, released)
                             .await?
                         {
                             Some((_charge, detail)) => (Ok(()), Some(detail)),
                             None => return Ok(()),
+                        }
+                    }
+                    // Released already: behind the API's back (at the processor, or when the
+                    // authorization expired) or by an earlier generation of this key. A release
+                    // is whole, so a charge that says so answers for this cancel.
+                    Err(err) if already_refunded(&err) => {
+                        match released_already(&self.ctx, lease, &charge_id, &err, &request.key)
+                            .await?
+                        {
+                            Some(detail) => (Ok(()), Some(detail)),
+                            None => (refused_at_a_later_generation(&request, Err(err))?, None),
                         }
                     }
                     other => (refused_at_a_later_generation(&request, other)?, None),
@@ -122,6 +135,30 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
         }
         Ok(())
     }
+}
+
+/// Whether `charge`'s authorization is released: never captured, and all of it refunded.
+fn released(charge: &Charge) -> bool {
+    !charge.captured && charge.amount_refunded >= charge.amount
+}
+
+/// The refusal `cause` says the charge is refunded already: the audit detail of adopting its
+/// release, if the charge says it is released ([`released`]); `None` leaves the refusal standing
+/// (a charge captured and then refunded is not this cancel's to adopt).
+async fn released_already<P: CardProcessor>(
+    ctx: &Context<P>,
+    lease: &mut Lease,
+    charge_id: &str,
+    cause: &ProcessorError,
+    key: &DownstreamKey,
+) -> Result<Option<Value>, Interrupted> {
+    lease.renew().await?;
+    let charge = ctx.processor.retrieve_charge(charge_id).await.map_err(|err| unavailable(&err))?;
+    if !released(&charge) {
+        return Ok(None);
+    }
+    count_reconciliation("cancel", "adopted");
+    Ok(Some(adopted(cause, &charge.id, key)))
 }
 
 /// The last phase: the payment `canceled`; or, refused, the payment awaits capture again and the

@@ -87,8 +87,16 @@ fn cause_name(err: &ProcessorError) -> &'static str {
         ProcessorError::MustReconcile { cause: ReconcileCause::ReplayedFailure(_), .. } => {
             "replayed_failure"
         }
+        err if already_refunded(err) => "already_refunded",
         _ => "other",
     }
+}
+
+/// A refusal that says the charge is refunded already (Stripe's `charge_already_refunded`): for
+/// a release, the charge may say it is released, by someone at the processor or by an earlier
+/// generation of the key.
+pub(super) fn already_refunded(err: &ProcessorError) -> bool {
+    matches!(err, ProcessorError::Invalid { code: Some(code), .. } if code == "charge_already_refunded")
 }
 
 /// Moves the call at `at` to its key's next generation, recorded (fenced, with an audit record)
@@ -174,7 +182,7 @@ pub(super) fn refused_at_a_later_generation<T>(
 }
 
 /// The audit detail of an adopted object.
-fn adopted(cause: &ProcessorError, object: &str, key: &DownstreamKey) -> Value {
+pub(super) fn adopted(cause: &ProcessorError, object: &str, key: &DownstreamKey) -> Value {
     json!({"outcome": "adopted", "cause": cause_name(cause), "found": object, "downstream_key": key.as_str()})
 }
 
