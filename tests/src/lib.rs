@@ -74,6 +74,11 @@ impl TestApp {
         self.send(self.http.get(self.url(path)).bearer_auth(key)).await
     }
 
+    /// A DELETE with a Bearer key.
+    pub async fn delete(&self, path: &str, key: &str) -> reqwest::Response {
+        self.send(self.http.delete(self.url(path)).bearer_auth(key)).await
+    }
+
     /// Sends a request, failing the test on a transport error.
     pub async fn send(&self, request: reqwest::RequestBuilder) -> reqwest::Response {
         match request.send().await {

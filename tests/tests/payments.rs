@@ -270,29 +270,13 @@ async fn a_cancel_releases_the_authorization_and_only_from_requires_capture(pool
 /// another key and with another amount, is asked of the processor anew and gets its own answer (a
 /// downstream key per payment made it an idempotency error, read as a reused key and flagged for
 /// a person, leaving the payment `processing`). Here the authorization was released at the
-/// processor behind the API's back (as when it expires), so both are refused; a cancel then finds
-/// the authorization released, as the charge says, and cancels the payment (it replayed the
-/// processor's refusal for ever, the payment awaiting a capture that could never be).
+/// processor behind the API's back (as when it expires), so both are refused.
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn a_second_capture_after_a_refused_one_gets_its_own_answer(pool: PgPool) {
     let (app, sim) = spawn_with_sim(pool.clone(), &[]).await;
     let (_, key) = app.create_account("shop").await;
-    let manual = json!({"amount": 1000, "currency": "usd", "payment_method": "pm_card_visa", "capture_method": "manual"});
-    let id = create(&app, &key, "p1", &manual).await["id"].as_str().unwrap().to_owned();
-    let charge: String =
-        sqlx::query_scalar("SELECT processor_charge_id FROM payments WHERE id = $1")
-            .bind(&id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    let released = reqwest::Client::new()
-        .post(format!("{sim}/v1/refunds"))
-        .bearer_auth("sk_test_processor")
-        .form(&[("charge", charge.as_str())])
-        .send()
-        .await
-        .unwrap();
-    assert!(released.status().is_success(), "{released:?}");
+    let (id, charge) = authorized(&app, &key, "p1", &pool).await;
+    at_processor(&sim, "/v1/refunds", &[("charge", charge.as_str())]).await;
 
     let path = format!("/v1/payments/{id}/capture");
     let first = app.post(&path, &key, Some("c1"), &json!({})).await;
@@ -312,21 +296,75 @@ async fn a_second_capture_after_a_refused_one_gets_its_own_answer(pool: PgPool) 
     .unwrap();
     assert_eq!(keys.len(), 2);
     assert_ne!(keys[0], keys[1], "each capture its own downstream key: {keys:?}");
+}
 
-    let cancel = app.post(&format!("/v1/payments/{id}/cancel"), &key, Some("x1"), &json!({})).await;
+/// A payment awaiting capture, made with `idem`; its id and its charge's.
+async fn authorized(app: &TestApp, key: &str, idem: &str, pool: &PgPool) -> (String, String) {
+    let manual = json!({"amount": 1000, "currency": "usd", "payment_method": "pm_card_visa", "capture_method": "manual"});
+    let id = create(app, key, idem, &manual).await["id"].as_str().unwrap().to_owned();
+    let charge = sqlx::query_scalar("SELECT processor_charge_id FROM payments WHERE id = $1")
+        .bind(&id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    (id, charge)
+}
+
+/// A call made at the stand-in processor behind the API's back.
+async fn at_processor(sim: &str, path: &str, form: &[(&str, &str)]) {
+    let answer = reqwest::Client::new()
+        .post(format!("{sim}{path}"))
+        .bearer_auth("sk_test_processor")
+        .form(form)
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success(), "{answer:?}");
+}
+
+/// An authorization released behind the API's back (at the processor, or expired: Stripe refunds
+/// the charge) makes the processor refuse a cancel's release as `charge_already_refunded`. The
+/// charge says it is released, so the cancel adopts that release and the payment is canceled
+/// (the refusal was replayed for ever, the payment awaiting a capture that could never be). A
+/// charge captured and then refunded behind the API's back is not released: the refusal stands.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_cancel_after_the_authorization_was_released_elsewhere_cancels_the_payment(pool: PgPool) {
+    let (app, sim) = spawn_with_sim(pool.clone(), &[]).await;
+    let (_, key) = app.create_account("shop").await;
+    let (released, charge) = authorized(&app, &key, "p1", &pool).await;
+    at_processor(&sim, "/v1/refunds", &[("charge", charge.as_str())]).await;
+    let refunds = sim_stats(&sim).await["refunds_created"].clone();
+
+    let path = format!("/v1/payments/{released}/cancel");
+    let cancel = app.post(&path, &key, Some("x1"), &json!({})).await;
     assert_eq!(cancel.status(), 200, "the release found, not the refusal answered");
     assert_eq!(json(cancel).await["status"], "canceled");
-    let adopted: String = sqlx::query_scalar(
+    let replay = app.post(&path, &key, Some("x1"), &json!({})).await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(json(replay).await["status"], "canceled");
+    assert_eq!(sim_stats(&sim).await["refunds_created"], refunds, "nothing released twice");
+    let causes: Vec<String> = sqlx::query_scalar(
         "SELECT detail->>'cause' FROM audit_events \
           WHERE object_id = $1 AND action = 'payment.reconciled'",
     )
-    .bind(&id)
-    .fetch_one(&pool)
+    .bind(&released)
+    .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(adopted, "already_refunded");
-    let capture = app.post(&path, &key, Some("c3"), &json!({})).await;
+    assert_eq!(causes, ["already_refunded"]);
+    let capture = format!("/v1/payments/{released}/capture");
+    let capture = app.post(&capture, &key, Some("c1"), &json!({})).await;
     assert_problem(capture, 400, "payment_unexpected_state").await;
+
+    let (captured, charge) = authorized(&app, &key, "p2", &pool).await;
+    at_processor(&sim, &format!("/v1/charges/{charge}/capture"), &[]).await;
+    at_processor(&sim, "/v1/refunds", &[("charge", charge.as_str())]).await;
+    let path = format!("/v1/payments/{captured}/cancel");
+    // Captured, then refunded: not a release to adopt.
+    let refused = app.post(&path, &key, Some("x2"), &json!({})).await;
+    assert_problem(refused, 400, "invalid_request").await;
+    let payment = json(app.get(&format!("/v1/payments/{captured}"), &key).await).await;
+    assert_eq!(payment["status"], "requires_capture");
 }
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]

@@ -309,6 +309,18 @@ async fn a_keyed_endpoint_update_is_replayed_not_applied_again(pool: PgPool) {
 
     let other = app.post(&path, &key, Some("off-1"), &json!({"disabled": false})).await;
     assert_problem(other, 422, "idempotency_key_reused").await;
+
+    // Once the endpoint is deleted, the retry still gets its answer; a new key gets the 404, kept
+    // (a deletion is for good).
+    assert_eq!(app.delete(&path, &key).await.status(), 200);
+    let retry = app.post(&path, &key, Some("off-1"), &disable).await;
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.bytes().await.expect("a body"), first);
+    assert_problem(app.post(&path, &key, Some("off-2"), &disable).await, 404, "resource_missing")
+        .await;
+    let again = app.post(&path, &key, Some("off-2"), &disable).await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_problem(again, 404, "resource_missing").await;
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -566,13 +578,7 @@ async fn a_disabled_or_deleted_endpoint_receives_nothing_and_a_failing_one_is_de
         json!({"amount": 100, "currency": "usd", "payment_method": "pm_card_visa"}),
     )
     .await;
-    let removed = app
-        .send(
-            app.http
-                .delete(app.url(&format!("/v1/webhook_endpoints/{deleted_id}")))
-                .bearer_auth(&key),
-        )
-        .await;
+    let removed = app.delete(&format!("/v1/webhook_endpoints/{deleted_id}"), &key).await;
     assert_eq!(removed.status(), 200);
     let listed = json(app.get("/v1/webhook_endpoints", &key).await).await;
     assert_eq!(listed["data"].as_array().map(Vec::len), Some(2), "{listed}");

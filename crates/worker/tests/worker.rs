@@ -1103,7 +1103,7 @@ async fn the_completer_knows_every_operation_name_and_flags_an_unknown_one(pool:
     let h = harness(pool).await;
     let unparseable = json!({"not": "the input of any operation"});
     let resumable = operations::resumable::<ProcessorClient>();
-    assert_eq!(resumable.len(), 6);
+    assert_eq!(resumable.len(), 7);
     for (n, name) in resumable.into_iter().chain(["payments.refund"]).enumerate() {
         let Claim::Acquired(lease) = h.claim(&format!("k{n}"), name, &unparseable).await else {
             panic!("new key")

@@ -95,9 +95,10 @@ params! {
     UpdateKey => vec![idempotency_key(
         Required::False,
         "Optional. When sent, the update is claimed, stored and replayed like a creation (the \
-         same key with another body is `422`), so that a retry after a lost answer does not set \
-         the status again over someone else's change; kept at least {retention_hours} hours. \
-         Without it the status is set as sent.",
+         same key with another body or endpoint is `422`), so that a retry after a lost answer \
+         does not set the status again over someone else's change; kept at least \
+         {retention_hours} hours. An id never registered is `404` and stores nothing; a deleted \
+         endpoint's `404` is the key's answer. Without it the status is set as sent.",
     )];
     /// A patch's optional `Idempotency-Key` (PATCH is idempotent by nature; the key makes a
     /// retry replay instead of applying the patch again).

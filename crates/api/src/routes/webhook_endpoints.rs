@@ -219,8 +219,12 @@ pub async fn update(
             .ok_or_else(|| no_such_endpoint(&path))?;
         return Ok(stored_response(webhooks::updated_answer(&endpoint), false));
     };
-    // An unknown endpoint stores nothing for the key, as for a payment's PATCH.
-    webhooks::find(&state.pool, &account, &id).await?.ok_or_else(|| no_such_endpoint(&path))?;
+    // An id the account never registered stores nothing for the key. A deleted endpoint goes on
+    // to the claim: a retry of an update made before the deletion replays its answer, and a new
+    // key stores the 404 (a deletion is for good).
+    if !webhooks::registered(&state.pool, &account, &id).await? {
+        return Err(no_such_endpoint(&path));
+    }
     let params = UpdateEndpointParams { account_id: account.clone(), endpoint_id: id, status };
     let operation = UpdateEndpoint::new(state.operations.public_base_url.clone(), params);
     let keyed = Keyed { account: &account, credential: None, key: &key, meta: &meta, body: &body };

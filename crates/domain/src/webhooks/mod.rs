@@ -238,6 +238,24 @@ pub async fn find(
     Ok(endpoint)
 }
 
+/// Whether the account ever registered endpoint `id`, deleted since or not (a deleted endpoint's
+/// row stays, for its delivery log).
+pub async fn registered(
+    executor: impl PgExecutor<'_>,
+    account_id: &AccountId,
+    id: &WebhookEndpointId,
+) -> Result<bool, DomainError> {
+    let registered = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT FROM webhook_endpoints WHERE id = $1 AND account_id = $2)
+               AS "registered!""#,
+        id as &WebhookEndpointId,
+        account_id as &AccountId,
+    )
+    .fetch_one(executor)
+    .await?;
+    Ok(registered)
+}
+
 /// The account's endpoints, newest first (at most [`MAX_ENDPOINTS_PER_ACCOUNT`]).
 pub async fn list(
     executor: impl PgExecutor<'_>,

@@ -97,7 +97,7 @@ impl Phase for SetStatus<'_> {
         let UpdateEndpointParams { account_id, endpoint_id, status } = self.params;
         let answer = match set_status(&mut *tx, account_id, endpoint_id, *status).await? {
             Some(endpoint) => updated_answer(&endpoint),
-            // Deleted since the handler found it: this key's answer, as a PATCH's would be.
+            // Deleted (for good): this key's answer.
             None => problem_answer(&missing_endpoint(endpoint_id), self.request_id, self.base),
         };
         Ok(Step::Finish(answer))
