@@ -15,7 +15,7 @@ use sqlx::PgConnection;
 use crate::DomainError;
 use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
-use crate::operations::{Context, PaymentOperation};
+use crate::operations::one_phase_operation;
 use crate::payments::{self, Changes, Payment};
 use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
 
@@ -162,31 +162,9 @@ impl RecoveryPoint for UpdatePoint {
     }
 }
 
-/// `PATCH /v1/payments/{id}` with an `Idempotency-Key`.
-#[derive(Debug)]
-pub struct UpdatePayment {
-    public_base_url: std::sync::Arc<str>,
-    params: UpdateParams,
-}
-
-impl UpdatePayment {
-    /// The operation for input validated before the claim.
-    pub fn new(public_base_url: std::sync::Arc<str>, params: UpdateParams) -> Self {
-        Self { public_base_url, params }
-    }
-}
-
-impl<P> PaymentOperation<P> for UpdatePayment {
-    const NAME: &'static str = UPDATE_PAYMENT;
-    type Params = UpdateParams;
-
-    fn with_params(ctx: &Context<P>, params: UpdateParams) -> Self {
-        Self::new(ctx.public_base_url.clone(), params)
-    }
-
-    fn params(&self) -> &UpdateParams {
-        &self.params
-    }
+one_phase_operation! {
+    /// `PATCH /v1/payments/{id}` with an `Idempotency-Key`.
+    UpdatePayment(UpdateParams) = UPDATE_PAYMENT
 }
 
 /// A problem as a stored answer.

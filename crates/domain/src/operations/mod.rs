@@ -101,6 +101,41 @@ macro_rules! payment_operation {
     };
 }
 
+/// Declares an operation of one phase that calls no processor (a keyed PATCH, an endpoint's
+/// creation or update): its struct (the base of problem links in its stored answers, and its
+/// input), `new`, and its [`PaymentOperation`] under any processor.
+macro_rules! one_phase_operation {
+    ($(#[$doc:meta])* $operation:ident($params:ty) = $name:expr) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $operation {
+            public_base_url: std::sync::Arc<str>,
+            params: $params,
+        }
+
+        impl $operation {
+            /// The operation for input checked before the claim.
+            pub fn new(public_base_url: std::sync::Arc<str>, params: $params) -> Self {
+                Self { public_base_url, params }
+            }
+        }
+
+        impl<P> $crate::operations::PaymentOperation<P> for $operation {
+            const NAME: &'static str = $name;
+            type Params = $params;
+
+            fn with_params(ctx: &$crate::operations::Context<P>, params: $params) -> Self {
+                Self::new(ctx.public_base_url.clone(), params)
+            }
+
+            fn params(&self) -> &$params {
+                &self.params
+            }
+        }
+    };
+}
+pub(crate) use one_phase_operation;
+
 mod authorization;
 pub mod cancel;
 pub mod capture;

@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use super::{EnabledEvents, Endpoint, create};
 use crate::DomainError;
 use crate::ids::AccountId;
-use crate::operations::{Context, PaymentOperation};
+use crate::operations::one_phase_operation;
 use crate::problems::{Problem, ProblemCode};
 use crate::updates::{UpdatePoint, problem_answer};
 
@@ -25,22 +25,14 @@ pub struct CreateEndpointParams {
     pub enabled_events: EnabledEvents,
 }
 
-/// `POST /v1/webhook_endpoints` with an `Idempotency-Key`: one phase registers the endpoint and
-/// stores the answer, so that a retry after a lost answer gets the same endpoint and its secret,
-/// byte for byte, instead of registering a second one. The stored answer holds the secret, as the
-/// endpoint's row does (the worker signs with it, so neither can be a digest); it lives as long
-/// as the key (`idempotency.retention_hours`), and the inspector never shows it.
-#[derive(Debug)]
-pub struct CreateEndpoint {
-    public_base_url: std::sync::Arc<str>,
-    params: CreateEndpointParams,
-}
-
-impl CreateEndpoint {
-    /// The operation for input checked before the claim.
-    pub fn new(public_base_url: std::sync::Arc<str>, params: CreateEndpointParams) -> Self {
-        Self { public_base_url, params }
-    }
+one_phase_operation! {
+    /// `POST /v1/webhook_endpoints` with an `Idempotency-Key`: one phase registers the endpoint
+    /// and stores the answer, so that a retry after a lost answer gets the same endpoint and its
+    /// secret, byte for byte, instead of registering a second one. The stored answer holds the
+    /// secret, as the endpoint's row does (the worker signs with it, so neither can be a digest);
+    /// it lives as long as the key (`idempotency.retention_hours`), and the inspector never shows
+    /// it.
+    CreateEndpoint(CreateEndpointParams) = CREATE_ENDPOINT
 }
 
 /// The answer to a creation: `201`, the endpoint with its secret, and its `Location`.
@@ -48,19 +40,6 @@ pub fn created_answer(endpoint: &Endpoint) -> StoredResponse {
     let body = serde_json::to_vec(&endpoint.to_value(true)).unwrap_or_default();
     StoredResponse::json(201, body)
         .with_header("location", format!("/v1/webhook_endpoints/{}", endpoint.id))
-}
-
-impl<P> PaymentOperation<P> for CreateEndpoint {
-    const NAME: &'static str = CREATE_ENDPOINT;
-    type Params = CreateEndpointParams;
-
-    fn with_params(ctx: &Context<P>, params: CreateEndpointParams) -> Self {
-        Self::new(ctx.public_base_url.clone(), params)
-    }
-
-    fn params(&self) -> &CreateEndpointParams {
-        &self.params
-    }
 }
 
 impl Operation for CreateEndpoint {

@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use super::{Endpoint, EndpointStatus, set_status};
 use crate::DomainError;
 use crate::ids::{AccountId, WebhookEndpointId};
-use crate::operations::{Context, PaymentOperation};
+use crate::operations::one_phase_operation;
 use crate::problems::{Problem, ProblemCode};
 use crate::updates::{UpdatePoint, problem_answer};
 
@@ -25,21 +25,12 @@ pub struct UpdateEndpointParams {
     pub status: EndpointStatus,
 }
 
-/// `POST /v1/webhook_endpoints/{id}` with an `Idempotency-Key`: one phase sets the status and
-/// stores the answer, so that a retry after a lost answer replays it instead of setting the
-/// status again, which would undo a change someone made in between (a disable retried after
-/// another request enabled the endpoint would silence it again).
-#[derive(Debug)]
-pub struct UpdateEndpoint {
-    public_base_url: std::sync::Arc<str>,
-    params: UpdateEndpointParams,
-}
-
-impl UpdateEndpoint {
-    /// The operation for input checked before the claim.
-    pub fn new(public_base_url: std::sync::Arc<str>, params: UpdateEndpointParams) -> Self {
-        Self { public_base_url, params }
-    }
+one_phase_operation! {
+    /// `POST /v1/webhook_endpoints/{id}` with an `Idempotency-Key`: one phase sets the status and
+    /// stores the answer, so that a retry after a lost answer replays it instead of setting the
+    /// status again, which would undo a change someone made in between (a disable retried after
+    /// another request enabled the endpoint would silence it again).
+    UpdateEndpoint(UpdateEndpointParams) = UPDATE_ENDPOINT
 }
 
 /// The answer to an update: `200` and the endpoint, without its secret.
@@ -52,19 +43,6 @@ pub fn updated_answer(endpoint: &Endpoint) -> StoredResponse {
 pub fn missing_endpoint(id: &str) -> Problem {
     Problem::new(ProblemCode::ResourceMissing, format!("No such webhook endpoint: '{id}'."))
         .with_param("id")
-}
-
-impl<P> PaymentOperation<P> for UpdateEndpoint {
-    const NAME: &'static str = UPDATE_ENDPOINT;
-    type Params = UpdateEndpointParams;
-
-    fn with_params(ctx: &Context<P>, params: UpdateEndpointParams) -> Self {
-        Self::new(ctx.public_base_url.clone(), params)
-    }
-
-    fn params(&self) -> &UpdateEndpointParams {
-        &self.params
-    }
 }
 
 impl Operation for UpdateEndpoint {
