@@ -314,6 +314,7 @@ async fn a_keyed_endpoint_update_is_replayed_not_applied_again(pool: PgPool) {
     // (a deletion is for good).
     assert_eq!(app.delete(&path, &key).await.status(), 200);
     let retry = app.post(&path, &key, Some("off-1"), &disable).await;
+    assert_eq!(retry.status(), 200);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(retry.bytes().await.expect("a body"), first);
     assert_problem(app.post(&path, &key, Some("off-2"), &disable).await, 404, "resource_missing")

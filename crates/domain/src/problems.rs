@@ -235,7 +235,7 @@ impl ProblemCode {
             Self::ResourceMissing => (
                 "No object with this id exists in your account, or the URL is not one this API serves.",
                 "Check the id and the URL.",
-                "No.",
+                "No, except for a keyed update of a webhook endpoint deleted for good.",
             ),
             Self::MethodNotAllowed => (
                 "The URL exists but does not accept this HTTP method.",

@@ -95,7 +95,7 @@ params! {
     UpdateKey => vec![idempotency_key(
         Required::False,
         "Optional. When sent, the update is claimed, stored and replayed like a creation (the \
-         same key with another body or endpoint is `422`), so that a retry after a lost answer \
+         same key with another body, or on another registered endpoint, is `422`), so that a retry after a lost answer \
          does not set the status again over someone else's change; kept at least \
          {retention_hours} hours. An id never registered is `404` and stores nothing; a deleted \
          endpoint's `404` is the key's answer. Without it the status is set as sent.",
