@@ -57,8 +57,8 @@ async fn a_payment_with_an_unknown_stored_value_is_an_error_not_a_default(pool: 
     );
     sql(
         &pool,
-        "ALTER TABLE payments DROP CONSTRAINT payments_status_check,
-                              DROP CONSTRAINT payments_capture_method_check",
+        "ALTER DOMAIN payment_status DROP CONSTRAINT payment_status_known;
+         ALTER DOMAIN capture_method DROP CONSTRAINT capture_method_known",
     )
     .await;
     for bad in [
@@ -98,8 +98,8 @@ async fn a_refund_with_an_unknown_stored_value_is_an_error(pool: PgPool) {
     );
     sql(
         &pool,
-        "ALTER TABLE refunds DROP CONSTRAINT refunds_status_check,
-                             DROP CONSTRAINT refunds_reason_check",
+        "ALTER DOMAIN refund_status DROP CONSTRAINT refund_status_known;
+         ALTER DOMAIN refund_reason DROP CONSTRAINT refund_reason_known",
     )
     .await;
     for bad in ["status = 'refunded'", "reason = 'mistake'", "currency = 'xyz'"] {
