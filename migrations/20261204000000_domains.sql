@@ -14,10 +14,11 @@
 -- How, without rewriting a table or scanning it under an exclusive lock:
 -- 1. the domains are created bare, so changing a column to one changes no stored byte (no
 --    rewrite, and the indexes on the column are kept as they are);
--- 2. the two-column checks that name a retyped column (`payments_check` names `amount`,
---    `idempotency_keys_final_whole` names `response_status`) would be re-created and checked
---    against every row under this migration's exclusive lock: they are dropped and added again
---    `NOT VALID`, and the next migration validates them, which lets writes go on meanwhile;
+-- 2. the checks of two columns that name a retyped column (a payment's captured and refunded
+--    amounts, `idempotency_keys_final_whole`'s `response_status`) would be re-created and
+--    checked against every row under this migration's exclusive lock: they are dropped and added
+--    again `NOT VALID` (the payment's two without the `>= 0` that `minor_units` now says), and
+--    the next migration validates them, which lets writes go on meanwhile;
 -- 3. the rules are added to the domains `NOT VALID`: every value written from now on is checked;
 --    the rows already stored were checked by the table constraints this drops, and validating a
 --    domain would hold a lock that stops writes while it reads every row of the four tables.
@@ -27,6 +28,7 @@ CREATE DOMAIN payment_id AS text;
 CREATE DOMAIN refund_id AS text;
 CREATE DOMAIN event_id AS text;
 CREATE DOMAIN amount AS bigint;
+CREATE DOMAIN minor_units AS bigint;
 CREATE DOMAIN currency AS text;
 CREATE DOMAIN payment_status AS text;
 CREATE DOMAIN capture_method AS text;
@@ -44,12 +46,17 @@ ALTER TABLE payments
     DROP CONSTRAINT payments_status_check,
     DROP CONSTRAINT payments_capture_method_check,
     DROP CONSTRAINT payments_check,
+    DROP CONSTRAINT payments_check1,
     ALTER COLUMN id TYPE payment_id,
     ALTER COLUMN amount TYPE amount,
     ALTER COLUMN currency TYPE currency,
     ALTER COLUMN status TYPE payment_status,
     ALTER COLUMN capture_method TYPE capture_method,
-    ADD CONSTRAINT payments_check CHECK (amount_captured BETWEEN 0 AND amount) NOT VALID;
+    ALTER COLUMN amount_captured TYPE minor_units,
+    ALTER COLUMN amount_refunded TYPE minor_units,
+    ADD CONSTRAINT payments_check CHECK (amount_captured <= amount) NOT VALID,
+    -- Refunded, or reserved by a refund in flight: never more than was captured.
+    ADD CONSTRAINT payments_check1 CHECK (amount_refunded <= amount_captured) NOT VALID;
 
 ALTER TABLE refunds
     DROP CONSTRAINT refunds_id_check,
@@ -88,6 +95,8 @@ ALTER DOMAIN event_id ADD CONSTRAINT event_id_prefix CHECK (VALUE LIKE 'evt\_%')
 -- `Amount` (crates/domain/src/money.rs): 1 to 99,999,999 minor units. A refund's amount was only
 -- checked positive; it was never more than its payment's.
 ALTER DOMAIN amount ADD CONSTRAINT amount_range CHECK (VALUE BETWEEN 1 AND 99999999) NOT VALID;
+-- A captured or refunded amount: none or more.
+ALTER DOMAIN minor_units ADD CONSTRAINT minor_units_not_negative CHECK (VALUE >= 0) NOT VALID;
 ALTER DOMAIN currency ADD CONSTRAINT currency_code CHECK (VALUE ~ '^[a-z]{3}$') NOT VALID;
 ALTER DOMAIN payment_status ADD CONSTRAINT payment_status_known CHECK (VALUE IN
     ('processing', 'requires_capture', 'succeeded', 'failed', 'canceled')) NOT VALID;

@@ -58,6 +58,8 @@ async fn every_rule_refuses_what_it_rules_out_and_lets_the_rest_through(pool: Pg
         ("UPDATE payments SET status = 'pending'", "payment_status_known"),
         ("UPDATE payments SET capture_method = 'delayed'", "capture_method_known"),
         ("UPDATE payments SET amount_captured = 501", "payments_check"),
+        ("UPDATE payments SET amount_captured = -1", "minor_units_not_negative"),
+        ("UPDATE payments SET amount_refunded = -1", "minor_units_not_negative"),
         ("UPDATE payments SET amount_refunded = 501", "payments_check1"),
         ("UPDATE refunds SET id = 'rf_1'", "refund_id_prefix"),
         ("UPDATE refunds SET amount = 0", "amount_range"),
