@@ -1,8 +1,8 @@
 //! What the domain reads from its tables is typed on the way in: a stored name no variant has,
 //! a currency not supported, an id list that does not parse is an error where it is read, never
-//! a default. Each test writes a bad value with raw SQL (dropping the column's CHECK where one
-//! would refuse it, as a row written by another release or by hand could hold it) and reads it
-//! through the domain.
+//! a default. Each test writes a bad value with raw SQL (dropping the rule of the column's domain
+//! or its CHECK where one would refuse it, as a row written by another release or by hand could
+//! hold it) and reads it through the domain.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
