@@ -1,8 +1,9 @@
 //! The database keeps the rules of what it stores, whoever writes it: each value a rule refuses is
 //! refused by PostgreSQL itself (`check_violation`), not only by the Rust types that write it.
 //! The one-column rules of the tables every money-moving request writes live in domains
-//! (migrations/20261204000000_domains.sql), which PostgreSQL plans once per session instead of
-//! once per writing statement; the last test keeps them there.
+//! (migrations/20261204000000_domains_idempotency_keys.sql and the three after it), which
+//! PostgreSQL plans once per session instead of once per writing statement; the last test keeps
+//! them there.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -52,6 +53,7 @@ async fn every_rule_refuses_what_it_rules_out_and_lets_the_rest_through(pool: Pg
     // (statement, the rule that must refuse it); each has a neighbour the rule lets through.
     let refused = [
         ("UPDATE payments SET id = 'pax_1'", "payment_id_prefix"),
+        ("UPDATE payments SET id = 'payX1'", "payment_id_prefix"),
         ("UPDATE payments SET amount = 0", "amount_range"),
         ("UPDATE payments SET amount = 100000000", "amount_range"),
         ("UPDATE payments SET currency = 'USD'", "currency_code"),
@@ -62,10 +64,13 @@ async fn every_rule_refuses_what_it_rules_out_and_lets_the_rest_through(pool: Pg
         ("UPDATE payments SET amount_refunded = -1", "minor_units_not_negative"),
         ("UPDATE payments SET amount_refunded = 501", "payments_check1"),
         ("UPDATE refunds SET id = 'rf_1'", "refund_id_prefix"),
+        ("UPDATE refunds SET id = 'reX1'", "refund_id_prefix"),
         ("UPDATE refunds SET amount = 0", "amount_range"),
+        ("UPDATE refunds SET amount = 100000000", "amount_range"),
         ("UPDATE refunds SET status = 'refunded'", "refund_status_known"),
         ("UPDATE refunds SET reason = 'mistake'", "refund_reason_known"),
         ("UPDATE events SET id = 'ev_1'", "event_id_prefix"),
+        ("UPDATE events SET id = 'evtX1'", "event_id_prefix"),
         ("UPDATE idempotency_keys SET idempotency_key = ''", "idempotency_key_length"),
         (
             "UPDATE idempotency_keys SET idempotency_key = repeat('k', 256)",
@@ -120,7 +125,7 @@ async fn every_rule_refuses_what_it_rules_out_and_lets_the_rest_through(pool: Pg
 }
 
 #[sqlx::test(migrations = "../../migrations")]
-async fn the_tables_of_money_moving_requests_keep_no_one_column_check(pool: PgPool) {
+async fn the_tables_of_money_moving_requests_keep_their_one_column_rules_in_domains(pool: PgPool) {
     // A CHECK of one column on these tables is planned again by every statement that writes the
     // table (PostgreSQL 15); as a domain it is planned once per session.
     let on_a_table: Vec<String> = sqlx::query_scalar(
@@ -134,4 +139,33 @@ async fn the_tables_of_money_moving_requests_keep_no_one_column_check(pool: PgPo
     .await
     .unwrap();
     assert_eq!(on_a_table, Vec::<String>::new(), "write these as domains");
+    let typed: Vec<(String, String)> = sqlx::query_as(
+        "SELECT table_name || '.' || column_name, domain_name
+           FROM information_schema.columns
+          WHERE table_schema = 'public' AND domain_name IS NOT NULL
+          ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let expected = [
+        ("events.id", "event_id"),
+        ("idempotency_keys.attempts", "attempt_count"),
+        ("idempotency_keys.fingerprint", "fingerprint"),
+        ("idempotency_keys.idempotency_key", "idempotency_key"),
+        ("idempotency_keys.response_status", "http_status"),
+        ("payments.amount", "amount"),
+        ("payments.amount_captured", "minor_units"),
+        ("payments.amount_refunded", "minor_units"),
+        ("payments.capture_method", "capture_method"),
+        ("payments.currency", "currency"),
+        ("payments.id", "payment_id"),
+        ("payments.status", "payment_status"),
+        ("refunds.amount", "amount"),
+        ("refunds.id", "refund_id"),
+        ("refunds.reason", "refund_reason"),
+        ("refunds.status", "refund_status"),
+    ]
+    .map(|(column, domain)| (column.to_owned(), domain.to_owned()));
+    assert_eq!(typed, expected);
 }
