@@ -81,7 +81,7 @@ impl Event {
 
     /// The representation as bytes: the body of a webhook delivery and of `GET /v1/events/{id}`.
     pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.to_value()).unwrap_or_default()
+        self.to_value().to_string().into_bytes()
     }
 }
 

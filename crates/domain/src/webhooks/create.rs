@@ -37,7 +37,7 @@ one_phase_operation! {
 
 /// The answer to a creation: `201`, the endpoint with its secret, and its `Location`.
 pub fn created_answer(endpoint: &Endpoint) -> StoredResponse {
-    let body = serde_json::to_vec(&endpoint.to_value(true)).unwrap_or_default();
+    let body = endpoint.to_value(true).to_string().into_bytes();
     StoredResponse::json(201, body)
         .with_header("location", format!("/v1/webhook_endpoints/{}", endpoint.id))
 }

@@ -35,7 +35,7 @@ one_phase_operation! {
 
 /// The answer to an update: `200` and the endpoint, without its secret.
 pub fn updated_answer(endpoint: &Endpoint) -> StoredResponse {
-    let body = serde_json::to_vec(&endpoint.to_value(false)).unwrap_or_default();
+    let body = endpoint.to_value(false).to_string().into_bytes();
     StoredResponse::json(200, body)
 }
 
