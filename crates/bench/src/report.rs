@@ -149,7 +149,7 @@ impl Report {
         let _ = writeln!(
             out,
             "| scenario | conns | API: payments-api | API: load generator | API: processor-sim \
-             | API: postgres | floor: pgbench | floor: postgres |"
+             | API: postgres | same-SQL floor: pgbench | same-SQL floor: postgres |"
         );
         let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
         for row in &self.rows {
