@@ -117,3 +117,90 @@ const NEW_PAYMENT: &[(&str, &[&str])] = &[
         &["UPDATE payments", "INSERT INTO audit_events", "INSERT INTO events", "idem_commit_fence"],
     ),
 ];
+
+/// The last phases of new payments that reach the database while one of them runs share one
+/// statement (`idem::batch`), and each payment comes out as if its phase had run alone: its
+/// answer is the payment as read back, with its event and audit record, and its key finished.
+/// The test holds the events table locked, so that the first last phase waits inside its
+/// statement while the others queue behind it.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn last_phases_that_arrive_together_share_a_statement(pool: PgPool) {
+    const PAYMENTS: usize = 8;
+    let options = pool.connect_options();
+    let target: SocketAddr =
+        format!("{}:{}", options.get_host(), options.get_port()).parse().unwrap();
+    let (proxy, recorded) = Proxy::recording(target).await.unwrap();
+    let serving = PgPoolOptions::new().connect_lazy_with(
+        (*options).clone().host("127.0.0.1").port(proxy.port()).ssl_mode(PgSslMode::Disable),
+    );
+    let sim = payments_tests::start_sim(processor_sim::FaultConfig::default()).await;
+    let app =
+        TestApp::spawn_with(pool, serving, &[("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str())])
+            .await;
+    let (_, key) = app.create_account("shop").await;
+    let body = json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
+    let mut lock = app.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE events IN EXCLUSIVE MODE").execute(&mut *lock).await.unwrap();
+    take(&recorded);
+
+    let keys: Vec<String> = (0..PAYMENTS).map(|i| format!("together-{i}")).collect();
+    let posts = futures::future::join_all(
+        keys.iter()
+            .map(|idempotency_key| app.post("/v1/payments", &key, Some(idempotency_key), &body)),
+    );
+    let release = async {
+        // Every first phase committed (they do not write events), and every charge answered.
+        for _ in 0..500 {
+            let processing: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM payments WHERE status = 'processing'")
+                    .fetch_one(&app.pool)
+                    .await
+                    .unwrap();
+            if processing == PAYMENTS as i64 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        lock.commit().await.unwrap();
+    };
+    let (answers, ()) = tokio::join!(posts, release);
+
+    for answer in answers {
+        assert_eq!(answer.status(), 201);
+        let created: serde_json::Value = answer.json().await.unwrap();
+        let id = created["id"].as_str().unwrap();
+        let read: serde_json::Value =
+            app.get(&format!("/v1/payments/{id}"), &key).await.json().await.unwrap();
+        assert_eq!(created, read, "the stored answer is the payment as written");
+        assert_eq!(created["status"], "succeeded");
+        let written: (i64, i64, serde_json::Value) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM audit_events WHERE object_id = $1 \
+                       AND action = 'payment.charged'), \
+                    (SELECT count(*) FROM events WHERE object ->> 'id' = $1), \
+                    (SELECT object FROM events WHERE object ->> 'id' = $1 \
+                       AND type = 'payment.succeeded')",
+        )
+        .bind(id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+        assert_eq!((written.0, written.1), (1, 1), "{id}: one audit record, one event");
+        assert_eq!(written.2["amount_captured"], created["amount_captured"]);
+        assert_eq!(written.2["processor_charge_id"], created["processor_charge_id"]);
+    }
+    let finished: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM idempotency_keys WHERE recovery_point = 'finished' \
+            AND response_status = 201",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(finished, PAYMENTS as i64);
+    let statements = take(&recorded);
+    let last_phases = statements.iter().filter(|s| s.contains("UPDATE payments")).count();
+    assert!(
+        last_phases < PAYMENTS,
+        "{last_phases} statements for {PAYMENTS} last phases: {statements:#?}"
+    );
+}

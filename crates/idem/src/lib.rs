@@ -133,6 +133,7 @@
 //! (`idem_commit_fence`, with a [`FenceRecord`]).
 //! Resuming costs one more statement (the compare-and-swap takeover).
 
+pub mod batch;
 mod engine;
 mod error;
 pub mod failpoint;

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem::batch::{Batch, Batcher};
 use idem::{
     Claim, ClaimArgs, ClaimRequest, Claimed, Engine, EngineConfig, Event, FenceRecord, Fingerprint,
     First, FirstStatement, IdempotencyKey, Interrupted, Lease, Observer, OneStatement, Operation,
@@ -1308,6 +1309,170 @@ async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {
     assert_eq!(h.recovery_point("stalled").await, "order_created");
     let shipment = h.shipment("stalled").await;
     assert_eq!(shipment, None, "the late statement's own write rolled back with its fence");
+}
+
+/// Shipments written in batches: one statement for every row, each order's shipment set where
+/// its key's fence moved it. Records the size of every batch; with `hold_first`, its first batch
+/// waits for `release` before it sends anything.
+#[derive(Default)]
+struct Shipments {
+    sizes: Mutex<Vec<usize>>,
+    hold_first: std::sync::atomic::AtomicBool,
+    release: tokio::sync::Notify,
+}
+
+/// The batch kind of [`Shipments`], which the test keeps a handle on.
+struct ShipmentBatch(Arc<Shipments>);
+
+impl Batch for ShipmentBatch {
+    type Row = String;
+
+    async fn send(
+        &self,
+        connection: &mut PgConnection,
+        rows: &[(String, FenceRecord)],
+    ) -> Result<Vec<Option<i64>>, sqlx::Error> {
+        let shipments = &self.0;
+        shipments.sizes.lock().unwrap().push(rows.len());
+        if shipments.hold_first.swap(false, Ordering::SeqCst) {
+            shipments.release.notified().await;
+        }
+        let shipments: Vec<&str> = rows.iter().map(|(shipment, _)| shipment.as_str()).collect();
+        let fences: Vec<FenceRecord> = rows.iter().map(|(_, fence)| fence.clone()).collect();
+        sqlx::query_scalar(
+            "WITH input AS (SELECT * FROM unnest($1::text[]) WITH ORDINALITY AS t(shipment, ord)), \
+                  fenced AS (SELECT ord, idem_commit_fence(($2::idem_fence[])[ord]) AS key_id \
+                               FROM input), \
+                  shipped AS (UPDATE orders SET shipment = input.shipment \
+                                FROM fenced JOIN input USING (ord) \
+                               WHERE orders.key_id = fenced.key_id) \
+             SELECT key_id FROM fenced ORDER BY ord",
+        )
+        .bind(&shipments)
+        .bind(&fences)
+        .fetch_all(connection)
+        .await
+    }
+}
+
+/// `ShipInOne`, batched: alone it ships "in one", in a batch "in a batch". Counts the phases that
+/// handed the batcher their row.
+struct ShipInBatch {
+    batcher: Batcher<ShipmentBatch>,
+    handed: Arc<AtomicUsize>,
+}
+
+impl OneStatement for ShipInBatch {
+    type Point = Point;
+    type Error = String;
+    type Output = ();
+
+    fn step(&self) -> Step<Point> {
+        Step::Next(Point::Shipped)
+    }
+
+    async fn run(
+        &mut self,
+        connection: &mut PgConnection,
+        fence: &FenceRecord,
+    ) -> Result<(i64, ()), PhaseError<String>> {
+        ShipInOne { step: self.step() }.run(connection, fence).await
+    }
+
+    async fn run_batched(&mut self, fence: &FenceRecord) -> Option<(i64, ())> {
+        self.handed.fetch_add(1, Ordering::SeqCst);
+        self.batcher.send("in a batch".to_owned(), fence).await.map(|key_id| (key_id, ()))
+    }
+}
+
+/// `count` keys, each with its order created and its lease held, and a batcher of shipments.
+async fn ready_to_ship(
+    h: &Harness,
+    count: usize,
+) -> (Vec<(String, Lease)>, Arc<Shipments>, Batcher<ShipmentBatch>) {
+    let mut leases = Vec::new();
+    for i in 0..count {
+        let key = format!("batched-{i}");
+        let mut lease = h.acquire(&key).await;
+        h.operation().step(&mut lease, Point::Started).await.unwrap();
+        leases.push((key, lease));
+    }
+    let shipments = Arc::new(Shipments::default());
+    let batcher = Batcher::new(h.pool.clone(), ShipmentBatch(shipments.clone()));
+    (leases, shipments, batcher)
+}
+
+/// Waits (at most five seconds) until `done` holds.
+async fn until(done: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("still not so after five seconds");
+}
+
+/// Phases that reach the batcher while a batch is in flight share the next statement; each key
+/// moves and each order is shipped by it, as by one statement each.
+#[sqlx::test(migrations = "../../migrations")]
+async fn one_statement_phases_that_arrive_together_share_a_batch(pool: PgPool) {
+    let h = harness(pool).await;
+    let (leases, shipments, batcher) = ready_to_ship(&h, 4).await;
+    shipments.hold_first.store(true, Ordering::SeqCst);
+    let handed = Arc::new(AtomicUsize::new(0));
+    let mut phases = Vec::new();
+    for (i, (_, mut lease)) in leases.into_iter().enumerate() {
+        let statement = ShipInBatch { batcher: batcher.clone(), handed: handed.clone() };
+        phases.push(tokio::spawn(async move { lease.phase_in_one(statement).await }));
+        if i == 0 {
+            // The first phase's batch is under way (and waits) before the others arrive.
+            until(|| shipments.sizes.lock().unwrap().len() == 1).await;
+        }
+    }
+    until(|| handed.load(Ordering::SeqCst) == 4).await;
+    shipments.release.notify_one();
+    for phase in phases {
+        phase.await.unwrap().unwrap();
+    }
+    assert_eq!(*shipments.sizes.lock().unwrap(), [1, 3], "the three that queued, in one statement");
+    for i in 0..4 {
+        let key = format!("batched-{i}");
+        assert_eq!(h.recovery_point(&key).await, "shipped");
+        assert_eq!(h.shipment(&key).await.as_deref(), Some("in a batch"));
+    }
+}
+
+/// A batch in which one phase lost its lease writes nothing (its fence raises `IL001`), and every
+/// phase of it is sent again alone: the others commit, the late one is told its lease was lost
+/// and writes nothing.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_batch_with_a_lost_lease_sends_its_phases_alone(pool: PgPool) {
+    let h = harness(pool).await;
+    let (leases, shipments, batcher) = ready_to_ship(&h, 3).await;
+    h.expire_lease("batched-1").await;
+    let _taken = h.acquire("batched-1").await;
+    let handed = Arc::new(AtomicUsize::new(0));
+    // Spawned together, on this test's one thread: all three hand their rows over before the
+    // batcher's task first runs, so they are one batch.
+    let mut phases = Vec::new();
+    for (key, mut lease) in leases {
+        let statement = ShipInBatch { batcher: batcher.clone(), handed: handed.clone() };
+        phases.push((key, tokio::spawn(async move { lease.phase_in_one(statement).await })));
+    }
+    for (key, phase) in phases {
+        let done = phase.await.unwrap();
+        if key == "batched-1" {
+            assert!(matches!(done, Err(PhaseError::LeaseLost)), "{done:?}");
+            assert_eq!(h.recovery_point(&key).await, "order_created");
+            assert_eq!(h.shipment(&key).await, None, "the late phase wrote nothing");
+        } else {
+            done.unwrap();
+            assert_eq!(h.recovery_point(&key).await, "shipped");
+            assert_eq!(h.shipment(&key).await.as_deref(), Some("in one"), "{key} went alone");
+        }
+    }
+    assert_eq!(*shipments.sizes.lock().unwrap(), [3], "one batch, which failed whole");
 }
 
 /// A one-statement phase that reports the server session it ran on, after `pause` in the server.

@@ -170,6 +170,8 @@ pub struct IdempotencySettings {
     pub phase_connections: u32,
     /// Bytes of finished answers the API keeps in memory to answer replays from; 0: none.
     pub answer_memory_bytes: u64,
+    /// Whether concurrent one-statement phases of one kind share a statement (`idem::batch`).
+    pub batch_phases: bool,
 }
 
 impl IdempotencySettings {

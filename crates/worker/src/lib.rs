@@ -139,7 +139,8 @@ impl<P: CardProcessor> Worker<P> {
         let engine = Engine::new(pool.clone(), settings.engine_config(), Arc::new(NoObserver));
         Ok(Self {
             ctx: Context::new(pool, processor, public_base_url)
-                .with_charge_metadata(settings.processor.charge_metadata.clone()),
+                .with_charge_metadata(settings.processor.charge_metadata.clone())
+                .with_batches(settings.idempotency.batch_phases),
             engine,
             settings: settings.worker.clone(),
             mailer,

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use idem::batch::Batcher;
 use idem::{
     ClaimArgs, Claimed, ClaimsInFirstPhase, FirstStatement, Interrupted, Lease, OneStatement,
     Operation, Phase, PhaseError, Step,
@@ -317,7 +318,9 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
                         if let (Some(version), None, 1) =
                             (version, reconciled, key.generation_number())
                         {
-                            let in_one = ChargedInOne::new(&payment, version, &charge, key, &info);
+                            let batches = self.ctx.charged.as_ref();
+                            let in_one =
+                                ChargedInOne::new(&payment, version, &charge, key, &info, batches);
                             match lease.phase_in_one(in_one).await {
                                 Ok(()) => return Ok(()),
                                 // Changed meanwhile (its description, say): from the row as it is.
@@ -527,6 +530,8 @@ struct ChargedInOne<'a> {
     audit: AuditEvent<'a>,
     /// The payment as the statement leaves it.
     charged: Payment,
+    /// The batches the statement goes in, if it does.
+    batches: Option<&'a Batcher<payments::batch::Charged>>,
 }
 
 impl<'a> ChargedInOne<'a> {
@@ -536,11 +541,12 @@ impl<'a> ChargedInOne<'a> {
         charge: &'a Charge,
         key: &DownstreamKey,
         info: &'a LeaseInfo,
+        batches: Option<&'a Batcher<payments::batch::Charged>>,
     ) -> Self {
         let recorded = Recorded::of(charge, key);
         let audit = recorded.audit(payment, info);
         let charged = recorded.changes.apply(payment);
-        Self { payment, version, recorded, audit, charged }
+        Self { payment, version, recorded, audit, charged, batches }
     }
 }
 
@@ -572,6 +578,22 @@ impl OneStatement for ChargedInOne<'_> {
             Err(DomainError::Database(err)) => Err(PhaseError::Database(err)),
             Err(other) => Err(PhaseError::Operation(InOne::Failed(other))),
         }
+    }
+
+    /// The same writes as a row of the batches of new payments' last phases. A row the batch did
+    /// not write (it failed, or the payment moved on) goes alone, through `run`.
+    async fn run_batched(&mut self, fence: &idem::FenceRecord) -> Option<(i64, ())> {
+        let batches = self.batches?;
+        let receipt = Recorded::receipt(&self.charged);
+        let object = self.charged.to_json();
+        let written = Written {
+            audit: &self.audit,
+            job: receipt.as_ref(),
+            event: (self.recorded.event, &object),
+        };
+        let (id, version, changes) = (&self.payment.id, self.version, &self.recorded.changes);
+        let row = payments::batch::ChargedRow::new(id, version, changes, &written)?;
+        batches.send(row, fence).await.map(|key_id| (key_id, ()))
     }
 }
 

@@ -35,6 +35,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use idem::batch::Batcher;
 use idem::{Interrupted, Lease, Operation, PhaseError, StoredResponse, TransientKind};
 use provider::{CardProcessor, ProcessorError};
 use serde::Serialize;
@@ -175,17 +176,27 @@ pub struct Context<P> {
     pub public_base_url: Arc<str>,
     /// Further `metadata[…]` members for every new charge (`processor.charge_metadata`).
     pub charge_metadata: Arc<BTreeMap<String, String>>,
+    /// The batches the last phase of new payments share (`idem::batch`), or `None` to send each
+    /// alone (`idempotency.batch_phases`).
+    pub charged: Option<Batcher<payments::batch::Charged>>,
 }
 
 impl<P> Context<P> {
-    /// A context with no further charge metadata.
+    /// A context with no further charge metadata, whose phases go in batches.
     pub fn new(pool: PgPool, processor: Arc<P>, public_base_url: Arc<str>) -> Self {
-        Self { pool, processor, public_base_url, charge_metadata: Arc::default() }
+        let charged = Some(Batcher::new(pool.clone(), payments::batch::Charged));
+        Self { pool, processor, public_base_url, charge_metadata: Arc::default(), charged }
     }
 
     /// The same, with `metadata` sent with every new charge.
     pub fn with_charge_metadata(self, metadata: BTreeMap<String, String>) -> Self {
         Self { charge_metadata: Arc::new(metadata), ..self }
+    }
+
+    /// The same, with phases sent in batches or each alone.
+    pub fn with_batches(self, batches: bool) -> Self {
+        let charged = batches.then(|| Batcher::new(self.pool.clone(), payments::batch::Charged));
+        Self { charged, ..self }
     }
 }
 
@@ -196,6 +207,7 @@ impl<P> Clone for Context<P> {
             processor: self.processor.clone(),
             public_base_url: self.public_base_url.clone(),
             charge_metadata: self.charge_metadata.clone(),
+            charged: self.charged.clone(),
         }
     }
 }

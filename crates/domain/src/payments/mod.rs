@@ -447,6 +447,7 @@ impl From<PaymentRow> for Payment {
     }
 }
 
+pub mod batch;
 mod store;
 #[cfg(test)]
 mod tests;

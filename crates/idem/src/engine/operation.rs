@@ -246,6 +246,20 @@ pub trait OneStatement: Send {
         connection: &mut PgConnection,
         fence: &FenceRecord,
     ) -> impl Future<Output = Result<(i64, Self::Output), PhaseError<Self::Error>>> + Send;
+
+    /// Sends the statement's writes as a row of a batch (`crate::batch`) instead, and returns
+    /// what [`OneStatement::run`] would have: the key id the fence returned and the output. `None`
+    /// (the default: the statement is not batched) when the row must go alone: the engine then
+    /// calls `run`. The batch writes the row whole or not at all, so `None` means nothing of it
+    /// was written, or, when the batch's answer was lost, that `run` will find the key moved. May
+    /// run more than once, as `run`.
+    fn run_batched(
+        &mut self,
+        fence: &FenceRecord,
+    ) -> impl Future<Output = Option<(i64, Self::Output)>> + Send {
+        let _ = fence;
+        std::future::ready(None)
+    }
 }
 
 /// What the first statement of an operation binds to claim its key (`FirstStatement`): its first
@@ -465,12 +479,16 @@ impl Lease {
         self.phase_in_one(AsPhase { statement, account: &account, key: &key }).await
     }
 
-    /// Sends the statement once, on a kept connection (`kept.rs`) or a pooled one.
+    /// Sends the statement once: in a batch when it is batched and the batch took it, else on a
+    /// kept connection (`kept.rs`) or a pooled one.
     async fn run_in_one<S: OneStatement>(
         &self,
         statement: &mut S,
         fence: &FenceRecord,
     ) -> Result<(i64, S::Output), PhaseError<S::Error>> {
+        if let Some(sent) = statement.run_batched(fence).await {
+            return Ok(sent);
+        }
         let Some(kept) = self.engine.phase_connections() else {
             let mut pooled = self.engine.pool.acquire().await?;
             return statement.run(&mut pooled, fence).await;

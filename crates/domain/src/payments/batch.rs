@@ -1,0 +1,216 @@
+//! The last phase of new payments whose charge the processor answered, many in one statement
+//! (`idem::batch`): what [`update_fenced`] writes for one such payment, for each row of a batch.
+//!
+//! [`update_fenced`]: super::update_fenced
+
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use super::{Changes, RowVersion, Written};
+use crate::DomainError;
+use crate::ids::{EventId, PaymentId};
+use crate::jobs::JobKind;
+
+/// One payment's row of a batch: the changes of a charge recorded (its status, the amount
+/// captured, the charge), at the row's version the first phase wrote, with what `Written` says.
+#[derive(Debug)]
+pub struct ChargedRow {
+    payment_id: String,
+    version: i64,
+    status: String,
+    amount_captured: i64,
+    charge_id: String,
+    action: String,
+    request_id: String,
+    key_id: i64,
+    detail: Value,
+    job: Option<(String, String, Value)>,
+    event_id: String,
+    event_type: String,
+    object: Value,
+}
+
+impl ChargedRow {
+    /// The row for `changes` to the payment `id` at `version`, with what is `written` beside
+    /// them; `None` when the changes are not only a status, an amount captured and a charge (the
+    /// batch's statement sets nothing else) or a stored value cannot be made.
+    pub fn new(
+        id: &PaymentId,
+        version: RowVersion,
+        changes: &Changes<'_>,
+        written: &Written<'_>,
+    ) -> Option<Self> {
+        let Changes {
+            status: Some(status),
+            amount_captured: Some(amount_captured),
+            processor_charge_id: Some(charge_id),
+            refunded_delta: 0,
+            failure_code: None,
+            failure_message: None,
+            cancellation_reason: None,
+            description: None,
+            metadata: None,
+        } = *changes
+        else {
+            return None;
+        };
+        let job = match written.job {
+            Some(work) => Some((work.kind().to_string(), work.dedupe_key(), work.payload().ok()?)),
+            None => None,
+        };
+        let (event_type, object) = written.event;
+        Some(Self {
+            payment_id: id.to_string(),
+            version: version.0,
+            status: status.to_string(),
+            amount_captured,
+            charge_id: charge_id.to_owned(),
+            action: written.audit.action.to_owned(),
+            request_id: written.audit.request_id.to_owned(),
+            key_id: written.audit.idempotency_key_id,
+            detail: written.audit.detail.clone(),
+            job,
+            event_id: EventId::generate().to_string(),
+            event_type: event_type.to_string(),
+            object: serde_json::from_slice(object).ok()?,
+        })
+    }
+}
+
+/// The batched statement of [`ChargedRow`]s.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Charged;
+
+impl idem::batch::Batch for Charged {
+    type Row = ChargedRow;
+
+    async fn send(
+        &self,
+        connection: &mut PgConnection,
+        rows: &[(ChargedRow, idem::FenceRecord)],
+    ) -> Result<Vec<Option<i64>>, sqlx::Error> {
+        charge_many(connection, rows).await.map_err(|err| match err {
+            DomainError::Database(err) => err,
+            other => sqlx::Error::Protocol(other.to_string()),
+        })
+    }
+}
+
+/// [`update_fenced`] for many payments in one statement, each row as that statement writes it:
+/// the payment's update at its version, its audit record, its receipt job, its event and the
+/// event's webhook deliveries, and its fence (`idem_commit_fence`, which raises `IL001` for a
+/// lost lease and so fails the whole statement). A row whose payment moved on writes nothing and
+/// is `None`. Answers the key ids in the rows' order.
+///
+/// [`update_fenced`]: super::update_fenced
+async fn charge_many(
+    connection: &mut PgConnection,
+    rows: &[(ChargedRow, idem::FenceRecord)],
+) -> Result<Vec<Option<i64>>, DomainError> {
+    let text = |f: fn(&ChargedRow) -> &str| -> Vec<String> {
+        rows.iter().map(|(row, _)| f(row).to_owned()).collect()
+    };
+    let number =
+        |f: fn(&ChargedRow) -> i64| -> Vec<i64> { rows.iter().map(|(row, _)| f(row)).collect() };
+    let json = |f: fn(&ChargedRow) -> &Value| -> Vec<Value> {
+        rows.iter().map(|(row, _)| f(row).clone()).collect()
+    };
+    let job = |f: fn(&(String, String, Value)) -> &str| -> Vec<Option<String>> {
+        rows.iter().map(|(row, _)| row.job.as_ref().map(|job| f(job).to_owned())).collect()
+    };
+    let payloads: Vec<Option<Value>> =
+        rows.iter().map(|(row, _)| row.job.as_ref().map(|job| job.2.clone())).collect();
+    let fences: Vec<idem::FenceRecord> = rows.iter().map(|(_, fence)| fence.clone()).collect();
+    let (ids, statuses, charges) =
+        (text(|row| &row.payment_id), text(|row| &row.status), text(|row| &row.charge_id));
+    let (actions, requests) = (text(|row| &row.action), text(|row| &row.request_id));
+    let (event_ids, event_types) = (text(|row| &row.event_id), text(|row| &row.event_type));
+    let (versions, captured, key_ids) =
+        (number(|row| row.version), number(|row| row.amount_captured), number(|row| row.key_id));
+    let (details, objects) = (json(|row| &row.detail), json(|row| &row.object));
+    let (job_kinds, job_keys) = (job(|job| &job.0), job(|job| &job.1));
+    // `update_fenced`'s statement with a row per payment: every write reads `updated`, so a
+    // payment that moved on writes nothing and calls no fence. The `SET` is `update`'s for these
+    // changes alone (`ChargedRow::new` takes no others).
+    let written = sqlx::query!(
+        r#"
+        WITH input AS (
+            SELECT *
+              FROM unnest($1::text[], $2::int8[], $3::text[], $4::int8[], $5::text[],
+                          $6::text[], $7::text[], $8::int8[], $9::jsonb[], $10::text[],
+                          $11::text[], $12::jsonb[], $13::text[], $14::text[], $15::jsonb[])
+                   WITH ORDINALITY AS t(payment_id, version, status, amount_captured,
+                                        charge_id, action, request_id, key_id, detail,
+                                        job_kind, job_key, job_payload, event_id, event_type,
+                                        object, ord)
+        ), updated AS (
+            -- The fences are not in `input`: a composite in a many-array `unnest` would be
+            -- spread over columns of its own. Each row's is `$16[ord]`.
+            UPDATE payments
+               SET status = input.status,
+                   amount_captured = input.amount_captured,
+                   processor_charge_id = input.charge_id,
+                   updated_at = now()
+              FROM input
+             WHERE payments.id = input.payment_id
+               AND payments.xmin::text::bigint = input.version
+            RETURNING payments.account_id, payments.id, input.ord
+        ), audit AS (
+            INSERT INTO audit_events (account_id, object_id, action, request_id,
+                                      idempotency_key_id, detail)
+            SELECT updated.account_id, updated.id, input.action, input.request_id, input.key_id,
+                   input.detail
+              FROM updated JOIN input USING (ord)
+        ), job AS (
+            INSERT INTO jobs (kind, dedupe_key, payload)
+            SELECT input.job_kind, input.job_key, input.job_payload
+              FROM updated JOIN input USING (ord)
+             WHERE input.job_kind IS NOT NULL
+            ON CONFLICT (kind, dedupe_key) DO NOTHING
+        ), event AS (
+            INSERT INTO events (id, account_id, type, object)
+            SELECT input.event_id, updated.account_id, input.event_type, input.object
+              FROM updated JOIN input USING (ord)
+            RETURNING id, account_id, type
+        ), deliveries AS (
+            INSERT INTO jobs (kind, dedupe_key, payload)
+            SELECT $17, event.id || ':' || w.id,
+                   jsonb_build_object('event_id', event.id, 'endpoint_id', w.id)
+              FROM event JOIN webhook_endpoints w ON w.account_id = event.account_id
+             WHERE w.status = 'enabled' AND w.deleted_at IS NULL
+               AND (event.type = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+            ON CONFLICT (kind, dedupe_key) DO NOTHING
+        )
+        SELECT updated.ord AS "ord!", idem_commit_fence(($16::idem_fence[])[updated.ord]) AS "key_id!"
+          FROM updated
+        "#,
+        &ids,
+        &versions,
+        &statuses,
+        &captured,
+        &charges,
+        &actions,
+        &requests,
+        &key_ids,
+        &details,
+        &job_kinds as &[Option<String>],
+        &job_keys as &[Option<String>],
+        &payloads as &[Option<Value>],
+        &event_ids,
+        &event_types,
+        &objects,
+        &fences as &[idem::FenceRecord],
+        JobKind::Webhook as JobKind,
+    )
+    .fetch_all(connection)
+    .await?;
+    let mut key_ids = vec![None; rows.len()];
+    for row in written {
+        let slot = usize::try_from(row.ord - 1)
+            .ok()
+            .and_then(|i| key_ids.get_mut(i))
+            .ok_or(DomainError::Corrupt("a batch's row number"))?;
+        *slot = Some(row.key_id);
+    }
+    Ok(key_ids)
+}

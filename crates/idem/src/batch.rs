@@ -1,0 +1,166 @@
+//! Batches: the one-statement phases of one kind that concurrent operations reach at the same
+//! time, sent as one statement.
+//!
+//! A phase that is one statement (`Lease::phase_in_one`) costs Postgres about as much for what
+//! every statement costs (opening its tables and indexes, reading their checks, the commit) as
+//! for the rows it writes (BENCHMARKS.md, "Session 16"). A [`Batcher`] lets phases of one kind
+//! share that: a phase hands it its row and its fence ([`OneStatement::run_batched`]), and one
+//! task sends the rows that arrived while the statement before them ran as one statement of the
+//! operation's ([`Batch::send`]). There is no timer: a phase that arrives alone goes at once, in a
+//! batch of one; under load a batch holds what queued during the one before it, up to
+//! [`MAX_ROWS`].
+//!
+//! The statement writes every row of the batch or none of it, and each row only where its own
+//! checks hold, as the statement of one phase would: a row whose fence cannot move the key
+//! (`IL001`: the lease was lost) fails the statement, and so does any other error. Then every
+//! row of the batch is sent again alone, on a connection of its phase's own, where each case is
+//! handled as it is without batches; so is a row the statement wrote nothing for (its own check
+//! did not hold). A batch changes how many phases share a statement, never what one phase writes
+//! or how its failures are told apart.
+//!
+//! The batch runs on the batcher's task, on one connection the task keeps from the pool (so no
+//! connection check is added per batch), never on the task of a phase: a request that goes away
+//! does not cut a batch off for the others. One batch is in flight at a time. A phase whose batch
+//! was sent but whose answer was lost (the connection broke) does not know whether it committed:
+//! it is sent again alone, which finds the key moved and the lease gone, as after a lost
+//! connection without batches.
+//!
+//! [`OneStatement::run_batched`]: crate::OneStatement::run_batched
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use sqlx::PgConnection;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgPool, Postgres};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::FenceRecord;
+
+/// The most rows one statement carries.
+pub const MAX_ROWS: usize = 64;
+
+/// One kind of batched statement: how an operation writes many phases' rows at once.
+pub trait Batch: Send + Sync + 'static {
+    /// What one phase writes, besides its fence.
+    type Row: Send + 'static;
+
+    /// Sends one statement that makes the writes of every row of `rows` and calls
+    /// `idem_commit_fence` with each row's fence, and answers, for each row in order, the key id
+    /// its fence returned, or `None` where its own check did not hold and it wrote nothing (the
+    /// statement of one such phase would have answered no row). Called on the batcher's task, on
+    /// its kept connection; like [`OneStatement::run`] it sends that one statement and reads its
+    /// answer to the end, and changes nothing of the session.
+    ///
+    /// [`OneStatement::run`]: crate::OneStatement::run
+    fn send(
+        &self,
+        connection: &mut PgConnection,
+        rows: &[(Self::Row, FenceRecord)],
+    ) -> impl Future<Output = Result<Vec<Option<i64>>, sqlx::Error>> + Send;
+}
+
+/// A row waiting for its batch, and where its answer goes.
+struct Entry<B: Batch> {
+    row: B::Row,
+    fence: FenceRecord,
+    answer: oneshot::Sender<Option<i64>>,
+}
+
+/// The batches of one [`Batch`] kind, sent by a task of their own (started with the first row).
+pub struct Batcher<B: Batch> {
+    shared: Arc<Shared<B>>,
+}
+
+struct Shared<B: Batch> {
+    queue: OnceLock<mpsc::UnboundedSender<Entry<B>>>,
+    batch: Arc<B>,
+    pool: PgPool,
+}
+
+impl<B: Batch> Clone for Batcher<B> {
+    fn clone(&self) -> Self {
+        Self { shared: self.shared.clone() }
+    }
+}
+
+impl<B: Batch> std::fmt::Debug for Batcher<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher").field("batch", &std::any::type_name::<B>()).finish()
+    }
+}
+
+impl<B: Batch> Batcher<B> {
+    /// Batches of `batch`, sent on a connection of `pool` (which the task holds while it lives:
+    /// one of the pool's connections).
+    pub fn new(pool: PgPool, batch: B) -> Self {
+        Self { shared: Arc::new(Shared { queue: OnceLock::new(), batch: Arc::new(batch), pool }) }
+    }
+
+    /// Sends `row` with `fence` in the next batch, and answers the key id its fence returned, or
+    /// `None` when the row must be sent alone: its batch failed, it wrote nothing, or the batch's
+    /// answer was lost. Must be called within a Tokio runtime.
+    pub async fn send(&self, row: B::Row, fence: &FenceRecord) -> Option<i64> {
+        let queue = self.shared.queue.get_or_init(|| {
+            let (queue, rows) = mpsc::unbounded_channel();
+            let (batch, pool) = (self.shared.batch.clone(), self.shared.pool.clone());
+            tokio::spawn(run(batch, pool, rows));
+            queue
+        });
+        let (answer, answered) = oneshot::channel();
+        queue.send(Entry { row, fence: fence.clone(), answer }).ok()?;
+        answered.await.ok().flatten()
+    }
+}
+
+/// How long the task's connection may sit idle before it goes back to the pool, which checks it
+/// before the next batch takes it: the server may have ended the session meanwhile (a restart, a
+/// failover). Under load no batch waits that long. The kept connections' `IDLE_RECHECK`.
+const IDLE_RECHECK: Duration = Duration::from_secs(1);
+
+/// The batcher's task: until every [`Batcher`] is dropped or the pool closes, takes what has
+/// queued (at least one row, at most [`MAX_ROWS`]), sends it as one statement, and answers each
+/// row.
+async fn run<B: Batch>(batch: Arc<B>, pool: PgPool, mut rows: mpsc::UnboundedReceiver<Entry<B>>) {
+    let mut connection: Option<(PoolConnection<Postgres>, Instant)> = None;
+    let mut entries = Vec::with_capacity(MAX_ROWS);
+    loop {
+        tokio::select! {
+            received = rows.recv_many(&mut entries, MAX_ROWS) => if received == 0 { return },
+            () = pool.close_event() => return,
+        }
+        let (sent, answers): (Vec<_>, Vec<_>) =
+            entries.drain(..).map(|entry| ((entry.row, entry.fence), entry.answer)).unzip();
+        let kept = connection.take().filter(|(_, since)| since.elapsed() < IDLE_RECHECK);
+        let written = match kept {
+            Some((kept, _)) => Ok(kept),
+            None => pool.acquire().await,
+        };
+        let written = match written {
+            Ok(mut held) => {
+                let written = batch.send(&mut held, &sent).await;
+                // A connection whose statement failed goes back to the pool, which checks it;
+                // the next batch takes one again.
+                if written.is_ok() {
+                    connection = Some((held, Instant::now()));
+                }
+                written
+            }
+            Err(err) => Err(err),
+        };
+        let written = match written {
+            Ok(written) if written.len() == answers.len() => written,
+            Ok(_) => {
+                tracing::error!("a batch answered another number of rows than it carried");
+                vec![None; answers.len()]
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, rows = answers.len(), "a batch failed: its rows go alone");
+                vec![None; answers.len()]
+            }
+        };
+        for (answer, key_id) in answers.into_iter().zip(written) {
+            let _ = answer.send(key_id);
+        }
+    }
+}
