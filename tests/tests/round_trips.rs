@@ -161,7 +161,8 @@ async fn last_phases_that_arrive_together_share_a_statement(pool: PgPool) {
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        // Well inside `idem::batch::STUCK`, after which later phases would go alone.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         lock.commit().await.unwrap();
     };
     let (answers, ()) = tokio::join!(posts, release);

@@ -20,14 +20,16 @@
 //!
 //! The batch runs on the batcher's task, on one connection the task keeps from the pool (so no
 //! connection check is added per batch), never on the task of a phase: a request that goes away
-//! does not cut a batch off for the others. One batch is in flight at a time. A phase whose batch
+//! does not cut a batch off for the others. One batch is in flight at a time; while one has been
+//! in flight for [`STUCK`] (waiting for a row lock, say), the rows that arrive go alone instead of
+//! queueing behind it, so a batch that waits holds up only the rows it carries. A phase whose batch
 //! was sent but whose answer was lost (the connection broke) does not know whether it committed:
 //! it is sent again alone, which finds the key moved and the lease gone, as after a lost
 //! connection without batches.
 //!
 //! [`OneStatement::run_batched`]: crate::OneStatement::run_batched
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use sqlx::PgConnection;
@@ -76,6 +78,8 @@ struct Shared<B: Batch> {
     queue: OnceLock<mpsc::UnboundedSender<Entry<B>>>,
     batch: Arc<B>,
     pool: PgPool,
+    /// When the batch in flight was sent, if one is.
+    in_flight: Arc<Mutex<Option<Instant>>>,
 }
 
 impl<B: Batch> Clone for Batcher<B> {
@@ -94,23 +98,40 @@ impl<B: Batch> Batcher<B> {
     /// Batches of `batch`, sent on a connection of `pool` (which the task holds while it lives:
     /// one of the pool's connections).
     pub fn new(pool: PgPool, batch: B) -> Self {
-        Self { shared: Arc::new(Shared { queue: OnceLock::new(), batch: Arc::new(batch), pool }) }
+        let in_flight = Arc::default();
+        let shared = Shared { queue: OnceLock::new(), batch: Arc::new(batch), pool, in_flight };
+        Self { shared: Arc::new(shared) }
     }
 
     /// Sends `row` with `fence` in the next batch, and answers the key id its fence returned, or
     /// `None` when the row must be sent alone: its batch failed, it wrote nothing, or the batch's
-    /// answer was lost. Must be called within a Tokio runtime.
+    /// answer was lost; or the batch in flight has run for [`STUCK`] (waiting for a lock, say),
+    /// so that the rows that arrive meanwhile do not wait behind it. Must be called within a
+    /// Tokio runtime.
     pub async fn send(&self, row: B::Row, fence: &FenceRecord) -> Option<i64> {
+        let stuck = lock(&self.shared.in_flight).is_some_and(|since| since.elapsed() >= STUCK);
+        if stuck {
+            return None;
+        }
         let queue = self.shared.queue.get_or_init(|| {
             let (queue, rows) = mpsc::unbounded_channel();
             let (batch, pool) = (self.shared.batch.clone(), self.shared.pool.clone());
-            tokio::spawn(run(batch, pool, rows));
+            tokio::spawn(run(batch, pool, self.shared.in_flight.clone(), rows));
             queue
         });
         let (answer, answered) = oneshot::channel();
         queue.send(Entry { row, fence: fence.clone(), answer }).ok()?;
         answered.await.ok().flatten()
     }
+}
+
+/// How long a batch may be in flight before the rows that arrive go alone instead of queueing
+/// behind it. A batch takes milliseconds; one that waits this long waits for something else.
+pub const STUCK: Duration = Duration::from_secs(1);
+
+/// The batch-in-flight mark, whatever a panic elsewhere left it as.
+fn lock(in_flight: &Mutex<Option<Instant>>) -> std::sync::MutexGuard<'_, Option<Instant>> {
+    in_flight.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// How long the task's connection may sit idle before it goes back to the pool, which checks it
@@ -121,7 +142,12 @@ const IDLE_RECHECK: Duration = Duration::from_secs(1);
 /// The batcher's task: until every [`Batcher`] is dropped or the pool closes, takes what has
 /// queued (at least one row, at most [`MAX_ROWS`]), sends it as one statement, and answers each
 /// row.
-async fn run<B: Batch>(batch: Arc<B>, pool: PgPool, mut rows: mpsc::UnboundedReceiver<Entry<B>>) {
+async fn run<B: Batch>(
+    batch: Arc<B>,
+    pool: PgPool,
+    in_flight: Arc<Mutex<Option<Instant>>>,
+    mut rows: mpsc::UnboundedReceiver<Entry<B>>,
+) {
     let mut connection: Option<(PoolConnection<Postgres>, Instant)> = None;
     let mut entries = Vec::with_capacity(MAX_ROWS);
     loop {
@@ -131,6 +157,7 @@ async fn run<B: Batch>(batch: Arc<B>, pool: PgPool, mut rows: mpsc::UnboundedRec
         }
         let (sent, answers): (Vec<_>, Vec<_>) =
             entries.drain(..).map(|entry| ((entry.row, entry.fence), entry.answer)).unzip();
+        *lock(&in_flight) = Some(Instant::now());
         let kept = connection.take().filter(|(_, since)| since.elapsed() < IDLE_RECHECK);
         let written = match kept {
             Some((kept, _)) => Ok(kept),
@@ -148,6 +175,7 @@ async fn run<B: Batch>(batch: Arc<B>, pool: PgPool, mut rows: mpsc::UnboundedRec
             }
             Err(err) => Err(err),
         };
+        *lock(&in_flight) = None;
         let written = match written {
             Ok(written) if written.len() == answers.len() => written,
             Ok(_) => {

@@ -1443,6 +1443,32 @@ async fn one_statement_phases_that_arrive_together_share_a_batch(pool: PgPool) {
     }
 }
 
+/// While a batch has been in flight for `STUCK` (waiting for something), a phase that arrives goes
+/// alone at once instead of queueing behind it; the batch's own phase finishes when it does.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_phase_does_not_queue_behind_a_batch_that_is_stuck(pool: PgPool) {
+    let h = harness(pool).await;
+    let (leases, shipments, batcher) = ready_to_ship(&h, 2).await;
+    shipments.hold_first.store(true, Ordering::SeqCst);
+    let handed = Arc::new(AtomicUsize::new(0));
+    let mut leases = leases.into_iter();
+    let (_, mut held) = leases.next().unwrap();
+    let statement = ShipInBatch { batcher: batcher.clone(), handed: handed.clone() };
+    let first = tokio::spawn(async move { held.phase_in_one(statement).await });
+    until(|| shipments.sizes.lock().unwrap().len() == 1).await;
+    tokio::time::sleep(idem::batch::STUCK).await;
+
+    let (key, mut late) = leases.next().unwrap();
+    let statement = ShipInBatch { batcher: batcher.clone(), handed: handed.clone() };
+    late.phase_in_one(statement).await.unwrap();
+    assert_eq!(h.shipment(&key).await.as_deref(), Some("in one"), "it went alone");
+    assert_eq!(shipments.sizes.lock().unwrap().len(), 1, "no second batch");
+
+    shipments.release.notify_one();
+    first.await.unwrap().unwrap();
+    assert_eq!(h.shipment("batched-0").await.as_deref(), Some("in a batch"));
+}
+
 /// A batch in which one phase lost its lease writes nothing (its fence raises `IL001`), and every
 /// phase of it is sent again alone: the others commit, the late one is told its lease was lost
 /// and writes nothing.
