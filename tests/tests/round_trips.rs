@@ -120,9 +120,11 @@ const NEW_PAYMENT: &[(&str, &[&str])] = &[
 
 /// The last phases of new payments that reach the database while one of them runs share one
 /// statement (`idem::batch`), and each payment comes out as if its phase had run alone: its
-/// answer is the payment as read back, with its event and audit record, and its key finished.
-/// The test holds the events table locked, so that the first last phase waits inside its
-/// statement while the others queue behind it.
+/// answer is the payment as read back and as replayed, with its own event, webhook delivery,
+/// audit record and receipt job, and its key finished. The payments differ (amounts, capture
+/// methods, receipts), so that a row written with another row's values shows. The test holds the
+/// events table locked, so that the first last phase waits inside its statement while the others
+/// queue behind it.
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn last_phases_that_arrive_together_share_a_statement(pool: PgPool) {
     const PAYMENTS: usize = 8;
@@ -138,20 +140,34 @@ async fn last_phases_that_arrive_together_share_a_statement(pool: PgPool) {
         TestApp::spawn_with(pool, serving, &[("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str())])
             .await;
     let (_, key) = app.create_account("shop").await;
-    let body = json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
+    let endpoint = json!({"url": "https://hooks.example.com/x", "enabled_events": ["*"]});
+    assert_eq!(app.post("/v1/webhook_endpoints", &key, None, &endpoint).await.status(), 201);
+    let bodies: Vec<serde_json::Value> = (0..PAYMENTS)
+        .map(|i| {
+            let mut body =
+                json!({"amount": 500 + i, "currency": "usd", "payment_method": "pm_card_visa"});
+            if i % 2 == 1 {
+                body["capture_method"] = json!("manual");
+            }
+            if i % 3 == 0 {
+                body["receipt_email"] = json!(format!("buyer-{i}@example.com"));
+            }
+            body
+        })
+        .collect();
+    let keys: Vec<String> = (0..PAYMENTS).map(|i| format!("together-{i}")).collect();
     let mut lock = app.pool.begin().await.unwrap();
     sqlx::query("LOCK TABLE events IN EXCLUSIVE MODE").execute(&mut *lock).await.unwrap();
     take(&recorded);
 
-    let keys: Vec<String> = (0..PAYMENTS).map(|i| format!("together-{i}")).collect();
     let posts = futures::future::join_all(
-        keys.iter()
-            .map(|idempotency_key| app.post("/v1/payments", &key, Some(idempotency_key), &body)),
+        keys.iter().zip(&bodies).map(|(k, body)| app.post("/v1/payments", &key, Some(k), body)),
     );
     let release = async {
-        // Every first phase committed (they do not write events), and every charge answered.
+        // Every first phase committed (they write no event); the charges answer at once.
+        let mut processing = 0;
         for _ in 0..500 {
-            let processing: i64 =
+            processing =
                 sqlx::query_scalar("SELECT count(*) FROM payments WHERE status = 'processing'")
                     .fetch_one(&app.pool)
                     .await
@@ -161,34 +177,53 @@ async fn last_phases_that_arrive_together_share_a_statement(pool: PgPool) {
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        assert_eq!(processing, PAYMENTS as i64, "every first phase committed");
         // Well inside `idem::batch::STUCK`, after which later phases would go alone.
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         lock.commit().await.unwrap();
     };
     let (answers, ()) = tokio::join!(posts, release);
+    let statements = take(&recorded);
 
-    for answer in answers {
+    for ((answer, k), (i, body)) in answers.into_iter().zip(&keys).zip(bodies.iter().enumerate()) {
         assert_eq!(answer.status(), 201);
         let created: serde_json::Value = answer.json().await.unwrap();
         let id = created["id"].as_str().unwrap();
+        assert_eq!(created["amount"], body["amount"]);
+        let (status, event) = if i % 2 == 1 {
+            ("requires_capture", "payment.requires_capture")
+        } else {
+            ("succeeded", "payment.succeeded")
+        };
+        assert_eq!(created["status"], status, "{created}");
+        let captured = if i % 2 == 1 { json!(0) } else { body["amount"].clone() };
+        assert_eq!(created["amount_captured"], captured, "{created}");
         let read: serde_json::Value =
             app.get(&format!("/v1/payments/{id}"), &key).await.json().await.unwrap();
         assert_eq!(created, read, "the stored answer is the payment as written");
-        assert_eq!(created["status"], "succeeded");
-        let written: (i64, i64, serde_json::Value) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM audit_events WHERE object_id = $1 \
+        let replayed = app.post("/v1/payments", &key, Some(k), body).await;
+        assert_eq!(replayed.status(), 201);
+        assert_eq!(replayed.json::<serde_json::Value>().await.unwrap(), created, "{k} replays it");
+        let written: (serde_json::Value, serde_json::Value, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT detail FROM audit_events WHERE object_id = $1 \
                        AND action = 'payment.charged'), \
-                    (SELECT count(*) FROM events WHERE object ->> 'id' = $1), \
-                    (SELECT object FROM events WHERE object ->> 'id' = $1 \
-                       AND type = 'payment.succeeded')",
+                    (SELECT object FROM events WHERE object ->> 'id' = $1 AND type = $2), \
+                    (SELECT count(*) FROM jobs j JOIN events e \
+                       ON j.dedupe_key LIKE e.id || ':%' \
+                      WHERE j.kind = 'webhook' AND e.object ->> 'id' = $1), \
+                    (SELECT count(*) FROM jobs WHERE kind = 'receipt' AND dedupe_key = $1)",
         )
         .bind(id)
+        .bind(event)
         .fetch_one(&app.pool)
         .await
         .unwrap();
-        assert_eq!((written.0, written.1), (1, 1), "{id}: one audit record, one event");
-        assert_eq!(written.2["amount_captured"], created["amount_captured"]);
-        assert_eq!(written.2["processor_charge_id"], created["processor_charge_id"]);
+        let (audit, object, deliveries, receipts) = written;
+        assert_eq!(audit["charge"], created["processor_charge_id"], "{id}'s audit record");
+        assert_eq!(object, created, "{id}'s event holds the payment as written");
+        assert_eq!(deliveries, 1, "{id}'s event has its webhook delivery");
+        let receipt = i64::from(i % 3 == 0 && i % 2 == 0);
+        assert_eq!(receipts, receipt, "{id}: a receipt only when it succeeded with an address");
     }
     let finished: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM idempotency_keys WHERE recovery_point = 'finished' \
@@ -198,7 +233,6 @@ async fn last_phases_that_arrive_together_share_a_statement(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(finished, PAYMENTS as i64);
-    let statements = take(&recorded);
     let last_phases = statements.iter().filter(|s| s.contains("UPDATE payments")).count();
     assert!(
         last_phases < PAYMENTS,

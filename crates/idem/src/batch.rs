@@ -18,23 +18,29 @@
 //! did not hold). A batch changes how many phases share a statement, never what one phase writes
 //! or how its failures are told apart.
 //!
-//! The batch runs on the batcher's task, on one connection the task keeps from the pool (so no
-//! connection check is added per batch), never on the task of a phase: a request that goes away
+//! The batch runs on the batcher's task, on one connection the task keeps beside the pool (so no
+//! connection check is added per batch; with generic plans, see [`connect`]), never on the task
+//! of a phase: a request that goes away
 //! does not cut a batch off for the others. One batch is in flight at a time; while one has been
 //! in flight for [`STUCK`] (waiting for a row lock, say), the rows that arrive go alone instead of
-//! queueing behind it, so a batch that waits holds up only the rows it carries. A phase whose batch
-//! was sent but whose answer was lost (the connection broke) does not know whether it committed:
-//! it is sent again alone, which finds the key moved and the lease gone, as after a lost
-//! connection without batches.
+//! queueing behind it, so a batch that waits holds up only the rows it carries (for as long as its
+//! slowest row waits, up to the sessions' `statement_timeout`). A phase whose batch was sent but
+//! whose answer was lost (the connection broke) does not know whether it committed: it is sent
+//! again alone, whose statement then finds the operation's row moved on (its own check) and whose
+//! general phase finds the lease gone, as after a phase's commit whose answer was lost without
+//! batches.
+//!
+//! The task's connection is checked with a round trip after a second idle, and closed after a
+//! batch that failed; the next batch connects again.
 //!
 //! [`OneStatement::run_batched`]: crate::OneStatement::run_batched
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use sqlx::PgConnection;
-use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgPool, Postgres};
+use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::{ConnectOptions as _, Connection as _};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::FenceRecord;
@@ -51,7 +57,7 @@ pub trait Batch: Send + Sync + 'static {
     /// `idem_commit_fence` with each row's fence, and answers, for each row in order, the key id
     /// its fence returned, or `None` where its own check did not hold and it wrote nothing (the
     /// statement of one such phase would have answered no row). Called on the batcher's task, on
-    /// its kept connection; like [`OneStatement::run`] it sends that one statement and reads its
+    /// its connection; like [`OneStatement::run`] it sends that one statement and reads its
     /// answer to the end, and changes nothing of the session.
     ///
     /// [`OneStatement::run`]: crate::OneStatement::run
@@ -80,6 +86,8 @@ struct Shared<B: Batch> {
     pool: PgPool,
     /// When the batch in flight was sent, if one is.
     in_flight: Arc<Mutex<Option<Instant>>>,
+    /// Whether the task was found ended (and said so).
+    ended: AtomicBool,
 }
 
 impl<B: Batch> Clone for Batcher<B> {
@@ -95,11 +103,12 @@ impl<B: Batch> std::fmt::Debug for Batcher<B> {
 }
 
 impl<B: Batch> Batcher<B> {
-    /// Batches of `batch`, sent on a connection of `pool` (which the task holds while it lives:
-    /// one of the pool's connections).
+    /// Batches of `batch`, sent on a connection made with `pool`'s options, beside the pool's
+    /// own: one more session on the server while the task lives.
     pub fn new(pool: PgPool, batch: B) -> Self {
         let in_flight = Arc::default();
-        let shared = Shared { queue: OnceLock::new(), batch: Arc::new(batch), pool, in_flight };
+        let (queue, batch, ended) = (OnceLock::new(), Arc::new(batch), AtomicBool::new(false));
+        let shared = Shared { queue, batch, pool, in_flight, ended };
         Self { shared: Arc::new(shared) }
     }
 
@@ -120,7 +129,17 @@ impl<B: Batch> Batcher<B> {
             queue
         });
         let (answer, answered) = oneshot::channel();
-        queue.send(Entry { row, fence: fence.clone(), answer }).ok()?;
+        if queue.send(Entry { row, fence: fence.clone(), answer }).is_err() {
+            // The task ended (a panic in `Batch::send`, or the pool closed): every phase goes
+            // alone from now on. Said once.
+            if !self.shared.ended.swap(true, Ordering::Relaxed) {
+                tracing::error!(
+                    batch = std::any::type_name::<B>(),
+                    "the batcher's task has ended: its phases go alone"
+                );
+            }
+            return None;
+        }
         answered.await.ok().flatten()
     }
 }
@@ -134,40 +153,59 @@ fn lock(in_flight: &Mutex<Option<Instant>>) -> std::sync::MutexGuard<'_, Option<
     in_flight.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// How long the task's connection may sit idle before it goes back to the pool, which checks it
-/// before the next batch takes it: the server may have ended the session meanwhile (a restart, a
-/// failover). Under load no batch waits that long. The kept connections' `IDLE_RECHECK`.
+/// How long the task's connection may sit idle before it is checked (a round trip) before the
+/// next batch: the server may have ended the session meanwhile (a restart, a failover). Under load
+/// no batch waits that long. The kept connections' `IDLE_RECHECK`.
 const IDLE_RECHECK: Duration = Duration::from_secs(1);
 
+/// A connection for batches: the pool's session settings (its `statement_timeout` included),
+/// with generic plans from the first execution. A batch's rows are its statement's parameters,
+/// so a custom plan, which Postgres keeps choosing when it is cheaper than the generic plan for
+/// the rows at hand (and for a few rows it always is), would plan the statement again for every
+/// batch: more than the batch saves. The generic plan walks the tables' keys for any number of
+/// rows.
+async fn connect(pool: &PgPool) -> Result<PgConnection, sqlx::Error> {
+    let options =
+        (*pool.connect_options()).clone().options([("plan_cache_mode", "force_generic_plan")]);
+    let timeout = pool.options().get_acquire_timeout();
+    tokio::time::timeout(timeout, options.connect()).await.map_err(|_| sqlx::Error::PoolTimedOut)?
+}
+
 /// The batcher's task: until every [`Batcher`] is dropped or the pool closes, takes what has
-/// queued (at least one row, at most [`MAX_ROWS`]), sends it as one statement, and answers each
-/// row.
+/// queued (at least one row, at most [`MAX_ROWS`]), sends it as one statement on a connection of
+/// its own (beside the pool, as the engine's kept connections are), and answers each row.
 async fn run<B: Batch>(
     batch: Arc<B>,
     pool: PgPool,
     in_flight: Arc<Mutex<Option<Instant>>>,
     mut rows: mpsc::UnboundedReceiver<Entry<B>>,
 ) {
-    let mut connection: Option<(PoolConnection<Postgres>, Instant)> = None;
+    // The task's connection, and when it last answered.
+    let mut connection: Option<(PgConnection, Instant)> = None;
     let mut entries = Vec::with_capacity(MAX_ROWS);
     loop {
         tokio::select! {
-            received = rows.recv_many(&mut entries, MAX_ROWS) => if received == 0 { return },
-            () = pool.close_event() => return,
+            received = rows.recv_many(&mut entries, MAX_ROWS) => if received == 0 { break },
+            () = pool.close_event() => break,
         }
         let (sent, answers): (Vec<_>, Vec<_>) =
             entries.drain(..).map(|entry| ((entry.row, entry.fence), entry.answer)).unzip();
         *lock(&in_flight) = Some(Instant::now());
-        let kept = connection.take().filter(|(_, since)| since.elapsed() < IDLE_RECHECK);
-        let written = match kept {
+        let held = match connection.take() {
+            Some((mut idle, answered)) if answered.elapsed() >= IDLE_RECHECK => {
+                match idle.ping().await {
+                    Ok(()) => Ok(idle),
+                    Err(_) => connect(&pool).await,
+                }
+            }
             Some((kept, _)) => Ok(kept),
-            None => pool.acquire().await,
+            None => connect(&pool).await,
         };
-        let written = match written {
+        let written = match held {
             Ok(mut held) => {
                 let written = batch.send(&mut held, &sent).await;
-                // A connection whose statement failed goes back to the pool, which checks it;
-                // the next batch takes one again.
+                // A connection whose statement failed is closed (it may be the failure); the
+                // next batch connects again.
                 if written.is_ok() {
                     connection = Some((held, Instant::now()));
                 }
@@ -183,6 +221,8 @@ async fn run<B: Batch>(
                 vec![None; answers.len()]
             }
             Err(err) => {
+                // Expected now and then (a lost lease fails its batch): the rows going alone
+                // report what concerns each.
                 tracing::debug!(error = %err, rows = answers.len(), "a batch failed: its rows go alone");
                 vec![None; answers.len()]
             }
@@ -190,5 +230,8 @@ async fn run<B: Batch>(
         for (answer, key_id) in answers.into_iter().zip(written) {
             let _ = answer.send(key_id);
         }
+    }
+    if let Some((connection, _)) = connection {
+        let _ = connection.close().await;
     }
 }

@@ -181,3 +181,10 @@ fn headers_are_bounded_at_32_kib_and_the_bound_is_at_least_1024() {
     let err = load(&[("PAYMENTS__HTTP__MAX_HEADER_BYTES", "100")]).unwrap_err().to_string();
     assert!(err.contains("http.max_header_bytes"), "{err}");
 }
+
+#[test]
+fn batches_are_on_by_default_and_can_be_turned_off() {
+    assert!(load(&[]).is_ok_and(|s| s.idempotency.batch_phases));
+    let alone = ("PAYMENTS__IDEMPOTENCY__BATCH_PHASES", "false");
+    assert!(load(&[alone]).is_ok_and(|s| !s.idempotency.batch_phases));
+}

@@ -251,8 +251,9 @@ pub trait OneStatement: Send {
     /// what [`OneStatement::run`] would have: the key id the fence returned and the output. `None`
     /// (the default: the statement is not batched) when the row must go alone: the engine then
     /// calls `run`. The batch writes the row whole or not at all, so `None` means nothing of it
-    /// was written, or, when the batch's answer was lost, that `run` will find the key moved. May
-    /// run more than once, as `run`.
+    /// was written, or, when the batch's answer was lost, that it may have been: `run` must then
+    /// find its own rows moved on (as at a version check) or the fence the lease gone, as when
+    /// its own answer is lost. May run more than once, as `run`.
     fn run_batched(
         &mut self,
         fence: &FenceRecord,
