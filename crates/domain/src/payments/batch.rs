@@ -6,34 +6,36 @@
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use super::{Changes, RowVersion, Written};
+use super::{Changes, PaymentStatus, RowVersion, Written};
 use crate::DomainError;
+use crate::audit::AuditEvent;
+use crate::events::EventType;
 use crate::ids::{EventId, PaymentId};
-use crate::jobs::JobKind;
+use crate::jobs::{JobKind, Work};
 
 /// One payment's row of a batch: the changes of a charge recorded (its status, the amount
 /// captured, the charge), at the row's version the first phase wrote, with what `Written` says.
 #[derive(Debug)]
 pub struct ChargedRow {
-    payment_id: String,
-    version: i64,
-    status: String,
+    id: PaymentId,
+    version: RowVersion,
+    status: PaymentStatus,
     amount_captured: i64,
     charge_id: String,
+    account_id: String,
     action: String,
     request_id: String,
     key_id: i64,
     detail: Value,
-    job: Option<(String, String, Value)>,
-    event_id: String,
-    event_type: String,
-    object: Value,
+    job: Option<Work>,
+    event: EventType,
+    object: Vec<u8>,
 }
 
 impl ChargedRow {
     /// The row for `changes` to the payment `id` at `version`, with what is `written` beside
     /// them; `None` when the changes are not only a status, an amount captured and a charge (the
-    /// batch's statement sets nothing else) or a stored value cannot be made.
+    /// batch's statement sets nothing else).
     pub fn new(
         id: &PaymentId,
         version: RowVersion,
@@ -54,30 +56,55 @@ impl ChargedRow {
         else {
             return None;
         };
-        let job = match written.job {
-            Some(work) => Some((work.kind().to_string(), work.dedupe_key(), work.payload().ok()?)),
-            None => None,
-        };
-        let (event_type, object) = written.event;
+        let (event, object) = written.event;
         Some(Self {
-            payment_id: id.to_string(),
-            version: version.0,
-            status: status.to_string(),
+            id: id.clone(),
+            version,
+            status,
             amount_captured,
             charge_id: charge_id.to_owned(),
+            account_id: written.audit.account_id.to_owned(),
             action: written.audit.action.to_owned(),
             request_id: written.audit.request_id.to_owned(),
             key_id: written.audit.idempotency_key_id,
             detail: written.audit.detail.clone(),
-            job,
-            event_id: EventId::generate().to_string(),
-            event_type: event_type.to_string(),
-            object: serde_json::from_slice(object).ok()?,
+            job: written.job.cloned(),
+            event,
+            object: object.to_vec(),
         })
+    }
+
+    /// The row's phase as the statement of one phase: [`update_fenced`] with the same values.
+    ///
+    /// [`update_fenced`]: super::update_fenced
+    async fn alone(
+        &self,
+        connection: &mut PgConnection,
+        fence: &idem::FenceRecord,
+    ) -> Result<Option<i64>, DomainError> {
+        let changes = Changes {
+            status: Some(self.status),
+            amount_captured: Some(self.amount_captured),
+            processor_charge_id: Some(&self.charge_id),
+            ..Changes::default()
+        };
+        let audit = AuditEvent {
+            account_id: &self.account_id,
+            object_id: &self.id,
+            action: &self.action,
+            request_id: &self.request_id,
+            idempotency_key_id: self.key_id,
+            detail: self.detail.clone(),
+        };
+        let written =
+            Written { audit: &audit, job: self.job.as_ref(), event: (self.event, &self.object) };
+        super::update_fenced(connection, &self.id, self.version, &changes, &written, fence).await
     }
 }
 
-/// The batched statement of [`ChargedRow`]s.
+/// The batched statement of [`ChargedRow`]s. A batch of one row is sent as the statement of one
+/// phase ([`update_fenced`](super::update_fenced)): the batch's form costs Postgres more for a
+/// single row (its `unnest` and the joins back to it).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Charged;
 
@@ -89,7 +116,11 @@ impl idem::batch::Batch for Charged {
         connection: &mut PgConnection,
         rows: &[(ChargedRow, idem::FenceRecord)],
     ) -> Result<Vec<Option<i64>>, sqlx::Error> {
-        charge_many(connection, rows).await.map_err(|err| match err {
+        let sent = match rows {
+            [(row, fence)] => row.alone(connection, fence).await.map(|key_id| vec![key_id]),
+            _ => charge_many(connection, rows).await,
+        };
+        sent.map_err(|err| match err {
             DomainError::Database(err) => err,
             other => sqlx::Error::Protocol(other.to_string()),
         })
@@ -107,28 +138,33 @@ async fn charge_many(
     connection: &mut PgConnection,
     rows: &[(ChargedRow, idem::FenceRecord)],
 ) -> Result<Vec<Option<i64>>, DomainError> {
-    let text = |f: fn(&ChargedRow) -> &str| -> Vec<String> {
-        rows.iter().map(|(row, _)| f(row).to_owned()).collect()
+    let text = |f: fn(&ChargedRow) -> String| -> Vec<String> {
+        rows.iter().map(|(row, _)| f(row)).collect()
     };
     let number =
         |f: fn(&ChargedRow) -> i64| -> Vec<i64> { rows.iter().map(|(row, _)| f(row)).collect() };
-    let json = |f: fn(&ChargedRow) -> &Value| -> Vec<Value> {
-        rows.iter().map(|(row, _)| f(row).clone()).collect()
+    let job = |f: fn(&Work) -> String| -> Vec<Option<String>> {
+        rows.iter().map(|(row, _)| row.job.as_ref().map(f)).collect()
     };
-    let job = |f: fn(&(String, String, Value)) -> &str| -> Vec<Option<String>> {
-        rows.iter().map(|(row, _)| row.job.as_ref().map(|job| f(job).to_owned())).collect()
-    };
-    let payloads: Vec<Option<Value>> =
-        rows.iter().map(|(row, _)| row.job.as_ref().map(|job| job.2.clone())).collect();
+    let mut payloads = Vec::with_capacity(rows.len());
+    let mut objects = Vec::with_capacity(rows.len());
+    for (row, _) in rows {
+        let payload = row.job.as_ref().map(Work::payload).transpose();
+        payloads.push(payload.map_err(|_| DomainError::Corrupt("a job's payload"))?);
+        let object: Value = serde_json::from_slice(&row.object)
+            .map_err(|_| DomainError::Corrupt("an event's object"))?;
+        objects.push(object);
+    }
+    let details: Vec<Value> = rows.iter().map(|(row, _)| row.detail.clone()).collect();
     let fences: Vec<idem::FenceRecord> = rows.iter().map(|(_, fence)| fence.clone()).collect();
-    let (ids, statuses, charges) =
-        (text(|row| &row.payment_id), text(|row| &row.status), text(|row| &row.charge_id));
-    let (actions, requests) = (text(|row| &row.action), text(|row| &row.request_id));
-    let (event_ids, event_types) = (text(|row| &row.event_id), text(|row| &row.event_type));
-    let (versions, captured, key_ids) =
-        (number(|row| row.version), number(|row| row.amount_captured), number(|row| row.key_id));
-    let (details, objects) = (json(|row| &row.detail), json(|row| &row.object));
-    let (job_kinds, job_keys) = (job(|job| &job.0), job(|job| &job.1));
+    let (ids, statuses) = (text(|row| row.id.to_string()), text(|row| row.status.to_string()));
+    let charges = text(|row| row.charge_id.clone());
+    let (actions, requests) = (text(|row| row.action.clone()), text(|row| row.request_id.clone()));
+    let event_ids = text(|_| EventId::generate().to_string());
+    let event_types = text(|row| row.event.to_string());
+    let (versions, captured) = (number(|row| row.version.0), number(|row| row.amount_captured));
+    let key_ids = number(|row| row.key_id);
+    let (job_kinds, job_keys) = (job(|work| work.kind().to_string()), job(Work::dedupe_key));
     // `update_fenced`'s statement with a row per payment: every write reads `updated`, so a
     // payment that moved on writes nothing and calls no fence. The `SET` is `update`'s for these
     // changes alone (`ChargedRow::new` takes no others).
