@@ -31,8 +31,9 @@ fn commits(statements: &[String]) -> usize {
     statements.iter().filter(|s| s.trim().eq_ignore_ascii_case("commit")).count()
 }
 
-#[sqlx::test(migrator = "payments_api::MIGRATOR")]
-async fn a_replay_costs_one_statement_and_a_new_payment_two_commits(pool: PgPool) {
+/// The API against a stand-in processor, its sessions with the database through a proxy that
+/// records what they send (keep the proxy: it stops when dropped).
+async fn app_through_a_proxy(pool: PgPool) -> (TestApp, Proxy, Recorded) {
     let options = pool.connect_options();
     let target: SocketAddr =
         format!("{}:{}", options.get_host(), options.get_port()).parse().unwrap();
@@ -44,6 +45,12 @@ async fn a_replay_costs_one_statement_and_a_new_payment_two_commits(pool: PgPool
     let app =
         TestApp::spawn_with(pool, serving, &[("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str())])
             .await;
+    (app, proxy, recorded)
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_replay_costs_one_statement_and_a_new_payment_two_commits(pool: PgPool) {
+    let (app, _proxy, recorded) = app_through_a_proxy(pool).await;
     let (_, key) = app.create_account("shop").await;
     let body = json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
     take(&recorded);
@@ -128,17 +135,7 @@ const NEW_PAYMENT: &[(&str, &[&str])] = &[
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn last_phases_that_arrive_together_share_a_statement(pool: PgPool) {
     const PAYMENTS: usize = 8;
-    let options = pool.connect_options();
-    let target: SocketAddr =
-        format!("{}:{}", options.get_host(), options.get_port()).parse().unwrap();
-    let (proxy, recorded) = Proxy::recording(target).await.unwrap();
-    let serving = PgPoolOptions::new().connect_lazy_with(
-        (*options).clone().host("127.0.0.1").port(proxy.port()).ssl_mode(PgSslMode::Disable),
-    );
-    let sim = payments_tests::start_sim(processor_sim::FaultConfig::default()).await;
-    let app =
-        TestApp::spawn_with(pool, serving, &[("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str())])
-            .await;
+    let (app, _proxy, recorded) = app_through_a_proxy(pool).await;
     let (_, key) = app.create_account("shop").await;
     let endpoint = json!({"url": "https://hooks.example.com/x", "enabled_events": ["*"]});
     assert_eq!(app.post("/v1/webhook_endpoints", &key, None, &endpoint).await.status(), 201);

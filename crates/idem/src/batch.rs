@@ -19,16 +19,15 @@
 //! or how its failures are told apart.
 //!
 //! The batch runs on the batcher's task, on one connection the task keeps beside the pool (so no
-//! connection check is added per batch; with generic plans, see [`connect`]), never on the task
-//! of a phase: a request that goes away
-//! does not cut a batch off for the others. One batch is in flight at a time; while one has been
-//! in flight for [`STUCK`] (waiting for a row lock, say), the rows that arrive go alone instead of
-//! queueing behind it, so a batch that waits holds up only the rows it carries (for as long as its
-//! slowest row waits, up to the sessions' `statement_timeout`). A phase whose batch was sent but
-//! whose answer was lost (the connection broke) does not know whether it committed: it is sent
-//! again alone, whose statement then finds the operation's row moved on (its own check) and whose
-//! general phase finds the lease gone, as after a phase's commit whose answer was lost without
-//! batches.
+//! connection check is added per batch; with generic plans, as `connect` says why), never on the
+//! task of a phase: a request that goes away does not cut a batch off for the others. One batch
+//! is in flight at a time; while one has been in flight for [`STUCK`] (waiting for a row lock,
+//! say), the rows that arrive go alone instead of queueing behind it, so a batch that waits holds
+//! up only the rows it carries (for as long as its slowest row waits, up to the sessions'
+//! `statement_timeout`). A phase whose batch was sent but whose answer was lost (the connection
+//! broke) does not know whether it committed: it is sent again alone, whose statement then finds
+//! the operation's row moved on (its own check) and whose general phase finds the lease gone, as
+//! after a phase's commit whose answer was lost without batches.
 //!
 //! The task's connection is checked with a round trip after a second idle, and closed after a
 //! batch that failed; the next batch connects again.
