@@ -550,6 +550,15 @@ impl<'a> ChargedInOne<'a> {
     }
 }
 
+impl ChargedInOne<'_> {
+    /// What the statement writes beside the payment's changes: its audit record, its receipt
+    /// (`Recorded::receipt` of the payment as charged) and its event (`object`, the payment's
+    /// representation as charged).
+    fn written<'w>(&'w self, receipt: Option<&'w Work>, object: &'w [u8]) -> Written<'w> {
+        Written { audit: &self.audit, job: receipt, event: (self.recorded.event, object) }
+    }
+}
+
 impl OneStatement for ChargedInOne<'_> {
     type Point = CreatePoint;
     type Error = InOne;
@@ -564,13 +573,8 @@ impl OneStatement for ChargedInOne<'_> {
         connection: &mut PgConnection,
         fence: &idem::FenceRecord,
     ) -> Result<(i64, ()), PhaseError<InOne>> {
-        let receipt = Recorded::receipt(&self.charged);
-        let object = self.charged.to_json();
-        let written = Written {
-            audit: &self.audit,
-            job: receipt.as_ref(),
-            event: (self.recorded.event, &object),
-        };
+        let (receipt, object) = (Recorded::receipt(&self.charged), self.charged.to_json());
+        let written = self.written(receipt.as_ref(), &object);
         let (id, version, changes) = (&self.payment.id, self.version, &self.recorded.changes);
         match payments::update_fenced(connection, id, version, changes, &written, fence).await {
             Ok(Some(key_id)) => Ok((key_id, ())),
@@ -584,13 +588,8 @@ impl OneStatement for ChargedInOne<'_> {
     /// not write (it failed, or the payment moved on) goes alone, through `run`.
     async fn run_batched(&mut self, fence: &idem::FenceRecord) -> Option<(i64, ())> {
         let batches = self.batches?;
-        let receipt = Recorded::receipt(&self.charged);
-        let object = self.charged.to_json();
-        let written = Written {
-            audit: &self.audit,
-            job: receipt.as_ref(),
-            event: (self.recorded.event, &object),
-        };
+        let (receipt, object) = (Recorded::receipt(&self.charged), self.charged.to_json());
+        let written = self.written(receipt.as_ref(), &object);
         let (id, version, changes) = (&self.payment.id, self.version, &self.recorded.changes);
         let row = payments::batch::ChargedRow::new(id, version, changes, &written)?;
         batches.send(row, fence).await.map(|key_id| (key_id, ()))
