@@ -1,5 +1,5 @@
 # The two commands of the quick start are `make run` and `make test`; the rest are helpers.
-.PHONY: run test demo-crash diagrams proof proof-ha ha-up ha-down bench fuzz-api stripe-sdk fmt lint db-up db-down sqlx-prepare help
+.PHONY: run test demo-crash diagrams proof proof-ha ha-up ha-down bench fuzz-api stripe-sdk fmt lint db-up db-down sqlx-prepare schema help
 
 help:
 	@echo "make run           start Postgres (if needed), the API and friends, print a demo key"
@@ -15,6 +15,7 @@ help:
 	@echo "make fmt           format the code"
 	@echo "make lint          clippy, cargo deny and cargo machete"
 	@echo "make sqlx-prepare  refresh .sqlx/ after changing a query (needs a migrated DATABASE_URL)"
+	@echo "make schema        rewrite docs/schema.sql from a freshly migrated scratch database"
 	@echo "make db-up|db-down start or stop the private Postgres cluster under target/"
 
 run:
@@ -112,3 +113,8 @@ sqlx-prepare:
 	find crates tests -name '*.rs' -exec touch {} +
 	SQLX_OFFLINE=false SQLX_OFFLINE_DIR=$(CURDIR)/.sqlx cargo check --workspace --all-targets --quiet
 	@echo "wrote $$(ls .sqlx | wc -l) queries to .sqlx/"
+
+# docs/schema.sql, the schema the migrations make, dumped from a scratch database on DATABASE_URL's
+# server (or the one scripts/postgres.sh finds). `make test` fails when it is out of date.
+schema:
+	@scripts/schema.sh write

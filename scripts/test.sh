@@ -27,12 +27,35 @@ step "offline build (proves .sqlx/ is current)"
 cargo build --workspace --all-targets --locked
 
 step "postgres"
+callers_url=${DATABASE_URL:-}
 pg_env=$(scripts/postgres.sh up)
 export DATABASE_URL; DATABASE_URL=$(sed -n 's/^DATABASE_URL=//p' <<<"$pg_env")
 PG_STARTED=$(sed -n 's/^PG_STARTED=//p' <<<"$pg_env")
 if [ -n "$PG_STARTED" ]; then trap 'scripts/postgres.sh down "$PG_STARTED"' EXIT; fi
+# A database migrated before the migrations were folded into one baseline records versions that
+# migrations/ no longer has, and `migrate` refuses it. The `payments` database that
+# scripts/postgres.sh chose itself (or its default) is ours to drop, and `migrate` makes it again.
+PSQL=$(command -v psql || ls /usr/lib/postgresql/*/bin/psql 2>/dev/null | sort -V | tail -n 1 || true)
+versions=$(ls migrations/*.sql | sed -E 's#^.*/([0-9]+)_.*#\1#' | paste -sd, -)
+stale=$("${PSQL:-psql}" "$DATABASE_URL" -XAtq -c "SELECT string_agg(version::text, ' ' ORDER BY version)
+  FROM _sqlx_migrations WHERE version NOT IN ($versions)" 2>/dev/null || true)
+if [ -n "$stale" ]; then
+  db=${DATABASE_URL##*/}
+  if [ "$db" = payments ] && { [ "$DATABASE_URL" != "$callers_url" ] ||
+       [ "$DATABASE_URL" = postgres://postgres@127.0.0.1:5432/payments ]; }; then
+    echo "the payments database was migrated by an earlier build (versions $stale); dropping it" >&2
+    "${PSQL:-psql}" "${DATABASE_URL%/payments}/postgres" -XAq -v ON_ERROR_STOP=1 -c 'DROP DATABASE payments'
+  else
+    echo "the database $db at DATABASE_URL was migrated by an earlier build (versions $stale," \
+      "folded since into one baseline): drop it (\`migrate\` makes it again) or use another one" >&2
+    exit 1
+  fi
+fi
 # The test databases are created from this one; make sure it exists and is migrated.
 "${CARGO_TARGET_DIR:-target}/debug/payments-api" migrate
+
+step "docs/schema.sql matches a freshly migrated database"
+scripts/schema.sh check
 
 step "a headless browser for the inspector's test (Debian's chromium)"
 has_browser() { command -v chromium || command -v chromium-browser || command -v google-chrome; } >/dev/null 2>&1

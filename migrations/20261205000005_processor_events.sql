@@ -28,3 +28,9 @@ CREATE TABLE processor_events (
 -- The create-payment operation looks for the charge its downstream key made.
 CREATE INDEX processor_events_downstream_key_idx ON processor_events (downstream_key)
     WHERE downstream_key IS NOT NULL;
+
+-- The phase that records a payment's outcome looks for a success the processor reported for the
+-- payment under another charge (`processor_events::other_succeeded_charge`,
+-- `paid_under_another_key`), holding the payment's row: by index, not by a scan of every event.
+CREATE INDEX processor_events_payment_succeeded_idx ON processor_events (payment_id)
+    WHERE type = 'charge.succeeded';

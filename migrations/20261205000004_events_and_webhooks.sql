@@ -5,19 +5,34 @@
 -- staged in `jobs` (dedupe key `<event>:<endpoint>`), so the fan-out commits with the event too:
 -- an endpoint created after an event does not receive it, as with Stripe.
 
+-- An event's id, a domain as the payments' ids are (why: 20261205000002_idempotency_keys.sql).
+CREATE DOMAIN event_id AS text
+    CONSTRAINT event_id_prefix CHECK (VALUE LIKE 'evt\_%');
+
 CREATE TABLE events (
     seq                  bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
-    id                   text PRIMARY KEY CHECK (id LIKE 'evt\_%'),
+    id                   event_id PRIMARY KEY,
     account_id           text NOT NULL REFERENCES accounts (id),
     type                 text NOT NULL,
     -- `data.object`: the object as the API showed it when the change committed.
     object               jsonb NOT NULL,
-    created_at           timestamptz NOT NULL DEFAULT now()
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    -- The transaction that wrote the event, for a feed without gaps (below).
+    xid                  xid8 DEFAULT pg_current_xact_id()
 );
 
--- The list, newest first, and the list filtered by type.
-CREATE INDEX events_account_seq_idx ON events (account_id, seq DESC);
-CREATE INDEX events_account_type_seq_idx ON events (account_id, type, seq DESC);
+-- The event feed, gap-free for a poller (crates/domain/src/events.rs, `list`; docs/webhooks.md).
+-- `seq` is taken when the row is inserted, not when its transaction commits: a transaction that
+-- took seq 10 may commit after one that took seq 11, and a poller that moved its cursor to 11 in
+-- between would never see 10. So the list walks (xid, seq) and shows only events of transactions
+-- older than every transaction still running: an event that commits later has an xid at or above
+-- that horizon, so it lands ahead of any cursor the list ever handed out. The list reads a NULL
+-- xid as 0, the oldest, and these indexes are on that same expression so that it can use them:
+-- the list newest first, and the list filtered by type.
+CREATE INDEX events_account_commit_idx
+    ON events (account_id, (coalesce(xid, '0'::xid8)) DESC, seq DESC);
+CREATE INDEX events_account_type_commit_idx
+    ON events (account_id, type, (coalesce(xid, '0'::xid8)) DESC, seq DESC);
 
 CREATE TABLE webhook_endpoints (
     seq                  bigint GENERATED ALWAYS AS IDENTITY UNIQUE,

@@ -1,8 +1,33 @@
+-- Accounts (tenants), their secret API keys, and the credentials' version, which every change to
+-- the keys that could end a key's life replaces (a trigger on api_keys).
+--
+-- A key is shown once when created; only its SHA-256 digest is stored, so a leaked database
+-- cannot be used to call the API.
+
+CREATE TABLE accounts (
+    id          text PRIMARY KEY CHECK (id LIKE 'acct\_%'),
+    name        text NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE api_keys (
+    id          text PRIMARY KEY CHECK (id LIKE 'key\_%'),
+    account_id  text NOT NULL REFERENCES accounts (id),
+    -- SHA-256 of the full secret key; the lookup on every authenticated request.
+    key_hash    bytea NOT NULL UNIQUE CHECK (length(key_hash) = 32),
+    -- The last four characters, so that an operator can tell keys apart without the secret.
+    last4       text NOT NULL CHECK (length(last4) = 4),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    revoked_at  timestamptz
+);
+
+CREATE INDEX api_keys_account_id_idx ON api_keys (account_id);
+
 -- The credentials' version: a number that every change to `api_keys` which could end a key's life
 -- (a revocation, a deletion, a key moved to another account or re-hashed) replaces, in the same
 -- transaction. The engine keeps the answers of finished keys in memory and answers a replay from
 -- them only after a read of this number that began after the request arrived shows it unchanged
--- since the request's credential was last found live (`crates/idem/src/engine/answers.rs`): a
+-- since the request's credential was last found live (crates/idem/src/engine/replay_cache.rs): a
 -- key revoked before the request arrived is refused, exactly as by a read of `api_keys`.
 --
 -- A random UUID rather than a count, so that no two changes share a version even across a

@@ -1,0 +1,134 @@
+-- Payments and refunds with the domains of their one-column rules, the audit trail, staged jobs,
+-- and receipts.
+--
+-- Public ids are random; `seq` gives the strict insertion order (no ties, even within one
+-- second). A payment keeps the id of the idempotency key that created it, without a foreign key:
+-- the reaper deletes old keys, and that must never delete or orphan a payment.
+--
+-- The one-column rules of payments and refunds are domains named as the Rust types, planned once
+-- per session rather than by every statement that writes the table (why:
+-- 20261205000002_idempotency_keys.sql). The checks that tie two columns stay on the table.
+
+CREATE DOMAIN payment_id AS text
+    CONSTRAINT payment_id_prefix CHECK (VALUE LIKE 'pay\_%');
+CREATE DOMAIN refund_id AS text
+    CONSTRAINT refund_id_prefix CHECK (VALUE LIKE 're\_%');
+-- `Amount` (crates/domain/src/money.rs): 1 to 99,999,999 minor units. A refund's amount too: it
+-- is never more than its payment's.
+CREATE DOMAIN amount AS bigint
+    CONSTRAINT amount_range CHECK (VALUE BETWEEN 1 AND 99999999);
+-- A captured or refunded amount: none or more.
+CREATE DOMAIN minor_units AS bigint
+    CONSTRAINT minor_units_not_negative CHECK (VALUE >= 0);
+CREATE DOMAIN currency AS text
+    CONSTRAINT currency_code CHECK (VALUE ~ '^[a-z]{3}$');
+CREATE DOMAIN payment_status AS text
+    CONSTRAINT payment_status_known CHECK (VALUE IN
+        ('processing', 'requires_capture', 'succeeded', 'failed', 'canceled'));
+CREATE DOMAIN capture_method AS text
+    CONSTRAINT capture_method_known CHECK (VALUE IN ('automatic', 'manual'));
+CREATE DOMAIN refund_status AS text
+    CONSTRAINT refund_status_known CHECK (VALUE IN ('pending', 'succeeded', 'failed'));
+CREATE DOMAIN refund_reason AS text
+    CONSTRAINT refund_reason_known CHECK (VALUE IN
+        ('duplicate', 'fraudulent', 'requested_by_customer'));
+
+CREATE TABLE payments (
+    seq                  bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    id                   payment_id PRIMARY KEY,
+    account_id           text NOT NULL REFERENCES accounts (id),
+    idempotency_key_id   bigint UNIQUE,
+    amount               amount NOT NULL,
+    currency             currency NOT NULL,
+    status               payment_status NOT NULL,
+    capture_method       capture_method NOT NULL,
+    amount_captured      minor_units NOT NULL DEFAULT 0,
+    -- Refunded, or reserved by a refund in flight.
+    amount_refunded      minor_units NOT NULL DEFAULT 0,
+    payment_method       text NOT NULL,
+    description          text,
+    metadata             jsonb NOT NULL DEFAULT '{}',
+    receipt_email        text,
+    processor_charge_id  text UNIQUE,
+    failure_code         text,
+    failure_message      text,
+    cancellation_reason  text,
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    updated_at           timestamptz NOT NULL DEFAULT now(),
+    -- Never more captured than the amount.
+    CONSTRAINT payments_check CHECK (amount_captured <= amount),
+    -- Never more refunded than was captured.
+    CONSTRAINT payments_check1 CHECK (amount_refunded <= amount_captured)
+);
+
+-- Lists are ordered by what the client sees: `created` (created_at), newest first, with `seq`
+-- breaking ties. `seq` alone is insertion order, and a payment whose transaction began earlier
+-- (an older `created`) can be inserted after one that began later: a list by `seq` walked newest
+-- first would meet a `created` older than the next one's. These indexes let every page walk
+-- (account, created_at, seq) from its cursor and stop after `limit + 1` rows.
+CREATE INDEX payments_account_created_seq_idx ON payments (account_id, created_at DESC, seq DESC);
+
+CREATE TABLE refunds (
+    seq                  bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    id                   refund_id PRIMARY KEY,
+    account_id           text NOT NULL REFERENCES accounts (id),
+    payment_id           text NOT NULL REFERENCES payments (id),
+    idempotency_key_id   bigint UNIQUE,
+    amount               amount NOT NULL,
+    currency             text NOT NULL,
+    status               refund_status NOT NULL,
+    reason               refund_reason,
+    metadata             jsonb NOT NULL DEFAULT '{}',
+    processor_refund_id  text UNIQUE,
+    failure_code         text,
+    created_at           timestamptz NOT NULL DEFAULT now()
+);
+
+-- A payment's refunds, newest first (as the payments' list above).
+CREATE INDEX refunds_payment_created_seq_idx ON refunds (payment_id, created_at DESC, seq DESC);
+
+-- Who did what, from which request, when: one row per phase that changed an object.
+CREATE TABLE audit_events (
+    id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    account_id           text NOT NULL,
+    object_id            text NOT NULL,
+    action               text NOT NULL,
+    request_id           text,
+    idempotency_key_id   bigint,
+    detail               jsonb NOT NULL DEFAULT '{}',
+    created_at           timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX audit_events_object_idx ON audit_events (object_id, id);
+CREATE INDEX audit_events_key_idx ON audit_events (idempotency_key_id, id);
+
+-- Work that must happen only after a commit (the receipt email, a webhook delivery), staged in
+-- the same transaction as the phase that calls for it. `dedupe_key` makes staging the same job
+-- twice a no-op.
+CREATE TABLE jobs (
+    id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind                 text NOT NULL,
+    dedupe_key           text NOT NULL,
+    payload              jsonb NOT NULL,
+    run_at               timestamptz NOT NULL DEFAULT now(),
+    attempts             integer NOT NULL DEFAULT 0,
+    last_error           text,
+    done_at              timestamptz,
+    dead_at              timestamptz,
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (kind, dedupe_key)
+);
+
+CREATE INDEX jobs_due_idx ON jobs (run_at) WHERE done_at IS NULL AND dead_at IS NULL;
+
+-- Receipts sent for payments. One per payment: the primary key is what makes a receipt job that
+-- runs twice send one receipt. `sent_at` is set once the mailer accepted it, so a job that died
+-- between recording and sending sends it on its next run.
+CREATE TABLE receipts (
+    payment_id   text PRIMARY KEY REFERENCES payments (id),
+    account_id   text NOT NULL,
+    email        text NOT NULL,
+    body         text NOT NULL,
+    sent_at      timestamptz,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
