@@ -161,7 +161,8 @@ const MIGRATE_TURN_POLL: std::time::Duration = std::time::Duration::from_millis(
 /// - with no `statement_timeout`: an index built `CONCURRENTLY` (outside a transaction, in a
 ///   `-- no-transaction` migration) scans the table twice and waits for every older snapshot,
 ///   which can take far longer than a request's statement may, and a build cut short leaves an
-///   INVALID index behind; each migration bounds its own lock waits (`SET LOCAL lock_timeout`);
+///   INVALID index behind; a migration that locks a live table bounds its own lock waits
+///   (`SET LOCAL lock_timeout`);
 /// - one `migrate` at a time, waiting its turn by asking for a lock without waiting on it:
 ///   sqlx's migrator waits for its own lock inside a statement, whose snapshot a concurrent
 ///   index build of the migrator holding it would wait for, a deadlock Postgres breaks by

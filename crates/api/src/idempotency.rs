@@ -389,7 +389,7 @@ impl Runner {
         mut operation: O,
     ) -> Result<Response, ApiError> {
         let request = attempt.claim();
-        if let Some(claim) = self.engine.kept_answer(&request).await {
+        if let Some(claim) = self.engine.cached_answer(&request).await {
             return claimed(claim, attempt.key);
         }
         let owned = OwnedClaim::of(&request);
@@ -588,7 +588,11 @@ fn interrupted_error(interrupted: Interrupted) -> ApiError {
             ProblemCode::ProcessorUnavailable,
             "The card processor could not be reached. Retry with the same Idempotency-Key; the operation resumes where it stopped.",
         ),
-        Interrupted::Transient { kind: TransientKind::Internal, detail } => {
+        // A conflict that outlasted `drive`'s retries is a database failure like any other.
+        Interrupted::Transient {
+            kind: TransientKind::Internal | TransientKind::Conflict,
+            detail,
+        } => {
             ApiError::internal(&std::io::Error::other(detail))
         }
     }

@@ -11,15 +11,15 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::routing::post;
 use idem::{
-    Engine, EngineConfig, Interrupted, Lease, NoObserver, Operation, Phase, PhaseError,
-    RecoveryPoint, Step, StoredResponse, TransientKind,
+    Engine, EngineConfig, Interrupted, Lease, NoObserver, Operation, RecoveryPoint, StoredResponse,
+    TransientKind,
 };
 use payments_api::ApiError;
 use payments_api::edge::{self, EdgeConfig};
 use payments_api::extract::JsonBody;
 use payments_api::idempotency::{Attempt, RequestMeta, RequiredKey, Runner};
 use serde_json::{Value, json};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
@@ -55,7 +55,12 @@ impl Operation for MakeThing {
         let key_id = lease.key_id();
         match at {
             Point::Started => {
-                lease.phase(InsertThing { key_id }).await?;
+                let mut tx = lease.begin().await?;
+                sqlx::query("INSERT INTO things (key_id) VALUES ($1)")
+                    .bind(key_id)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit_next(Point::ThingCreated).await?;
             }
             Point::ThingCreated => {
                 let _ = self.gate.clone().wait_for(|open| *open).await;
@@ -66,49 +71,18 @@ impl Operation for MakeThing {
                         detail: "downstream unavailable".into(),
                     });
                 }
-                lease.phase(AnswerThing { key_id }).await?;
+                let mut tx = lease.begin().await?;
+                let id: i64 = sqlx::query_scalar("SELECT id FROM things WHERE key_id = $1")
+                    .bind(key_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let body = json!({"id": id, "object": "thing"}).to_string();
+                let answer = StoredResponse::json(201, body.into_bytes())
+                    .with_header("location", format!("/things/{id}"));
+                tx.commit_answer(answer).await?;
             }
         }
         Ok(())
-    }
-}
-
-/// The first phase: a thing for the key.
-struct InsertThing {
-    key_id: i64,
-}
-
-impl Phase for InsertThing {
-    type Point = Point;
-    type Error = String;
-
-    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
-        sqlx::query("INSERT INTO things (key_id) VALUES ($1)")
-            .bind(self.key_id)
-            .execute(&mut *tx)
-            .await?;
-        Ok(Step::Next(Point::ThingCreated))
-    }
-}
-
-/// The last phase: the thing, as the answer.
-struct AnswerThing {
-    key_id: i64,
-}
-
-impl Phase for AnswerThing {
-    type Point = Point;
-    type Error = String;
-
-    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
-        let id: i64 = sqlx::query_scalar("SELECT id FROM things WHERE key_id = $1")
-            .bind(self.key_id)
-            .fetch_one(&mut *tx)
-            .await?;
-        let body = json!({"id": id, "object": "thing"}).to_string();
-        let answer = StoredResponse::json(201, body.into_bytes())
-            .with_header("location", format!("/things/{id}"));
-        Ok(Step::Finish(answer))
     }
 }
 

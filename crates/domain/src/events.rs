@@ -185,9 +185,8 @@ pub async fn list(
     cursor: Option<&Cursor<EventId>>,
 ) -> Result<Option<(Vec<Event>, bool)>, DomainError> {
     // The cursor's place in the list's order: its transaction's id (as text: sqlx has no `xid8`)
-    // and its seq. A row older than the `xid` column has none and counts as transaction 0, the
-    // oldest (migrations/20261203000000_events_commit_order.sql); the indexes are on the same
-    // expression.
+    // and its seq. A row without an `xid` counts as transaction 0, the oldest; the indexes are on
+    // the same expression (docs/schema.sql).
     let position = match cursor {
         None => None,
         Some(Cursor::After(id) | Cursor::Before(id)) => {

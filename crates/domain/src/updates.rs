@@ -8,16 +8,16 @@
 
 use std::collections::BTreeMap;
 
-use idem::{Interrupted, Lease, Operation, Phase, PhaseError, RecoveryPoint, Step, StoredResponse};
+use idem::{Interrupted, Lease, Operation, RecoveryPoint, StoredResponse};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
 use crate::DomainError;
 use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
-use crate::operations::one_phase_operation;
+use crate::operations::{one_phase_operation, problem_answer};
 use crate::payments::{self, Changes, Payment};
-use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
+use crate::problems::{Problem, ProblemCode};
 
 /// The stored name of the operation, for the completer.
 pub const UPDATE_PAYMENT: &str = "payments.update";
@@ -167,73 +167,39 @@ one_phase_operation! {
     UpdatePayment(UpdateParams) = UPDATE_PAYMENT
 }
 
-/// A problem as a stored answer.
-pub(crate) fn problem_answer(
-    problem: &Problem,
-    request_id: &str,
-    public_base_url: &str,
-) -> StoredResponse {
-    StoredResponse {
-        status: problem.code.status(),
-        headers: vec![("content-type".into(), PROBLEM_JSON.into())],
-        body: problem.render(request_id, public_base_url),
-    }
-}
-
 impl Operation for UpdatePayment {
     type Point = UpdatePoint;
 
     async fn step(&mut self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
         let UpdatePoint::Started = at;
         let request_id = lease.request_id().to_owned();
-        let base = &self.public_base_url;
-        lease
-            .phase(ApplyPatch {
-                params: &self.params,
-                patch: &self.params.patch,
-                request_id: &request_id,
-                base,
-            })
-            .await?;
-        Ok(())
+        let mut tx = lease.begin().await?;
+        let answer = apply_patch(&mut tx, &self.params, &request_id, &self.public_base_url).await?;
+        tx.commit_answer(answer).await
     }
 }
 
 /// The one phase of an update: the patch applied to the payment (or refused), and the answer.
-struct ApplyPatch<'a> {
-    params: &'a UpdateParams,
-    patch: &'a PaymentPatch,
-    request_id: &'a str,
-    base: &'a str,
-}
-
-impl Phase for ApplyPatch<'_> {
-    type Point = UpdatePoint;
-    type Error = DomainError;
-
-    async fn run(
-        &mut self,
-        tx: &mut PgConnection,
-    ) -> Result<Step<UpdatePoint>, PhaseError<DomainError>> {
-        let (params, request_id, base) = (self.params, self.request_id, self.base);
-        let (account_id, payment_id) = (&params.account_id, &params.payment_id);
-        let if_match = params.if_match.as_deref();
-        let answer = match apply(tx, account_id, payment_id, self.patch, if_match).await {
-            Ok(Patched::Updated(payment)) => {
-                crate::operations::payment_answer(200, &payment, false)
-            }
-            Ok(Patched::Missing) => problem_answer(&missing_problem(payment_id), request_id, base),
-            Ok(Patched::Stale { current_etag }) => {
-                problem_answer(&stale_problem(&current_etag), request_id, base)
-            }
-            // A rule broken only by the merge (too many pairs) is this key's answer.
-            Err(DomainError::Invalid { param, message }) => problem_answer(
-                &Problem::new(ProblemCode::InvalidRequest, message).with_param(param),
-                request_id,
-                base,
-            ),
-            Err(err) => return Err(PhaseError::from(err)),
-        };
-        Ok(Step::Finish(answer))
-    }
+async fn apply_patch(
+    tx: &mut PgConnection,
+    params: &UpdateParams,
+    request_id: &str,
+    base: &str,
+) -> Result<StoredResponse, DomainError> {
+    let (account_id, payment_id) = (&params.account_id, &params.payment_id);
+    let if_match = params.if_match.as_deref();
+    Ok(match apply(tx, account_id, payment_id, &params.patch, if_match).await {
+        Ok(Patched::Updated(payment)) => crate::operations::payment_answer(200, &payment, false),
+        Ok(Patched::Missing) => problem_answer(&missing_problem(payment_id), request_id, base),
+        Ok(Patched::Stale { current_etag }) => {
+            problem_answer(&stale_problem(&current_etag), request_id, base)
+        }
+        // A rule broken only by the merge (too many pairs) is this key's answer.
+        Err(DomainError::Invalid { param, message }) => problem_answer(
+            &Problem::new(ProblemCode::InvalidRequest, message).with_param(param),
+            request_id,
+            base,
+        ),
+        Err(err) => return Err(err),
+    })
 }

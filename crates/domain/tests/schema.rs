@@ -1,7 +1,7 @@
 //! The database keeps the rules of what it stores, whoever writes it: each value a rule refuses is
 //! refused by PostgreSQL itself (`check_violation`), not only by the Rust types that write it.
 //! The one-column rules of the tables every money-moving request writes live in domains
-//! (migrations/20261204000000_domains_idempotency_keys.sql and the three after it), which
+//! (the `CREATE DOMAIN`s of migrations/, docs/schema.sql), which
 //! PostgreSQL plans once per session instead of once per writing statement; the last test keeps
 //! them there.
 

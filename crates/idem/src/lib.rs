@@ -47,7 +47,7 @@
 //! same one, and the other side does the work once.
 //!
 //! ```no_run
-//! use idem::{Interrupted, Lease, Operation, Phase, PhaseError, RecoveryPoint, Step, StoredResponse, TransientKind};
+//! use idem::{Interrupted, Lease, Operation, RecoveryPoint, StoredResponse, TransientKind};
 //! use sqlx::PgConnection;
 //!
 //! #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +66,18 @@
 //!
 //! async fn ship(downstream_key: String) -> Result<String, String> { Ok(format!("shipment for {downstream_key}")) }
 //!
+//! // The operation's writes: plain functions over a connection.
+//! async fn create_order(tx: &mut PgConnection, key_id: i64) -> Result<(), sqlx::Error> {
+//!     sqlx::query("INSERT INTO orders (idempotency_key_id) VALUES ($1)").bind(key_id).execute(tx).await?;
+//!     Ok(())
+//! }
+//!
+//! async fn record_shipment(tx: &mut PgConnection, key_id: i64, shipment: &str) -> Result<(), sqlx::Error> {
+//!     sqlx::query("UPDATE orders SET shipment = $2 WHERE idempotency_key_id = $1")
+//!         .bind(key_id).bind(shipment).execute(tx).await?;
+//!     Ok(())
+//! }
+//!
 //! impl Operation for PlaceOrder {
 //!     type Point = Point;
 //!
@@ -74,45 +86,21 @@
 //!         match at {
 //!             // Phase 1: a local record, and the point "about to call".
 //!             Point::Started => {
-//!                 lease.phase(CreateOrder { key_id }).await?;
+//!                 let mut tx = lease.begin().await?;
+//!                 create_order(&mut tx, key_id).await?;
+//!                 tx.commit_next(Point::OrderCreated).await?;
 //!             }
 //!             // The foreign call, outside any transaction, with a key derived from our record;
 //!             // then phase 2 records its result and stores the final response.
 //!             Point::OrderCreated => {
 //!                 let shipment = ship(format!("order-{key_id}/ship")).await
 //!                     .map_err(|detail| Interrupted::Transient { kind: TransientKind::Processor, detail })?;
-//!                 lease.phase(RecordShipment { key_id, shipment: &shipment }).await?;
+//!                 let mut tx = lease.begin().await?;
+//!                 record_shipment(&mut tx, key_id, &shipment).await?;
+//!                 tx.commit_answer(StoredResponse::json(201, shipment.into_bytes())).await?;
 //!             }
 //!         }
 //!         Ok(())
-//!     }
-//! }
-//!
-//! // A phase is a value that borrows what it needs; `Lease::phase` runs it in a transaction with
-//! // the fence, and may run it again after a deadlock.
-//! struct CreateOrder { key_id: i64 }
-//!
-//! impl Phase for CreateOrder {
-//!     type Point = Point;
-//!     type Error = String;
-//!
-//!     async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
-//!         sqlx::query("INSERT INTO orders (idempotency_key_id) VALUES ($1)")
-//!             .bind(self.key_id).execute(&mut *tx).await?;
-//!         Ok(Step::Next(Point::OrderCreated))
-//!     }
-//! }
-//!
-//! struct RecordShipment<'a> { key_id: i64, shipment: &'a str }
-//!
-//! impl Phase for RecordShipment<'_> {
-//!     type Point = Point;
-//!     type Error = String;
-//!
-//!     async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
-//!         sqlx::query("UPDATE orders SET shipment = $2 WHERE idempotency_key_id = $1")
-//!             .bind(self.key_id).bind(self.shipment).execute(&mut *tx).await?;
-//!         Ok(Step::Finish(StoredResponse::json(201, self.shipment.as_bytes().to_vec())))
 //!     }
 //! }
 //! ```
@@ -125,30 +113,31 @@
 //!
 //! A replay, a mismatch and a key in use cost one statement (`read`), which can also check the
 //! request's API key (`ClaimRequest::credential`) on the way and writes nothing; it runs on
-//! connections the engine keeps for it (`kept.rs`), which spares the pool's check of a returned
-//! connection; so do one-statement phases, on connections of their own. A new key costs that read and no commit of its own: its first phase stores it. A
-//! phase is one transaction with the caller's statements plus the fence (`idem_advance` or
-//! `idem_finish`, one statement; a new key's first phase adds one more, the key's insert), or,
-//! with [`Lease::phase_in_one`], a single statement of the caller's that calls the fence itself
+//! connections the engine keeps for it (`connections.rs`), which spares the pool's check of a
+//! returned connection; so do one-statement phases, on connections of their own. A new key costs
+//! that read and no commit of its own: its first phase stores it. A phase is one transaction
+//! ([`FencedTx`]) with the caller's statements plus the fence (`idem_advance` or `idem_finish`,
+//! one statement; a new key's first phase adds one more, the key's insert), or, on the fast path
+//! ([`Lease::phase_in_one`]), a single statement of the caller's that calls the fence itself
 //! (`idem_commit_fence`, with a [`FenceRecord`]).
 //! Resuming costs one more statement (the compare-and-swap takeover).
 
 pub mod batch;
+mod connections;
 mod engine;
 mod error;
 pub mod failpoint;
 pub mod fingerprint;
 pub mod inspect;
-mod kept;
 pub mod key;
 mod observe;
 mod response;
 mod store;
 
 pub use engine::{
-    Claim, ClaimArgs, ClaimRequest, ClaimsInFirstPhase, Due, Engine, EngineConfig, FINISHED, First,
-    FirstRun, FirstStatement, Interrupted, Lease, OneStatement, Open, Operation, Phase, Read,
-    Reaped, RecoveryPoint, STARTED, Step, TransientKind, drive,
+    Claim, ClaimArgs, ClaimRequest, ClaimsInFirstPhase, Due, Engine, EngineConfig, FINISHED,
+    FencedTx, First, FirstRun, FirstStatement, Interrupted, Lease, OneStatement, Open, Operation,
+    Read, Reaped, RecoveryPoint, STARTED, Step, TransientKind, drive,
 };
 pub use error::{IdemError, PhaseError, is_retryable};
 pub use failpoint::failpoint;

@@ -11,8 +11,7 @@ use idem::batch::{Batch, Batcher};
 use idem::{
     Claim, ClaimArgs, ClaimRequest, Claimed, Engine, EngineConfig, Event, FenceRecord, Fingerprint,
     First, FirstStatement, IdempotencyKey, Interrupted, Lease, Observer, OneStatement, Operation,
-    Phase, PhaseError, Read, RecoveryPoint, RequestParts, Step, StoredResponse, TransientKind,
-    drive,
+    PhaseError, Read, RecoveryPoint, RequestParts, Step, StoredResponse, TransientKind, drive,
 };
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -88,7 +87,7 @@ impl Operation for PlaceOrder {
         let key_id = lease.key_id();
         match at {
             Point::Started => {
-                lease.phase(Insert::order(key_id)).await?;
+                Insert::order(key_id).run(lease).await?;
             }
             Point::OrderCreated => {
                 let order_id: i64 = sqlx::query_scalar("SELECT id FROM orders WHERE key_id = $1")
@@ -102,10 +101,25 @@ impl Operation for PlaceOrder {
                 let shipment = self.shipper.ship(&format!("order_{order_id}/ship")).await.map_err(
                     |detail| Interrupted::Transient { kind: TransientKind::Processor, detail },
                 )?;
-                lease.phase(RecordShipment { key_id, shipment: &shipment }).await?;
+                let mut tx = lease.begin().await?;
+                sqlx::query("UPDATE orders SET shipment = $2 WHERE key_id = $1")
+                    .bind(key_id)
+                    .bind(&shipment)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit_next(Point::Shipped).await?;
             }
             Point::Shipped => {
-                lease.phase(Answer { key_id }).await?;
+                let mut tx = lease.begin().await?;
+                let (id, shipment): (i64, String) =
+                    sqlx::query_as("SELECT id, shipment FROM orders WHERE key_id = $1")
+                        .bind(key_id)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                let body = json!({"order": id, "shipment": shipment}).to_string().into_bytes();
+                let response = StoredResponse::json(201, body)
+                    .with_header("location", format!("/orders/{id}"));
+                tx.commit_answer(response).await?;
             }
         }
         Ok(())
@@ -135,11 +149,10 @@ impl Insert {
     }
 }
 
-impl Phase for Insert {
-    type Point = Point;
-    type Error = String;
-
-    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
+impl Insert {
+    /// Runs the insert as a phase of `lease`.
+    async fn run(self, lease: &mut Lease) -> Result<(), Interrupted> {
+        let mut tx = lease.begin().await?;
         tokio::time::sleep(self.pause).await;
         sqlx::query("INSERT INTO orders (key_id, shipment) VALUES ($1, $2)")
             .bind(self.key_id)
@@ -147,52 +160,13 @@ impl Phase for Insert {
             .execute(&mut *tx)
             .await?;
         match self.outcome {
-            Outcome::Next => Ok(Step::Next(Point::OrderCreated)),
-            Outcome::Fail => Err(PhaseError::Operation("something broke after a write".into())),
+            Outcome::Next => tx.commit_next(Point::OrderCreated).await,
+            Outcome::Fail => Err(Interrupted::Transient {
+                kind: TransientKind::Internal,
+                detail: "something broke after a write".into(),
+            }),
             Outcome::Hang => std::future::pending().await,
         }
-    }
-}
-
-/// The sample operation's second phase: records the shipment.
-struct RecordShipment<'a> {
-    key_id: i64,
-    shipment: &'a str,
-}
-
-impl Phase for RecordShipment<'_> {
-    type Point = Point;
-    type Error = String;
-
-    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
-        sqlx::query("UPDATE orders SET shipment = $2 WHERE key_id = $1")
-            .bind(self.key_id)
-            .bind(self.shipment)
-            .execute(&mut *tx)
-            .await?;
-        Ok(Step::Next(Point::Shipped))
-    }
-}
-
-/// The sample operation's last phase: stores the answer.
-struct Answer {
-    key_id: i64,
-}
-
-impl Phase for Answer {
-    type Point = Point;
-    type Error = String;
-
-    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
-        let (id, shipment): (i64, String) =
-            sqlx::query_as("SELECT id, shipment FROM orders WHERE key_id = $1")
-                .bind(self.key_id)
-                .fetch_one(&mut *tx)
-                .await?;
-        let body = json!({"order": id, "shipment": shipment}).to_string().into_bytes();
-        let response =
-            StoredResponse::json(201, body).with_header("location", format!("/orders/{id}"));
-        Ok(Step::Finish(response))
     }
 }
 
@@ -1107,14 +1081,14 @@ async fn a_shutdown_waits_for_a_new_key_on_its_way_and_leaves_it_free(pool: PgPo
     // when the shutdown gives up, so no release could find it yet.
     let phase = tokio::spawn(async move {
         let slow = Insert { pause: Duration::from_millis(300), ..Insert::order(key_id) };
-        lease.phase(slow).await
+        slow.run(&mut lease).await
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     h.engine.release_held("stopping").await;
     // The process exits when `release_held` returns: by then the phase has committed and given
     // its lease back.
     assert!(phase.is_finished(), "release_held returned while a new key was on its way");
-    assert!(matches!(phase.await.unwrap(), Err(PhaseError::LeaseLost)));
+    assert!(matches!(phase.await.unwrap(), Err(Interrupted::LeaseLost)));
     let free: (bool, String) = sqlx::query_as(
         "SELECT owner_token IS NULL AND locked_until IS NULL, recovery_point \
          FROM idempotency_keys WHERE idempotency_key = 'k1'",
@@ -1740,8 +1714,8 @@ async fn a_late_commit_by_a_holder_that_lost_its_lease_is_rejected_and_leaves_no
     let fast = h.acquire("k1").await;
 
     // The slow holder wakes up and tries to commit its phase.
-    let late = slow.phase(Insert { shipment: Some("late"), ..Insert::order(1) }).await;
-    assert!(matches!(late, Err(PhaseError::LeaseLost)));
+    let late = Insert { shipment: Some("late"), ..Insert::order(1) }.run(&mut slow).await;
+    assert!(matches!(late, Err(Interrupted::LeaseLost)));
     assert_eq!(h.orders().await, 0, "the fenced phase rolled back its own writes");
     assert_eq!(h.recovery_point("k1").await, "started");
     assert_eq!(h.events.count(Event::LeaseLost), 1);
@@ -1792,8 +1766,8 @@ async fn fifty_concurrent_requests_of_one_key_yield_exactly_one_holder(pool: PgP
 async fn a_phase_that_errors_rolls_back_completely_and_the_next_attempt_resumes(pool: PgPool) {
     let h = harness(pool).await;
     let mut lease = h.acquire("k1").await;
-    let failed = lease.phase(Insert { outcome: Outcome::Fail, ..Insert::order(1) }).await;
-    assert!(matches!(failed, Err(PhaseError::Operation(_))));
+    let failed = Insert { outcome: Outcome::Fail, ..Insert::order(1) }.run(&mut lease).await;
+    assert!(matches!(failed, Err(Interrupted::Transient { .. })));
     assert_eq!(h.orders().await, 0);
     assert_eq!(lease.point::<Point>().unwrap(), Point::Started);
     lease.release("something broke").await;
@@ -1809,7 +1783,7 @@ async fn an_operation_dropped_mid_phase_leaves_the_key_resumable(pool: PgPool) {
     let h = harness(pool).await;
     // Dropped inside a transaction, after a write and before the commit.
     let mut lease = h.acquire("k1").await;
-    let stuck = lease.phase(Insert { outcome: Outcome::Hang, ..Insert::order(1) });
+    let stuck = Insert { outcome: Outcome::Hang, ..Insert::order(1) }.run(&mut lease);
     assert!(tokio::time::timeout(Duration::from_millis(200), stuck).await.is_err());
     drop(lease);
     assert_eq!(h.orders().await, 0, "the open transaction was rolled back");
@@ -1832,10 +1806,11 @@ async fn an_operation_dropped_mid_phase_leaves_the_key_resumable(pool: PgPool) {
 #[sqlx::test(migrations = "../../migrations")]
 async fn serialization_failures_are_retried_not_surfaced(pool: PgPool) {
     let h = harness(pool).await;
-    let mut lease = h.acquire("k1").await;
+    let lease = h.acquire("k1").await;
     let runs = AtomicUsize::new(0);
-    let step = lease.phase(Flaky { runs: &runs }).await;
-    assert_eq!(step.unwrap(), Step::Next(Point::OrderCreated));
+    let answer = drive(&mut Flaky { runs: &runs }, lease).await.unwrap();
+    assert_eq!(answer.status, 201);
+    assert_eq!(h.recovery_point("k1").await, "finished");
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     assert_eq!(h.events.count(Event::DatabaseRetry), 2, "both SQLSTATEs were retried");
     assert_eq!(h.orders().await, 1, "the failed tries left nothing behind");
@@ -2028,17 +2003,18 @@ async fn random_interleavings_keep_one_answer_and_one_shipment_per_key(pool: PgP
     }
 }
 
-/// Inserts an order; its first run fails as a serialization failure would, its second as a
-/// deadlock would: real errors from Postgres with those SQLSTATEs.
+/// An operation of one phase that inserts an order; its first run fails as a serialization
+/// failure would, its second as a deadlock would: real errors from Postgres with those SQLSTATEs,
+/// which `drive` answers by running the step again.
 struct Flaky<'a> {
     runs: &'a AtomicUsize,
 }
 
-impl Phase for Flaky<'_> {
+impl Operation for Flaky<'_> {
     type Point = Point;
-    type Error = String;
 
-    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<Point>, PhaseError<String>> {
+    async fn step(&mut self, lease: &mut Lease, _at: Point) -> Result<(), Interrupted> {
+        let mut tx = lease.begin().await?;
         sqlx::query("INSERT INTO orders (key_id) VALUES (1)").execute(&mut *tx).await?;
         let code = match self.runs.fetch_add(1, Ordering::SeqCst) {
             0 => Some("40001"),
@@ -2050,7 +2026,7 @@ impl Phase for Flaky<'_> {
                 format!("DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '{code}'; END $$");
             sqlx::query(&raise).execute(&mut *tx).await?;
         }
-        Ok(Step::Next(Point::OrderCreated))
+        tx.commit_answer(StoredResponse::json(201, b"{}".to_vec())).await
     }
 }
 
@@ -2230,7 +2206,7 @@ async fn a_key_woken_while_held_is_due_at_once_when_its_holder_releases_it(pool:
     for (key, woken) in [("woken", true), ("quiet", false)] {
         let mut lease = h.acquire(key).await;
         let key_id = lease.key_id();
-        lease.phase(Insert::order(key_id)).await.unwrap();
+        Insert::order(key_id).run(&mut lease).await.unwrap();
         if woken {
             // The holder's lease and point are untouched.
             assert!(idem::wake(&h.pool, key_id).await.unwrap(), "unfinished");

@@ -47,13 +47,6 @@ impl DownstreamKey {
         Self::derive(payment_id, &format!("cancel/k{key_id}"))
     }
 
-    /// The key a release that did not freeze its calls sent for a capture (`action` "capture")
-    /// or a cancel ("cancel") of payment `payment_id`, one per payment. Only to resume a call such
-    /// a release left in flight: it stored no plan, and its call went out under this key.
-    pub fn per_payment(payment_id: &str, action: &str) -> Self {
-        Self::derive(payment_id, action)
-    }
-
     /// The key for creating refund `refund_id` at the processor.
     pub fn refund(refund_id: &str) -> Self {
         Self::derive(refund_id, "refund")

@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use idem::{Interrupted, Lease, Phase, PhaseError, RecoveryPoint, Step, StoredResponse};
+use idem::{Interrupted, Lease, RecoveryPoint, StoredResponse};
 use provider::{CardProcessor, Charge, FrozenRequest, ProcessorError};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
-use super::reconcile::{Reconciled, adopt_or_move_on, plan_of, when_nothing_found};
+use super::reconcile::{Reconciled, adopt_or_move_on, when_nothing_found};
 use super::{Context, LeaseInfo, current_payment, internal, problem_answer, record, unavailable};
 use crate::DomainError;
 use crate::ids::{AccountId, PaymentId};
@@ -30,27 +30,6 @@ pub(super) enum Gate {
     Refused(Problem),
 }
 
-impl Gate {
-    /// The phase's step: on to `next` with the call `plan` builds from the payment's id and its
-    /// charge, frozen; or the refusal stored as the final answer.
-    fn into_step<P>(
-        self,
-        next: P,
-        plan: impl FnOnce(&str, &str) -> FrozenRequest,
-        info: &LeaseInfo,
-        public_base_url: &str,
-    ) -> Step<P> {
-        match self {
-            Gate::Open { payment_id, charge_id } => {
-                Step::Call(next, plan_of(&plan(&payment_id, &charge_id)))
-            }
-            Gate::Refused(problem) => {
-                Step::Finish(problem_answer(&problem, &info.request_id, public_base_url))
-            }
-        }
-    }
-}
-
 /// The call a capture or a cancel makes, frozen, built from the payment's id, its charge, the
 /// amount to capture and the operation's key (its row id: each operation has its own downstream
 /// key, `DownstreamKey::capture`).
@@ -68,36 +47,15 @@ pub(super) async fn open_phase<P: RecoveryPoint>(
     public_base_url: &str,
 ) -> Result<(), Interrupted> {
     let info = LeaseInfo::of(lease);
-    let base = public_base_url;
-    let gate =
-        OpenGate { account_id, payment_id, capture_amount, action, next, plan, info: &info, base };
-    lease.phase(gate).await?;
-    Ok(())
-}
-
-/// The first phase of a capture or a cancel, as [`open_phase`] describes it.
-struct OpenGate<'a, P> {
-    account_id: &'a AccountId,
-    payment_id: &'a PaymentId,
-    capture_amount: Option<Amount>,
-    action: &'static str,
-    next: P,
-    plan: PlanCall,
-    info: &'a LeaseInfo,
-    base: &'a str,
-}
-
-impl<P: RecoveryPoint> Phase for OpenGate<'_, P> {
-    type Point = P;
-    type Error = DomainError;
-
-    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<P>, PhaseError<DomainError>> {
-        let (payment_id, amount) = (self.payment_id, self.capture_amount);
-        let gate =
-            open_gate(tx, self.account_id, payment_id, amount, self.action, self.info).await?;
-        let key_id = self.info.key_id;
-        let plan = |payment: &str, charge: &str| (self.plan)(payment, charge, amount, key_id);
-        Ok(gate.into_step(self.next, plan, self.info, self.base))
+    let mut tx = lease.begin().await?;
+    match open_gate(&mut tx, account_id, payment_id, capture_amount, action, &info).await? {
+        Gate::Open { payment_id, charge_id } => {
+            let call = plan(&payment_id, &charge_id, capture_amount, info.key_id);
+            tx.commit_call(next, &call).await
+        }
+        Gate::Refused(problem) => {
+            tx.commit_answer(problem_answer(&problem, &info.request_id, public_base_url)).await
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! `POST /v1/payments/{id}/cancel`: `started` → `cancel_started` → finished.
 
-use idem::{Interrupted, Lease, Operation, Phase, PhaseError, Step};
+use idem::{Interrupted, Lease, Operation, StoredResponse};
 use provider::{
     CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError, RefundRequest,
 };
@@ -14,14 +14,16 @@ use super::authorization::{
 use super::reconcile::{
     adopted, already_refunded, count_reconciliation, planned_call, refused_at_a_later_generation,
 };
-use super::{Context, LeaseInfo, payment_answer, record, record_reconciled, refusal, unavailable};
+use super::{
+    Context, Learnt, LeaseInfo, Refused, final_outcome, payment_answer, record, record_reconciled,
+    unavailable,
+};
 use crate::DomainError;
 use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
 use crate::money::Amount;
 pub use crate::payments::CancellationReason;
 use crate::payments::{self, Changes, Payment, PaymentStatus};
-use crate::problems::Problem;
 
 /// The stored name of a cancel.
 pub const CANCEL_PAYMENT: &str = "payments.cancel";
@@ -82,13 +84,7 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                 let (account_id, payment_id) = (&self.params.account_id, &self.params.payment_id);
                 let (payment, charge_id) =
                     authorized_payment(&self.ctx, account_id, payment_id).await?;
-                // No plan stored: a release that did not freeze its calls moved the key here, and
-                // its call went out under the payment's one cancel key.
-                let legacy = || {
-                    let key = DownstreamKey::per_payment(&payment.id, "cancel");
-                    release_of(&payment.id, &charge_id).freeze(key)
-                };
-                let request = planned_call(lease, at, legacy).await?;
+                let request = planned_call(lease).await?;
                 idem::failpoint(|| format!("{CANCEL_PAYMENT}.before_call")).await;
                 let outcome = self.ctx.processor.create_refund(&request).await.map(|_| ());
                 idem::failpoint(|| format!("{CANCEL_PAYMENT}.after_call")).await;
@@ -117,20 +113,13 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
                     }
                     other => (refused_at_a_later_generation(&request, other)?, None),
                 };
-                let problem = refusal(&outcome, &payment.id)?;
+                let outcome = final_outcome(outcome, &payment.id)?;
+                let learnt = Learnt { key: &request.key, reconciled: reconciled.as_ref() };
                 let reason = self.params.cancellation_reason;
-                let (key, problem, reconciled) =
-                    (&request.key, problem.as_ref(), reconciled.as_ref());
-                let finish = Canceled {
-                    payment: &payment,
-                    reason,
-                    problem,
-                    key,
-                    reconciled,
-                    info: &info,
-                    base,
-                };
-                lease.phase(finish).await?;
+                let mut tx = lease.begin().await?;
+                let answer =
+                    canceled(&mut tx, &payment, reason, outcome, learnt, &info, base).await?;
+                tx.commit_answer(answer).await?;
             }
         }
         Ok(())
@@ -163,43 +152,29 @@ async fn released_already<P: CardProcessor>(
 
 /// The last phase: the payment `canceled`; or, refused, the payment awaits capture again and the
 /// refusal is the answer.
-struct Canceled<'a> {
-    payment: &'a Payment,
+async fn canceled(
+    tx: &mut PgConnection,
+    payment: &Payment,
     reason: Option<CancellationReason>,
-    /// The processor's refusal as a problem, if it refused.
-    problem: Option<&'a Problem>,
-    key: &'a DownstreamKey,
-    /// What reconciliation found, when it answered for the call.
-    reconciled: Option<&'a Value>,
-    info: &'a LeaseInfo,
-    base: &'a str,
-}
-
-impl Phase for Canceled<'_> {
-    type Point = CancelPoint;
-    type Error = DomainError;
-
-    async fn run(
-        &mut self,
-        tx: &mut PgConnection,
-    ) -> Result<Step<CancelPoint>, PhaseError<DomainError>> {
-        let (payment, info) = (self.payment, self.info);
-        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
-        record_reconciled(tx, object, info, self.reconciled).await?;
-        if let Some(problem) = self.problem {
-            let what = "payment.cancel_refused";
-            return Ok(Step::Finish(reopen(tx, payment, info, problem, self.base, what).await?));
-        }
-        let changes = Changes {
-            status: Some(PaymentStatus::Canceled),
-            cancellation_reason: self.reason,
-            ..Changes::default()
-        };
-        let payment = payments::update(tx, &payment.id, &changes, None).await?;
-        let detail = json!({"downstream_key": self.key.as_str()});
-        record(tx, &payment.account_id, &payment.id, "payment.canceled", info, detail).await?;
-        events::record(tx, &payment.account_id, EventType::PaymentCanceled, &payment.to_json())
-            .await?;
-        Ok(Step::Finish(payment_answer(200, &payment, false)))
+    outcome: Result<(), Refused>,
+    learnt: Learnt<'_>,
+    info: &LeaseInfo,
+    base: &str,
+) -> Result<StoredResponse, DomainError> {
+    let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
+    record_reconciled(tx, object, info, learnt.reconciled).await?;
+    if let Err(refused) = outcome {
+        let what = "payment.cancel_refused";
+        return reopen(tx, payment, info, &refused.problem, base, what).await;
     }
+    let changes = Changes {
+        status: Some(PaymentStatus::Canceled),
+        cancellation_reason: reason,
+        ..Changes::default()
+    };
+    let payment = payments::update(tx, &payment.id, &changes, None).await?;
+    let detail = json!({"downstream_key": learnt.key.as_str()});
+    record(tx, &payment.account_id, &payment.id, "payment.canceled", info, detail).await?;
+    events::record(tx, &payment.account_id, EventType::PaymentCanceled, &payment.to_json()).await?;
+    Ok(payment_answer(200, &payment, false))
 }

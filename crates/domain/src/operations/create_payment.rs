@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use idem::batch::Batcher;
 use idem::{
     ClaimArgs, Claimed, ClaimsInFirstPhase, FirstStatement, Interrupted, Lease, OneStatement,
-    Operation, Phase, PhaseError, Step,
+    Operation, PhaseError, Step, StoredResponse,
 };
 use provider::{
     CardProcessor, Charge, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError,
@@ -21,8 +21,8 @@ use super::reconcile::{
     refusal_may_be_stored, refused_at_a_later_generation, report_extra, when_nothing_found,
 };
 use super::{
-    Context, LeaseInfo, PaymentOperation, failure_code, final_problem, internal, payment_answer,
-    problem_answer, record_reconciled, unavailable,
+    Context, Learnt, LeaseInfo, PaymentOperation, Refused, failure_code, final_problem, internal,
+    payment_answer, problem_answer, record_reconciled, unavailable,
 };
 use crate::DomainError;
 use crate::audit;
@@ -33,7 +33,6 @@ use crate::jobs::Work;
 use crate::payments::{
     self, CaptureMethod, Changes, NewPayment, Payment, PaymentStatus, RowVersion, Written,
 };
-use crate::problems::Problem;
 use crate::processor_events::{self, ExtraCharge};
 
 /// The stored name of a payment creation.
@@ -101,16 +100,6 @@ fn charge_request(
 fn is_of(charge: &Charge, payment_id: &PaymentId) -> bool {
     charge.metadata.get("payment_id").is_some_and(|id| payment_id == id.as_str())
 }
-
-/// A charge call's outcome: what the processor answered, or what its webhook told us before we
-/// called.
-enum ChargeOutcome {
-    /// Told by the webhook: no call was made.
-    Pushed(Charge),
-    /// The call's answer.
-    Called(Result<Charge, ProcessorError>),
-}
-use ChargeOutcome::{Called, Pushed};
 
 /// Counts a charge adopted from the processor's webhook; the audit detail of its adoption.
 fn pushed_adoption(charge_id: &str, key: &DownstreamKey) -> Value {
@@ -246,136 +235,157 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
         let info = LeaseInfo::of(lease);
         match at {
             // One statement: the payment, its audit record and the key (new, it is stored here),
-            // with the charge frozen at `payment_created`. The payment's id is made before, so
-            // that the frozen charge can name it.
-            // For a key claimed with it, this phase ran in the claim (`ClaimsInFirstPhase`); here
-            // it runs for a key the lease holds already.
+            // with the charge frozen at `payment_created`. For a key claimed with it, this phase
+            // ran in the claim (`ClaimsInFirstPhase`); here it runs for a key the lease holds.
             CreatePoint::Started => {
                 let insert = InsertPayment::new(&self.params, &self.ctx, &info.request_id);
                 self.created = Some(lease.phase_first(insert).await?);
             }
             CreatePoint::PaymentCreated => {
                 let (payment, version) = self.payment(info.key_id).await?;
-                let metadata = &self.ctx.charge_metadata;
-                let request = planned_call(lease, at, || {
-                    charge_request(&payment.id, &self.params.request, metadata)
-                })
-                .await?;
-                // A key's first run made no call under it before: nothing can have been pushed,
-                // unless an earlier generation of the key was called.
-                let pushed = match (lease.attempts(), request.key.generation_number()) {
-                    (1, 1) => None,
-                    _ => self.pushed_charge(&payment, &request.key).await?,
+                let request = planned_call(lease).await?;
+                let Some(answered) = self.charge(lease, at, &payment, &request).await? else {
+                    // Nothing found at the processor: the call moved to its next generation.
+                    return Ok(());
                 };
-                let outcome = match pushed {
-                    Some(charge) => Pushed(charge),
-                    None => {
-                        idem::failpoint(|| format!("{CREATE_PAYMENT}.before_call")).await;
-                        let outcome = self.ctx.processor.create_charge(&request).await;
-                        idem::failpoint(|| format!("{CREATE_PAYMENT}.after_call")).await;
-                        Called(outcome)
-                    }
-                };
-                let (outcome, reconciled) = match outcome {
-                    Pushed(charge) => {
-                        let detail = pushed_adoption(&charge.id, &request.key);
-                        (Ok(charge), Some(detail))
-                    }
-                    // No answer: the processor's webhook may have told us meanwhile (it landed
-                    // while this lease was mid-call).
-                    Called(Err(err))
-                        if matches!(
-                            err.class(),
-                            ErrorClass::Transient | ErrorClass::UnknownOutcome
-                        ) =>
-                    {
-                        match self.pushed_charge(&payment, &request.key).await? {
-                            Some(charge) => {
-                                let detail = pushed_adoption(&charge.id, &request.key);
-                                (Ok(charge), Some(detail))
-                            }
-                            None => (Err(err), None),
-                        }
-                    }
-                    Called(Err(err)) if err.class() == ErrorClass::Reconcile => {
-                        let found = self.reconcile(lease, &payment, &request.key, &err).await?;
-                        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
-                        match adopt_or_move_on(lease, at, &request, object, "charge", &err, found)
-                            .await?
-                        {
-                            Some((charge, detail)) => (Ok(charge), Some(detail)),
-                            None => return Ok(()),
-                        }
-                    }
-                    Called(other) => (refused_at_a_later_generation(&request, other)?, None),
-                };
-                match outcome {
+                let learnt = Learnt { key: &request.key, reconciled: answered.reconciled.as_ref() };
+                match answered.charge {
                     // A charge found by reconciliation may be a declined one.
                     Ok(charge) if charge.paid => {
-                        let (key, reconciled) = (&request.key, reconciled.as_ref());
-                        // The common case in one statement: the first call of the key's first
-                        // generation answered, and the row is as the first phase left it.
-                        if let (Some(version), None, 1) =
-                            (version, reconciled, key.generation_number())
-                        {
-                            let batches = self.ctx.charged.as_ref();
-                            let in_one =
-                                ChargedInOne::new(&payment, version, &charge, key, &info, batches);
-                            match lease.phase_in_one(in_one).await {
-                                Ok(()) => return Ok(()),
-                                // Changed meanwhile (its description, say): from the row as it is.
-                                Err(PhaseError::Operation(InOne::Moved)) => {}
-                                Err(err) => return Err(err.into()),
-                            }
-                        }
-                        let mut charged = Charged {
-                            payment: &payment,
-                            charge: &charge,
-                            key,
-                            reconciled,
-                            info: &info,
-                            extra: None,
-                        };
-                        lease.phase(&mut charged).await?;
-                        report_extra(&payment.id, charged.extra.as_ref());
+                        self.record_charge(lease, (&payment, version), &charge, learnt, &info)
+                            .await?;
                     }
                     declined => {
-                        let err = match declined {
-                            // Adopted from the charge (its webhook, or the search): the
-                            // answer the 402 would have been. The decline code is the
-                            // outcome's reason; `failure_code` is the 402's `code`.
-                            Ok(charge) => ProcessorError::Declined {
-                                decline_code: charge.decline_code(),
-                                message: charge
-                                    .failure_message
-                                    .clone()
-                                    .unwrap_or_else(|| "Your card was declined.".to_owned()),
-                                charge_id: Some(charge.id),
-                            },
-                            Err(err) => err,
-                        };
-                        let problem =
-                            final_problem(&err, &payment.id).ok_or_else(|| unavailable(&err))?;
+                        let refused = refusal_of(declined, &payment)?;
                         let base = &self.ctx.public_base_url;
-                        let (problem, reconciled) = (&problem, reconciled.as_ref());
-                        let mut failed = Failed {
-                            payment: &payment,
-                            err: &err,
-                            problem,
-                            key: &request.key,
-                            reconciled,
-                            info: &info,
-                            base,
-                            extra: None,
-                        };
-                        lease.phase(&mut failed).await?;
-                        report_extra(&payment.id, failed.extra.as_ref());
+                        let mut tx = lease.begin().await?;
+                        let (answer, extra) =
+                            failed(&mut tx, &payment, &refused, learnt, &info, base).await?;
+                        tx.commit_answer(answer).await?;
+                        report_extra(&payment.id, extra.as_ref());
                     }
                 }
             }
         }
         Ok(())
     }
+}
+
+/// What the charge call came to: the charge (paid or declined) or the processor's error, and
+/// what reconciliation or the processor's webhook found when it answered for the call.
+struct Answered {
+    charge: Result<Charge, ProcessorError>,
+    reconciled: Option<Value>,
+}
+
+impl<P: CardProcessor> CreatePayment<P> {
+    /// Calls the processor with the frozen charge `request`, unless its webhook told us already
+    /// what the call made, and reconciles an answer that cannot tell. `None` when reconciliation
+    /// found nothing and moved the call to its key's next generation.
+    async fn charge(
+        &self,
+        lease: &mut Lease,
+        at: CreatePoint,
+        payment: &Payment,
+        request: &FrozenRequest,
+    ) -> Result<Option<Answered>, Interrupted> {
+        let adopted = |charge: Charge| {
+            let reconciled = Some(pushed_adoption(&charge.id, &request.key));
+            Ok(Some(Answered { charge: Ok(charge), reconciled }))
+        };
+        // A key's first run made no call under it before: nothing can have been pushed, unless
+        // an earlier generation of the key was called.
+        if (lease.attempts(), request.key.generation_number()) != (1, 1)
+            && let Some(charge) = self.pushed_charge(payment, &request.key).await?
+        {
+            return adopted(charge);
+        }
+        idem::failpoint(|| format!("{CREATE_PAYMENT}.before_call")).await;
+        let outcome = self.ctx.processor.create_charge(request).await;
+        idem::failpoint(|| format!("{CREATE_PAYMENT}.after_call")).await;
+        let err = match outcome {
+            Ok(charge) => return Ok(Some(Answered { charge: Ok(charge), reconciled: None })),
+            Err(err) => err,
+        };
+        match err.class() {
+            // No answer: the processor's webhook may have told us meanwhile (it landed while
+            // this lease was mid-call).
+            ErrorClass::Transient | ErrorClass::UnknownOutcome => {
+                match self.pushed_charge(payment, &request.key).await? {
+                    Some(charge) => adopted(charge),
+                    None => Ok(Some(Answered { charge: Err(err), reconciled: None })),
+                }
+            }
+            ErrorClass::Reconcile => {
+                let found = self.reconcile(lease, payment, &request.key, &err).await?;
+                let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
+                let adopted =
+                    adopt_or_move_on(lease, at, request, object, "charge", &err, found).await?;
+                Ok(adopted.map(|(charge, detail)| Answered {
+                    charge: Ok(charge),
+                    reconciled: Some(detail),
+                }))
+            }
+            ErrorClass::Final => {
+                let charge = refused_at_a_later_generation(request, Err(err))?;
+                Ok(Some(Answered { charge, reconciled: None }))
+            }
+        }
+    }
+
+    /// The last phase when the processor charged the card. The common case goes as one statement
+    /// (`fast_path`): the first call of the key's first generation answered, and the payment's
+    /// row is as the first phase left it. Otherwise, and when the row changed meanwhile (its
+    /// description, say), the reference form: [`charged`] in a fenced transaction.
+    async fn record_charge(
+        &self,
+        lease: &mut Lease,
+        (payment, version): (&Payment, Option<RowVersion>),
+        charge: &Charge,
+        learnt: Learnt<'_>,
+        info: &LeaseInfo,
+    ) -> Result<(), Interrupted> {
+        if let Some(version) = version
+            && learnt.reconciled.is_none()
+            && learnt.key.generation_number() == 1
+        {
+            let batches = self.ctx.charged.as_ref();
+            let in_one = ChargedInOne::new(payment, version, charge, learnt.key, info, batches);
+            match lease.phase_in_one(in_one).await {
+                Ok(()) => return Ok(()),
+                Err(PhaseError::Operation(InOne::Moved)) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+        let mut tx = lease.begin().await?;
+        let (answer, extra) = charged(&mut tx, payment, charge, learnt, info).await?;
+        tx.commit_answer(answer).await?;
+        report_extra(&payment.id, extra.as_ref());
+        Ok(())
+    }
+}
+
+/// A charge the processor did not make as the refusal stored for it: adopted from a declined
+/// charge (its webhook, or the search), the answer the 402 would have been; the decline code is
+/// the outcome's reason, `failure_code` the 402's `code`. A failure that is not final interrupts
+/// the step.
+fn refusal_of(
+    declined: Result<Charge, ProcessorError>,
+    payment: &Payment,
+) -> Result<Refused, Interrupted> {
+    let err = match declined {
+        Ok(charge) => ProcessorError::Declined {
+            decline_code: charge.decline_code(),
+            message: charge
+                .failure_message
+                .clone()
+                .unwrap_or_else(|| "Your card was declined.".to_owned()),
+            charge_id: Some(charge.id),
+        },
+        Err(err) => err,
+    };
+    let problem = final_problem(&err, &payment.id).ok_or_else(|| unavailable(&err))?;
+    Ok(Refused { err, problem })
 }
 
 /// The first phase, as one statement: the payment, its audit record and the key (new, it is
@@ -436,40 +446,27 @@ impl<P: CardProcessor> ClaimsInFirstPhase for CreatePayment<P> {
     }
 }
 
-/// The second phase when the processor charged the card: the payment `succeeded` (or
-/// `requires_capture` for a manual capture), its receipt staged, its event recorded.
-struct Charged<'a> {
-    payment: &'a Payment,
-    charge: &'a Charge,
-    key: &'a DownstreamKey,
-    /// What reconciliation or the processor's webhook found, when it answered for the call.
-    reconciled: Option<&'a Value>,
-    info: &'a LeaseInfo,
-    /// Another successful charge for the payment, found and audited by the last run.
-    extra: Option<ExtraCharge>,
-}
-
-impl Phase for Charged<'_> {
-    type Point = CreatePoint;
-    type Error = DomainError;
-
-    async fn run(
-        &mut self,
-        tx: &mut PgConnection,
-    ) -> Result<Step<CreatePoint>, PhaseError<DomainError>> {
-        let (payment, charge, info) = (self.payment, self.charge, self.info);
-        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
-        record_reconciled(tx, object, info, self.reconciled).await?;
-        let recorded = Recorded::of(charge, self.key);
-        let audit = recorded.audit(payment, info);
-        let payment = payments::update(tx, &payment.id, &recorded.changes, Some(&audit)).await?;
-        self.extra = audit_other_charge(tx, &payment, self.key, info).await?;
-        if let Some(receipt) = Recorded::receipt(&payment) {
-            audit::stage_job(tx, &receipt).await?;
-        }
-        events::record(tx, &payment.account_id, recorded.event, &payment.to_json()).await?;
-        Ok(Step::Finish(payment_answer(201, &payment, true)))
+/// The last phase when the processor charged the card: the payment `succeeded` (or
+/// `requires_capture` for a manual capture), its receipt staged, its event recorded. Answers the
+/// stored answer, and another successful charge for the payment if one was found (and audited).
+async fn charged(
+    tx: &mut PgConnection,
+    payment: &Payment,
+    charge: &Charge,
+    learnt: Learnt<'_>,
+    info: &LeaseInfo,
+) -> Result<(StoredResponse, Option<ExtraCharge>), DomainError> {
+    let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
+    record_reconciled(tx, object, info, learnt.reconciled).await?;
+    let recorded = Recorded::of(charge, learnt.key);
+    let audit = recorded.audit(payment, info);
+    let payment = payments::update(tx, &payment.id, &recorded.changes, Some(&audit)).await?;
+    let extra = audit_other_charge(tx, &payment, learnt.key, info).await?;
+    if let Some(receipt) = Recorded::receipt(&payment) {
+        audit::stage_job(tx, &receipt).await?;
     }
+    events::record(tx, &payment.account_id, recorded.event, &payment.to_json()).await?;
+    Ok((payment_answer(201, &payment, true), extra))
 }
 
 /// What recording a successful charge does to a payment, in either form of the phase.
@@ -596,51 +593,36 @@ impl OneStatement for ChargedInOne<'_> {
     }
 }
 
-/// The second phase when the processor refused the charge for good: the payment `failed`, with
+/// The last phase when the processor refused the charge for good: the payment `failed`, with
 /// the processor's code and the problem's detail, its event recorded, and the problem stored as
-/// the answer.
-struct Failed<'a> {
-    payment: &'a Payment,
-    err: &'a ProcessorError,
-    problem: &'a Problem,
-    key: &'a DownstreamKey,
-    /// What reconciliation found, when it answered for the call.
-    reconciled: Option<&'a Value>,
-    info: &'a LeaseInfo,
-    base: &'a str,
-    /// A successful charge for the payment after all, found and audited by the last run.
-    extra: Option<ExtraCharge>,
-}
-
-impl Phase for Failed<'_> {
-    type Point = CreatePoint;
-    type Error = DomainError;
-
-    async fn run(
-        &mut self,
-        tx: &mut PgConnection,
-    ) -> Result<Step<CreatePoint>, PhaseError<DomainError>> {
-        let (payment, info, problem) = (self.payment, self.info, self.problem);
-        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
-        record_reconciled(tx, object, info, self.reconciled).await?;
-        let charge_id = match self.err {
-            ProcessorError::Declined { charge_id, .. } => charge_id.as_deref(),
-            _ => None,
-        };
-        let code = failure_code(self.err);
-        let changes = Changes {
-            status: Some(PaymentStatus::Failed),
-            processor_charge_id: charge_id,
-            failure_code: Some(&code),
-            failure_message: Some(&problem.detail),
-            ..Changes::default()
-        };
-        let detail = json!({"error": self.err.to_string()});
-        let audit = info.audit(&payment.account_id, &payment.id, "payment.failed", detail);
-        let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
-        self.extra = audit_other_charge(tx, &payment, self.key, info).await?;
-        events::record(tx, &payment.account_id, EventType::PaymentFailed, &payment.to_json())
-            .await?;
-        Ok(Step::Finish(problem_answer(problem, &info.request_id, self.base)))
-    }
+/// the answer. Answers it, and a successful charge for the payment after all if one was found.
+async fn failed(
+    tx: &mut PgConnection,
+    payment: &Payment,
+    refused: &Refused,
+    learnt: Learnt<'_>,
+    info: &LeaseInfo,
+    base: &str,
+) -> Result<(StoredResponse, Option<ExtraCharge>), DomainError> {
+    let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
+    record_reconciled(tx, object, info, learnt.reconciled).await?;
+    let Refused { err, problem } = refused;
+    let charge_id = match err {
+        ProcessorError::Declined { charge_id, .. } => charge_id.as_deref(),
+        _ => None,
+    };
+    let code = failure_code(err);
+    let changes = Changes {
+        status: Some(PaymentStatus::Failed),
+        processor_charge_id: charge_id,
+        failure_code: Some(&code),
+        failure_message: Some(&problem.detail),
+        ..Changes::default()
+    };
+    let detail = json!({"error": err.to_string()});
+    let audit = info.audit(&payment.account_id, &payment.id, "payment.failed", detail);
+    let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
+    let extra = audit_other_charge(tx, &payment, learnt.key, info).await?;
+    events::record(tx, &payment.account_id, EventType::PaymentFailed, &payment.to_json()).await?;
+    Ok((problem_answer(problem, &info.request_id, base), extra))
 }

@@ -230,6 +230,17 @@ impl From<DomainError> for PhaseError<DomainError> {
     }
 }
 
+/// A domain error in a step: a database error as the engine classifies it (a conflict runs the
+/// step again), anything else an internal failure (the key stays at its recovery point).
+impl From<DomainError> for Interrupted {
+    fn from(err: DomainError) -> Self {
+        match err {
+            DomainError::Database(err) => Interrupted::from(err),
+            other => internal(other),
+        }
+    }
+}
+
 fn internal(err: impl std::fmt::Display) -> Interrupted {
     Interrupted::Transient { kind: TransientKind::Internal, detail: err.to_string() }
 }
@@ -256,7 +267,12 @@ fn refund_answer(refund: &Refund) -> StoredResponse {
         .with_header("location", format!("/v1/refunds/{}", refund.id))
 }
 
-fn problem_answer(problem: &Problem, request_id: &str, public_base_url: &str) -> StoredResponse {
+/// A problem as a stored answer, its `instance` the first request's id.
+pub(crate) fn problem_answer(
+    problem: &Problem,
+    request_id: &str,
+    public_base_url: &str,
+) -> StoredResponse {
     StoredResponse {
         status: problem.code.status(),
         headers: vec![("content-type".into(), PROBLEM_JSON.into())],
@@ -289,17 +305,35 @@ fn final_problem(err: &ProcessorError, payment_id: &str) -> Option<Problem> {
     }
 }
 
-/// The final answer to store for a call's outcome: `None` when it succeeded, the refusal when it
-/// failed for good, and an interruption when its failure is not final (the key stays at its
-/// recovery point).
-fn refusal<T>(
-    outcome: &Result<T, ProcessorError>,
+/// A final refusal by the processor: its error, and the problem stored as the answer.
+#[derive(Debug)]
+struct Refused {
+    err: ProcessorError,
+    problem: Problem,
+}
+
+/// A call's outcome as the last phase records it: what the call returned, or its final refusal;
+/// a failure that is not final interrupts the step (the key stays at its recovery point).
+fn final_outcome<T>(
+    outcome: Result<T, ProcessorError>,
     payment_id: &str,
-) -> Result<Option<Problem>, Interrupted> {
+) -> Result<Result<T, Refused>, Interrupted> {
     match outcome {
-        Ok(_) => Ok(None),
-        Err(err) => final_problem(err, payment_id).map(Some).ok_or_else(|| unavailable(err)),
+        Ok(made) => Ok(Ok(made)),
+        Err(err) => match final_problem(&err, payment_id) {
+            Some(problem) => Ok(Err(Refused { err, problem })),
+            None => Err(unavailable(&err)),
+        },
     }
+}
+
+/// How a call's outcome was learnt, for the audit record of the phase that records it: the
+/// downstream key it went out under, and what reconciliation (or the processor's webhook) found
+/// when that answered for the call.
+#[derive(Debug, Clone, Copy)]
+struct Learnt<'a> {
+    key: &'a provider::DownstreamKey,
+    reconciled: Option<&'a Value>,
 }
 
 fn failure_code(err: &ProcessorError) -> String {

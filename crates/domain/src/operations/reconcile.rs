@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use idem::{Interrupted, Lease, Phase, PhaseError, RecoveryPoint, Step};
+use idem::{Interrupted, Lease, RecoveryPoint};
 use provider::{Charge, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError, ReconcileCause};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
@@ -22,24 +22,17 @@ pub(super) fn plan_of(request: &FrozenRequest) -> Value {
 }
 
 /// The call planned at the lease's recovery point, after the fenced check that this lease still
-/// holds the key (a holder that lost it stops here, before calling). A key planned by a release
-/// that did not freeze its calls has none: `plan_now` builds it from the local records, and it is
-/// committed, fenced, before the first call this release makes.
-pub(super) async fn planned_call<P: RecoveryPoint>(
-    lease: &mut Lease,
-    at: P,
-    plan_now: impl FnOnce() -> FrozenRequest,
-) -> Result<FrozenRequest, Interrupted> {
-    if let Some(plan) = lease.before_call().await? {
-        return serde_json::from_value(plan).map_err(|err| Interrupted::NeedsHuman {
-            reason: format!("the planned call does not parse: {err}"),
+/// holds the key (a holder that lost it stops here, before calling). The phase that moved the
+/// key here froze it; a key without one, or with one that does not parse, is never guessed at.
+pub(super) async fn planned_call(lease: &mut Lease) -> Result<FrozenRequest, Interrupted> {
+    let Some(plan) = lease.before_call().await? else {
+        return Err(Interrupted::NeedsHuman {
+            reason: "no call was planned at the key's recovery point".to_owned(),
         });
-    }
-    let request = plan_now();
-    lease.phase(Step::Call(at, plan_of(&request))).await?;
-    // Right after our own phase planned it: no further round trip.
-    lease.before_call().await?;
-    Ok(request)
+    };
+    serde_json::from_value(plan).map_err(|err| Interrupted::NeedsHuman {
+        reason: format!("the planned call does not parse: {err}"),
+    })
 }
 
 /// What a lookup at the processor found for a call whose answer we cannot have.
@@ -110,39 +103,17 @@ async fn next_generation<P: RecoveryPoint>(
     cause: &ProcessorError,
 ) -> Result<(), Interrupted> {
     let next = request.next_generation();
-    let plan = plan_of(&next);
     let info = LeaseInfo::of(lease);
     let detail = json!({
         "outcome": "next_generation", "cause": cause_name(cause),
         "previous_key": request.key.as_str(), "downstream_key": next.key.as_str(),
     });
-    let object = (account_id, object_id, action);
-    lease.phase(NextGeneration { at, plan, object, info: &info, detail: &detail }).await?;
+    let mut tx = lease.begin().await?;
+    record(&mut tx, account_id, object_id, action, &info, detail).await?;
+    tx.commit_call(at, &next).await?;
     count_reconciliation(what, "next_generation");
     tracing::warn!(key_id = info.key_id, object_id, downstream_key = %next.key, "nothing found at the processor: calling again under the next key generation");
     Ok(())
-}
-
-/// The phase that plans the call again under the key's next generation, recording why.
-struct NextGeneration<'a, P> {
-    at: P,
-    /// The call under the next generation's key, frozen.
-    plan: Value,
-    /// The account, the object's id and the action recorded.
-    object: (&'a str, &'a str, &'a str),
-    info: &'a LeaseInfo,
-    detail: &'a Value,
-}
-
-impl<P: RecoveryPoint> Phase for NextGeneration<'_, P> {
-    type Point = P;
-    type Error = DomainError;
-
-    async fn run(&mut self, tx: &mut PgConnection) -> Result<Step<P>, PhaseError<DomainError>> {
-        let (account_id, object_id, action) = self.object;
-        record(tx, account_id, object_id, action, self.info, self.detail.clone()).await?;
-        Ok(Step::Call(self.at, self.plan.clone()))
-    }
 }
 
 /// Whether a refusal seen under `key` may be stored as the answer, whichever way it was seen:

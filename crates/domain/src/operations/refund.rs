@@ -4,19 +4,18 @@
 
 use std::time::Duration;
 
-use idem::{Interrupted, Lease, Operation, Phase, PhaseError, Step};
+use idem::{Interrupted, Lease, Operation, StoredResponse};
 use provider::{CardProcessor, DownstreamKey, ErrorClass, FrozenRequest, RefundRequest};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 use sqlx::PgConnection;
 
 use super::reconcile::{
-    Reconciled, adopt_or_move_on, plan_of, planned_call, refused_at_a_later_generation,
-    when_nothing_found,
+    Reconciled, adopt_or_move_on, planned_call, refused_at_a_later_generation, when_nothing_found,
 };
 use super::{
-    LeaseInfo, current_payment, failure_code, internal, problem_answer, record, record_reconciled,
-    refund_answer, refusal, unavailable,
+    Learnt, LeaseInfo, Refused, current_payment, failure_code, final_outcome, internal,
+    problem_answer, record, record_reconciled, refund_answer, unavailable,
 };
 use crate::DomainError;
 use crate::events::{self, EventType};
@@ -103,7 +102,13 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
         let base = &self.ctx.public_base_url;
         match at {
             RefundPoint::Started => {
-                lease.phase(Reserve { params: &self.params, info: &info, base }).await?;
+                let mut tx = lease.begin().await?;
+                match reserve(&mut tx, &self.params, &info).await? {
+                    Ok(call) => tx.commit_call(RefundPoint::RefundCreated, &call).await?,
+                    Err(problem) => {
+                        tx.commit_answer(problem_answer(&problem, &info.request_id, base)).await?
+                    }
+                }
             }
             RefundPoint::RefundCreated => {
                 let refund = refunds::find_by_key(&self.ctx.pool, info.key_id)
@@ -119,8 +124,7 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                     .processor_charge_id
                     .clone()
                     .ok_or_else(|| internal("a captured payment without a charge"))?;
-                let request =
-                    planned_call(lease, at, || refund_request(&refund, &charge_id)).await?;
+                let request = planned_call(lease).await?;
                 idem::failpoint(|| format!("{CREATE_REFUND}.before_call")).await;
                 let outcome = self.ctx.processor.create_refund(&request).await;
                 idem::failpoint(|| format!("{CREATE_REFUND}.after_call")).await;
@@ -152,19 +156,11 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                         ),
                     });
                 }
-                let problem =
-                    refusal(&outcome, &payment.id)?.zip(outcome.as_ref().err().map(failure_code));
-                let processor_refund_id = outcome.as_ref().ok().map(|found| found.id.as_str());
-                let finish = Refunded {
-                    refund: &refund,
-                    processor_refund_id,
-                    problem: problem.as_ref().map(|(problem, code)| (problem, code.as_str())),
-                    key: &request.key,
-                    reconciled: reconciled.as_ref(),
-                    info: &info,
-                    base,
-                };
-                lease.phase(finish).await?;
+                let outcome = final_outcome(outcome.map(|found| found.id), &payment.id)?;
+                let learnt = Learnt { key: &request.key, reconciled: reconciled.as_ref() };
+                let mut tx = lease.begin().await?;
+                let answer = settle(&mut tx, &refund, &outcome, learnt, &info, base).await?;
+                tx.commit_answer(answer).await?;
             }
         }
         Ok(())
@@ -172,121 +168,93 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
 }
 
 /// The first phase: locks the payment, refuses unless it is captured with enough left to refund,
-/// reserves the amount against it and creates the refund, with the processor's refund frozen at
-/// `refund_created`.
-struct Reserve<'a> {
-    params: &'a RefundParams,
-    info: &'a LeaseInfo,
-    base: &'a str,
-}
-
-impl Phase for Reserve<'_> {
-    type Point = RefundPoint;
-    type Error = DomainError;
-
-    async fn run(
-        &mut self,
-        tx: &mut PgConnection,
-    ) -> Result<Step<RefundPoint>, PhaseError<DomainError>> {
-        let (params, info) = (self.params, self.info);
-        let payment = payments::lock(tx, &params.account_id, &params.payment_id)
-            .await?
-            .ok_or(DomainError::NotFound("payment"))?;
-        let refuse = |problem: Problem| {
-            Ok(Step::Finish(problem_answer(&problem, &info.request_id, self.base)))
-        };
-        if payment.status != PaymentStatus::Succeeded {
-            return refuse(Problem::new(
-                ProblemCode::PaymentUnexpectedState,
-                format!(
-                    "The payment is `{}`; only a captured (`succeeded`) payment can be refunded.",
-                    payment.status
-                ),
-            ));
-        }
-        let remaining = payment.amount_captured - payment.amount_refunded;
-        let amount = params.request.amount.map_or(remaining, Amount::get);
-        if remaining == 0 || amount > remaining {
-            return refuse(
-                Problem::new(
-                    ProblemCode::AmountTooLarge,
-                    format!(
-                        "The refund of {amount} is more than what remains refundable ({remaining})."
-                    ),
-                )
-                .with_param("amount"),
-            );
-        }
-        let reserve = Changes { refunded_delta: amount, ..Changes::default() };
-        payments::update(tx, &payment.id, &reserve, None).await?;
-        let id = RefundId::generate();
-        let new = PendingRefund {
-            id: &id,
-            account_id: &params.account_id,
-            payment_id: &payment.id,
-            key_id: info.key_id,
-            // Within what remains refundable, which is at most the amount of a payment.
-            amount: Amount::new(amount)
-                .ok_or(DomainError::Corrupt("a refund of more than a payment can hold"))?,
-            currency: payment.currency,
-            reason: params.request.reason,
-            metadata: &params.request.metadata,
-        };
-        let refund = refunds::insert(tx, &new).await?;
-        let detail = json!({"payment": payment.id, "amount": amount});
-        record(tx, &params.account_id, &refund.id, "refund.created", info, detail).await?;
-        let charge_id = payment
-            .processor_charge_id
-            .as_deref()
-            .ok_or(DomainError::Corrupt("a captured payment without a charge"))?;
-        Ok(Step::Call(RefundPoint::RefundCreated, plan_of(&refund_request(&refund, charge_id))))
+/// reserves the amount against it and creates the refund. Answers the processor's refund, to be
+/// frozen at `refund_created`, or the refusal.
+async fn reserve(
+    tx: &mut PgConnection,
+    params: &RefundParams,
+    info: &LeaseInfo,
+) -> Result<Result<FrozenRequest, Problem>, DomainError> {
+    let payment = payments::lock(tx, &params.account_id, &params.payment_id)
+        .await?
+        .ok_or(DomainError::NotFound("payment"))?;
+    if payment.status != PaymentStatus::Succeeded {
+        return Ok(Err(Problem::new(
+            ProblemCode::PaymentUnexpectedState,
+            format!(
+                "The payment is `{}`; only a captured (`succeeded`) payment can be refunded.",
+                payment.status
+            ),
+        )));
     }
+    let remaining = payment.amount_captured - payment.amount_refunded;
+    let amount = params.request.amount.map_or(remaining, Amount::get);
+    if remaining == 0 || amount > remaining {
+        return Ok(Err(Problem::new(
+            ProblemCode::AmountTooLarge,
+            format!("The refund of {amount} is more than what remains refundable ({remaining})."),
+        )
+        .with_param("amount")));
+    }
+    let reserve = Changes { refunded_delta: amount, ..Changes::default() };
+    payments::update(tx, &payment.id, &reserve, None).await?;
+    let id = RefundId::generate();
+    let new = PendingRefund {
+        id: &id,
+        account_id: &params.account_id,
+        payment_id: &payment.id,
+        key_id: info.key_id,
+        // Within what remains refundable, which is at most the amount of a payment.
+        amount: Amount::new(amount)
+            .ok_or(DomainError::Corrupt("a refund of more than a payment can hold"))?,
+        currency: payment.currency,
+        reason: params.request.reason,
+        metadata: &params.request.metadata,
+    };
+    let refund = refunds::insert(tx, &new).await?;
+    let detail = json!({"payment": payment.id, "amount": amount});
+    record(tx, &params.account_id, &refund.id, "refund.created", info, detail).await?;
+    let charge_id = payment
+        .processor_charge_id
+        .as_deref()
+        .ok_or(DomainError::Corrupt("a captured payment without a charge"))?;
+    Ok(Ok(refund_request(&refund, charge_id)))
 }
 
 /// The last phase: the refund `succeeded`; or, refused, it `failed` and its amount goes back to
 /// the payment (the money did not move), and the refusal is the answer.
-struct Refunded<'a> {
-    refund: &'a Refund,
-    /// The processor's refund, when it made one.
-    processor_refund_id: Option<&'a str>,
-    /// The processor's refusal as a problem, and its failure code.
-    problem: Option<(&'a Problem, &'a str)>,
-    key: &'a DownstreamKey,
-    /// What reconciliation found, when it answered for the call.
-    reconciled: Option<&'a Value>,
-    info: &'a LeaseInfo,
-    base: &'a str,
-}
-
-impl Phase for Refunded<'_> {
-    type Point = RefundPoint;
-    type Error = DomainError;
-
-    async fn run(
-        &mut self,
-        tx: &mut PgConnection,
-    ) -> Result<Step<RefundPoint>, PhaseError<DomainError>> {
-        let (refund, info) = (self.refund, self.info);
-        let object = (&*refund.account_id, &*refund.id, "refund.reconciled");
-        record_reconciled(tx, object, info, self.reconciled).await?;
-        if let Some((problem, code)) = self.problem {
-            let failed = refunds::settle(tx, &refund.id, None, Some(code)).await?;
+async fn settle(
+    tx: &mut PgConnection,
+    refund: &Refund,
+    outcome: &Result<String, Refused>,
+    learnt: Learnt<'_>,
+    info: &LeaseInfo,
+    base: &str,
+) -> Result<StoredResponse, DomainError> {
+    let object = (&*refund.account_id, &*refund.id, "refund.reconciled");
+    record_reconciled(tx, object, info, learnt.reconciled).await?;
+    match outcome {
+        Err(Refused { err, problem }) => {
+            let code = failure_code(err);
+            let failed = refunds::settle(tx, &refund.id, None, Some(&code)).await?;
             let back = Changes { refunded_delta: -refund.amount.get(), ..Changes::default() };
             payments::update(tx, &refund.payment_id, &back, None).await?;
             let detail = json!({"detail": problem.detail});
             record(tx, &refund.account_id, &refund.id, "refund.failed", info, detail).await?;
             events::record(tx, &refund.account_id, EventType::RefundFailed, &failed.to_json())
                 .await?;
-            return Ok(Step::Finish(problem_answer(problem, &info.request_id, self.base)));
+            Ok(problem_answer(problem, &info.request_id, base))
         }
-        let refund = refunds::settle(tx, &refund.id, self.processor_refund_id, None).await?;
-        let detail = json!({
-            "processor_refund": self.processor_refund_id,
-            "downstream_key": self.key.as_str(),
-        });
-        record(tx, &refund.account_id, &refund.id, "refund.succeeded", info, detail).await?;
-        events::record(tx, &refund.account_id, EventType::RefundSucceeded, &refund.to_json())
-            .await?;
-        Ok(Step::Finish(refund_answer(&refund)))
+        Ok(processor_refund_id) => {
+            let refund = refunds::settle(tx, &refund.id, Some(processor_refund_id), None).await?;
+            let detail = json!({
+                "processor_refund": processor_refund_id,
+                "downstream_key": learnt.key.as_str(),
+            });
+            record(tx, &refund.account_id, &refund.id, "refund.succeeded", info, detail).await?;
+            events::record(tx, &refund.account_id, EventType::RefundSucceeded, &refund.to_json())
+                .await?;
+            Ok(refund_answer(&refund))
+        }
     }
 }

@@ -1,15 +1,15 @@
 //! `POST /v1/webhook_endpoints` with an `Idempotency-Key`, as an operation of one phase.
 
-use idem::{Interrupted, Lease, Operation, Phase, PhaseError, Step, StoredResponse};
+use idem::{Interrupted, Lease, Operation, StoredResponse};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
 use super::{EnabledEvents, Endpoint, create};
 use crate::DomainError;
 use crate::ids::AccountId;
-use crate::operations::one_phase_operation;
+use crate::operations::{one_phase_operation, problem_answer};
 use crate::problems::{Problem, ProblemCode};
-use crate::updates::{UpdatePoint, problem_answer};
+use crate::updates::UpdatePoint;
 
 /// The stored name of a keyed endpoint creation, for the completer.
 pub const CREATE_ENDPOINT: &str = "webhook_endpoints.create";
@@ -48,47 +48,29 @@ impl Operation for CreateEndpoint {
     async fn step(&mut self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
         let UpdatePoint::Started = at;
         let request_id = lease.request_id().to_owned();
-        let (account_id, base) = (&self.params.account_id, &self.public_base_url);
-        let insert = InsertEndpoint {
-            account_id,
-            url: &self.params.url,
-            enabled: &self.params.enabled_events,
-            request_id: &request_id,
-            base,
-        };
-        lease.phase(insert).await?;
-        Ok(())
+        let mut tx = lease.begin().await?;
+        let base = &self.public_base_url;
+        let answer = insert_endpoint(&mut tx, &self.params, &request_id, base).await?;
+        tx.commit_answer(answer).await
     }
 }
 
 /// The one phase of an endpoint's creation: the endpoint with its secret (or the account's bound
 /// refusing it), and the answer.
-struct InsertEndpoint<'a> {
-    account_id: &'a AccountId,
-    url: &'a url::Url,
-    enabled: &'a EnabledEvents,
-    request_id: &'a str,
-    base: &'a str,
-}
-
-impl Phase for InsertEndpoint<'_> {
-    type Point = UpdatePoint;
-    type Error = DomainError;
-
-    async fn run(
-        &mut self,
-        tx: &mut PgConnection,
-    ) -> Result<Step<UpdatePoint>, PhaseError<DomainError>> {
-        let answer = match create(tx, self.account_id, self.url, self.enabled).await {
-            Ok(endpoint) => created_answer(&endpoint),
-            // The account's bound: this key's answer.
-            Err(DomainError::Invalid { param, message }) => problem_answer(
-                &Problem::new(ProblemCode::InvalidRequest, message).with_param(param),
-                self.request_id,
-                self.base,
-            ),
-            Err(err) => return Err(PhaseError::from(err)),
-        };
-        Ok(Step::Finish(answer))
-    }
+async fn insert_endpoint(
+    tx: &mut PgConnection,
+    params: &CreateEndpointParams,
+    request_id: &str,
+    base: &str,
+) -> Result<StoredResponse, DomainError> {
+    Ok(match create(tx, &params.account_id, &params.url, &params.enabled_events).await {
+        Ok(endpoint) => created_answer(&endpoint),
+        // The account's bound: this key's answer.
+        Err(DomainError::Invalid { param, message }) => problem_answer(
+            &Problem::new(ProblemCode::InvalidRequest, message).with_param(param),
+            request_id,
+            base,
+        ),
+        Err(err) => return Err(err),
+    })
 }

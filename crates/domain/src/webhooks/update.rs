@@ -1,15 +1,15 @@
 //! `POST /v1/webhook_endpoints/{id}` with an `Idempotency-Key`, as an operation of one phase.
 
-use idem::{Interrupted, Lease, Operation, Phase, PhaseError, Step, StoredResponse};
+use idem::{Interrupted, Lease, Operation, StoredResponse};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
 use super::{Endpoint, EndpointStatus, set_status};
 use crate::DomainError;
 use crate::ids::{AccountId, WebhookEndpointId};
-use crate::operations::one_phase_operation;
+use crate::operations::{one_phase_operation, problem_answer};
 use crate::problems::{Problem, ProblemCode};
-use crate::updates::{UpdatePoint, problem_answer};
+use crate::updates::UpdatePoint;
 
 /// The stored name of a keyed endpoint update, for the completer.
 pub const UPDATE_ENDPOINT: &str = "webhook_endpoints.update";
@@ -51,33 +51,24 @@ impl Operation for UpdateEndpoint {
     async fn step(&mut self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
         let UpdatePoint::Started = at;
         let request_id = lease.request_id().to_owned();
-        let (params, base) = (&self.params, &self.public_base_url);
-        lease.phase(SetStatus { params, request_id: &request_id, base }).await?;
-        Ok(())
+        let mut tx = lease.begin().await?;
+        let base = &self.public_base_url;
+        let answer = update_status(&mut tx, &self.params, &request_id, base).await?;
+        tx.commit_answer(answer).await
     }
 }
 
 /// The one phase of an update: the endpoint's new status (or its absence), and the answer.
-struct SetStatus<'a> {
-    params: &'a UpdateEndpointParams,
-    request_id: &'a str,
-    base: &'a str,
-}
-
-impl Phase for SetStatus<'_> {
-    type Point = UpdatePoint;
-    type Error = DomainError;
-
-    async fn run(
-        &mut self,
-        tx: &mut PgConnection,
-    ) -> Result<Step<UpdatePoint>, PhaseError<DomainError>> {
-        let UpdateEndpointParams { account_id, endpoint_id, status } = self.params;
-        let answer = match set_status(&mut *tx, account_id, endpoint_id, *status).await? {
-            Some(endpoint) => updated_answer(&endpoint),
-            // Deleted (for good): this key's answer.
-            None => problem_answer(&missing_endpoint(endpoint_id), self.request_id, self.base),
-        };
-        Ok(Step::Finish(answer))
-    }
+async fn update_status(
+    tx: &mut PgConnection,
+    params: &UpdateEndpointParams,
+    request_id: &str,
+    base: &str,
+) -> Result<StoredResponse, DomainError> {
+    let UpdateEndpointParams { account_id, endpoint_id, status } = params;
+    Ok(match set_status(&mut *tx, account_id, endpoint_id, *status).await? {
+        Some(endpoint) => updated_answer(&endpoint),
+        // Deleted (for good): this key's answer.
+        None => problem_answer(&missing_endpoint(endpoint_id), request_id, base),
+    })
 }

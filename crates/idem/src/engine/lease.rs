@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::operation::Interrupted;
+use super::drive::Interrupted;
 use super::{Engine, RecoveryPoint};
 use crate::error::{IdemError, PhaseError};
 use crate::fingerprint::Fingerprint;
@@ -133,9 +133,9 @@ impl Lease {
 
     /// Right before a foreign call: makes sure this lease still holds the key at its recovery
     /// point (fenced, so a holder that lost the key stops here, before acting outside) and
-    /// extends the lease; answers the call planned at the point (`None` for a key planned by a
-    /// release that did not freeze its calls). Right after this lease's own phase planned the
-    /// call, that commit was the check, and no round trip is made.
+    /// extends the lease; answers the call planned at the point (`None` at a point where no call
+    /// was planned). Right after this lease's own phase planned the call, that commit was the
+    /// check, and no round trip is made.
     pub async fn before_call(&mut self) -> Result<Option<Value>, Interrupted> {
         // Not when the process is stopping: `release_held` may have given the lease back since.
         if let Some(plan) = self.just_planned.take()

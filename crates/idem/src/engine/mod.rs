@@ -1,17 +1,26 @@
-//! The engine: claims, leases, phases, and the loop that drives an operation to its end.
+//! The engine, one file for each word of the glossary:
 //!
-//! - [`claim`]: a request's claim of a key, the completer's `take_due` and the reaper;
+//! - [`claim`]: a request's claim of a key (a read, and a takeover when the key is free);
 //! - [`lease`]: the lease a claim grants, and what its holder does besides phases (check it
-//!   before a foreign call, flag the key, release it);
-//! - [`operation`]: what an operation is written against: its steps, the loop that drives it
-//!   from its recovery point to its end, and its atomic phases, fenced on the lease;
-//! - [`shutdown`]: the leases a process holds, given back when it stops.
+//!   before a foreign call, flag the key, give it back);
+//! - [`phase`]: an atomic phase, a transaction fenced on the lease ([`FencedTx`]);
+//! - [`drive`]: what an operation is written against, and the loop that drives it from its
+//!   recovery point to its end;
+//! - [`completer`] and [`reaper`]: the worker's two sweeps of the key table;
+//! - [`held_leases`]: the leases this process holds, given back when it stops;
+//! - [`replay_cache`]: finished answers kept in memory, so a replay may skip the database;
+//! - [`fast_path`]: phases as one statement, and a first phase that claims its key; skip it on a
+//!   first read.
 
-mod answers;
 mod claim;
+mod completer;
+mod drive;
+mod fast_path;
+mod held_leases;
 mod lease;
-mod operation;
-mod shutdown;
+mod phase;
+mod reaper;
+mod replay_cache;
 
 use std::fmt;
 use std::future::Future;
@@ -21,17 +30,18 @@ use std::time::Duration;
 use payments_backoff::{Backoff, Jitter};
 use sqlx::PgPool;
 
+use crate::connections::SideConnections;
 use crate::error::{IdemError, is_retryable};
-use crate::kept::Kept;
 use crate::observe::{Event, Observer};
 
-pub use claim::{Claim, ClaimRequest, Due, First, Open, Read, Reaped};
+pub use claim::{Claim, ClaimRequest, Open, Read};
+pub use completer::Due;
+pub use drive::{Interrupted, Operation, TransientKind, drive};
+pub use fast_path::{ClaimArgs, ClaimsInFirstPhase, First, FirstRun, FirstStatement, OneStatement};
+use held_leases::Held;
 pub use lease::Lease;
-pub use operation::{
-    ClaimArgs, ClaimsInFirstPhase, FirstRun, FirstStatement, Interrupted, OneStatement, Operation,
-    Phase, Step, TransientKind, drive,
-};
-use shutdown::Held;
+pub use phase::{FencedTx, Step};
+pub use reaper::Reaped;
 
 /// The SQLSTATE `idem_commit_fence` raises when the fence refuses: the lease is lost.
 const LEASE_LOST: &str = "IL001";
@@ -63,10 +73,10 @@ pub struct EngineConfig {
     pub retry_base: Duration,
     /// Longest delay before the completer retries a released key.
     pub retry_cap: Duration,
-    /// Connections the engine keeps for the claim statement, beside the pool (`kept.rs`), with
+    /// Connections the engine keeps for the claim statement, beside the pool (`connections.rs`), with
     /// their waits bounded by `claim_timeout`; 0 runs claims on the pool instead.
     pub claim_connections: usize,
-    /// Connections the engine keeps for one-statement phases, beside the pool (`kept.rs`): given
+    /// Connections the engine keeps for one-statement phases, beside the pool (`connections.rs`): given
     /// back without the pool's check when the statement returned; 0 runs them on the pool.
     pub phase_connections: usize,
     /// How long the downstream service remembers the idempotency keys we send it (Stripe: 24 h),
@@ -78,7 +88,7 @@ pub struct EngineConfig {
     /// (`statement_timeout`, `lock_timeout`): a key row held by a stuck transaction must not
     /// hold a claim connection, and every request waiting for one, for ever.
     pub claim_timeout: Duration,
-    /// Bytes of finished answers kept in memory to answer replays from (`answers.rs`); 0 keeps
+    /// Bytes of finished answers kept in memory to answer replays from (`replay_cache.rs`); 0 keeps
     /// none, and every replay reads its key.
     pub answer_memory: usize,
     /// How long a finished key is kept before the reaper deletes it: the reaper's own setting.
@@ -148,14 +158,14 @@ pub struct Engine {
     observer: Arc<dyn Observer>,
     /// The connections kept for claims, started on the first claim, so that an engine that
     /// never claims (the worker's) opens no connections for it.
-    claims: Arc<OnceLock<Arc<Kept>>>,
+    claims: Arc<OnceLock<Arc<SideConnections>>>,
     /// Started on the first one-statement phase, likewise.
-    phases: Arc<OnceLock<Arc<Kept>>>,
+    phases: Arc<OnceLock<Arc<SideConnections>>>,
     /// The leases this process holds, so that a shutdown can give back those it cannot finish
     /// (`release_held`). A lease leaves when it is dropped.
     held: Arc<Mutex<Held>>,
     /// Finished answers kept in memory, and the fresh read replays from them share.
-    answers: Arc<answers::Answers>,
+    replay_cache: Arc<replay_cache::ReplayCache>,
 }
 
 impl fmt::Debug for Engine {
@@ -169,7 +179,10 @@ impl Engine {
     pub fn new(pool: PgPool, config: EngineConfig, observer: Arc<dyn Observer>) -> Self {
         Self {
             pool,
-            answers: Arc::new(answers::Answers::new(config.answer_memory, config.retention)),
+            replay_cache: Arc::new(replay_cache::ReplayCache::new(
+                config.answer_memory,
+                config.retention,
+            )),
             config: Arc::new(config),
             observer,
             claims: Arc::default(),
@@ -190,7 +203,7 @@ impl Engine {
 
     /// The connections kept for claims, started on first use; `None` when claims use the pool.
     /// Their sessions bound every statement and lock wait by `claim_timeout`.
-    fn claim_connections(&self) -> Option<&Arc<Kept>> {
+    fn claim_connections(&self) -> Option<&Arc<SideConnections>> {
         let count = self.config.claim_connections;
         (count > 0).then(|| {
             self.claims.get_or_init(|| {
@@ -199,18 +212,18 @@ impl Engine {
                     ("lock_timeout", bound.as_str()),
                     ("statement_timeout", bound.as_str()),
                 ]);
-                Kept::start(&self.pool, count, options)
+                SideConnections::start(&self.pool, count, options)
             })
         })
     }
 
     /// The connections kept for one-statement phases, started on first use; `None` when those
     /// phases use the pool.
-    fn phase_connections(&self) -> Option<&Arc<Kept>> {
+    fn phase_connections(&self) -> Option<&Arc<SideConnections>> {
         let count = self.config.phase_connections;
         (count > 0).then(|| {
             self.phases.get_or_init(|| {
-                Kept::start(&self.pool, count, (*self.pool.connect_options()).clone())
+                SideConnections::start(&self.pool, count, (*self.pool.connect_options()).clone())
             })
         })
     }

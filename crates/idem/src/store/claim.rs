@@ -43,7 +43,7 @@ pub(crate) struct Lookup {
 pub(crate) struct Read {
     pub seen: Seen,
     /// `credentials_version` as the statement saw it: a credential the statement found live stays
-    /// live for as long as the version has not changed (see `answers.rs`).
+    /// live for as long as the version has not changed (see `replay_cache.rs`).
     pub version: Uuid,
     /// The database clock, in microseconds since the Unix epoch.
     pub now_us: i64,
@@ -61,7 +61,7 @@ pub(crate) enum Seen {
     Unauthenticated,
 }
 
-/// What `idem_claim` answers (migrations/20261202000000_idem_claim.sql): the claim's read, or a
+/// What `idem_claim` answers (docs/schema.sql): the claim's read, or a
 /// key stored by the statement that called it. An operation's first phase that claims its key
 /// (`FirstStatement`) selects it as one column and hands it back to the engine unopened. sqlx
 /// decodes the fields in the order they are declared: the order of the type's attributes.
@@ -163,7 +163,7 @@ pub(crate) async fn read(
 }
 
 /// The credentials' version and the database clock (microseconds since the Unix epoch), read by a
-/// statement of its own: what a replay answered from memory waits for (`answers.rs`).
+/// statement of its own: what a replay answered from memory waits for (`replay_cache.rs`).
 pub(crate) async fn fresh(executor: impl PgExecutor<'_>) -> Result<(Uuid, i64), IdemError> {
     let row = sqlx::query!(
         r#"SELECT version, (extract(epoch FROM now()) * 1000000)::int8 AS "now_us!"

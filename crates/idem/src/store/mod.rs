@@ -29,7 +29,7 @@ pub use sweep::{StuckKey, stuck_keys};
 pub(crate) use sweep::{flag_stale, reap, take_due};
 
 /// The fence of a new key and of a one-statement phase, as the database's `idem_fence` record
-/// (migrations/20261201000300_idem_fence_record.sql): built by the engine, passed through
+/// (docs/schema.sql): built by the engine, passed through
 /// unopened by an operation's statement to `idem_commit_fence($n)`, which inserts a new key or
 /// moves a stored one, fenced on the lease. Its fields travel as binary values: no JSON is built
 /// here or parsed there. sqlx encodes the fields in the order they are declared: it must be the
@@ -94,7 +94,7 @@ impl FenceRecord {
             expected: fence.expected.to_owned(),
             lease_ms: fence.lease_ms as f64,
             next_point: next.to_owned(),
-            // A JSON null is no plan, as `idem_commit` had it.
+            // A JSON null is no plan.
             plan: plan.filter(|plan| !plan.is_null()).cloned(),
             status,
             headers,
@@ -139,8 +139,7 @@ pub(crate) async fn commit(
 }
 
 /// Moves a stored key to `next` with the call planned there, renewing the lease, fenced on
-/// `token` at `expected` (`idem_advance`, migrations/20261201000000_idem_fence_typed.sql, as
-/// redefined by 20261201000100_idem_advance_null_plan.sql). `None` when the lease is lost.
+/// `token` at `expected` (`idem_advance`, docs/schema.sql). `None` when the lease is lost.
 pub(crate) async fn advance(
     executor: impl PgExecutor<'_>,
     fence: &Fence<'_>,

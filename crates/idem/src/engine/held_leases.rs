@@ -29,9 +29,9 @@ pub(super) struct Held {
 
 /// A lease on its way from the database, counted until it is recorded as held (or given back);
 /// `release_held` waits until none is.
-pub(super) struct Granting<'e>(&'e Engine);
+pub(crate) struct Granting(Engine);
 
-impl Drop for Granting<'_> {
+impl Drop for Granting {
     fn drop(&mut self) {
         let mut held = self.0.held.lock().unwrap_or_else(PoisonError::into_inner);
         held.granting = held.granting.saturating_sub(1);
@@ -109,18 +109,18 @@ impl Engine {
 
     /// Counts a lease on its way from the database, or `None` once `release_held` ran: a process
     /// that is stopping takes no new lease.
-    pub(super) fn granting(&self) -> Option<Granting<'_>> {
+    pub(super) fn granting(&self) -> Option<Granting> {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         if held.closed {
             return None;
         }
         held.granting += 1;
-        Some(Granting(self))
+        Some(Granting(self.clone()))
     }
 
     /// For a phase that may store a new key (`new`): its count while it runs, or, once the
     /// process is stopping, a lost lease (nothing was written; a retry runs it elsewhere).
-    pub(super) fn granting_new<E>(&self, new: bool) -> Result<Option<Granting<'_>>, PhaseError<E>> {
+    pub(super) fn granting_new<E>(&self, new: bool) -> Result<Option<Granting>, PhaseError<E>> {
         if !new {
             return Ok(None);
         }

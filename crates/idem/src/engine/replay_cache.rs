@@ -141,7 +141,7 @@ impl Packed {
 }
 
 /// The answers kept, the credentials confirmed live, and the shared fresh read.
-pub(crate) struct Answers {
+pub(crate) struct ReplayCache {
     /// Bytes the copies may take; 0 keeps none.
     budget: usize,
     /// How long after its completion a copy may answer: the retention, less a margin
@@ -160,9 +160,9 @@ struct Generations {
     previous: HashMap<String, Arc<Packed>>,
 }
 
-impl std::fmt::Debug for Answers {
+impl std::fmt::Debug for ReplayCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Answers").field("budget", &self.budget).finish_non_exhaustive()
+        f.debug_struct("ReplayCache").field("budget", &self.budget).finish_non_exhaustive()
     }
 }
 
@@ -194,7 +194,7 @@ fn name(account_id: &str, key: &str) -> String {
     name
 }
 
-impl Answers {
+impl ReplayCache {
     pub(crate) fn new(budget: usize, retention: Duration) -> Self {
         Self {
             budget,
@@ -282,7 +282,7 @@ impl Answers {
         credential: Option<&[u8]>,
         key: &str,
         fingerprint: &Fingerprint,
-    ) -> Option<KeptAnswer> {
+    ) -> Option<CachedAnswer> {
         // A closed pool fails the request's own read at once; the shared read would not come.
         if !self.enabled() || engine.pool.is_closed() {
             return None;
@@ -306,10 +306,10 @@ impl Answers {
             return None;
         }
         Some(if answer.fingerprint == *fingerprint {
-            KeptAnswer::Replay(answer.response()?)
+            CachedAnswer::Replay(answer.response()?)
         } else {
             let (method, path) = answer.request_line()?;
-            KeptAnswer::Mismatch { method, path }
+            CachedAnswer::Mismatch { method, path }
         })
     }
 }
@@ -335,7 +335,7 @@ impl Generations {
 
 /// What a kept answer says.
 #[derive(Debug)]
-pub(crate) enum KeptAnswer {
+pub(crate) enum CachedAnswer {
     Replay(StoredResponse),
     Mismatch { method: String, path: String },
 }
@@ -554,7 +554,7 @@ mod tests {
 
     #[test]
     fn the_copies_stay_within_their_budget_and_a_copy_used_lately_stays() {
-        let answers = Answers::new(64 << 10, Duration::from_secs(3600));
+        let answers = ReplayCache::new(64 << 10, Duration::from_secs(3600));
         let response = StoredResponse::json(200, vec![b'x'; 1000]);
         answers.keep("acct_1", "used", answer(&response), 0);
         for n in 0..1000 {

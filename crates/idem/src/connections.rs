@@ -1,4 +1,4 @@
-//! Kept connections: a few connections the engine keeps beside the pool for one-statement phases,
+//! Side connections: a few connections the engine keeps beside the pool for one-statement phases,
 //! lent to one statement at a time and given back without a check.
 //!
 //! sqlx's pool checks every connection with a round trip when it is given back
@@ -34,7 +34,7 @@ const IDLE_RECHECK: Duration = Duration::from_secs(1);
 
 /// The kept connections of one engine.
 #[derive(Debug)]
-pub(crate) struct Kept {
+pub(crate) struct SideConnections {
     /// The connections not lent, each with when it was given back.
     idle: Mutex<Vec<(PgConnection, Instant)>>,
     permits: Arc<Semaphore>,
@@ -43,7 +43,7 @@ pub(crate) struct Kept {
     pool: PgPool,
 }
 
-impl Kept {
+impl SideConnections {
     /// Keeps up to `count` connections made with `options` (the pool's, or the pool's with
     /// settings of their own), connected on first use. Must be called within a Tokio runtime: a
     /// task closes the idle ones when the pool closes.
@@ -128,7 +128,7 @@ pub(crate) struct Lent {
     connection: Option<PgConnection>,
     /// Whether the connection had been lent before (not made for this statement).
     reused: bool,
-    kept: Arc<Kept>,
+    kept: Arc<SideConnections>,
     permit: Option<OwnedSemaphorePermit>,
 }
 

@@ -1,0 +1,350 @@
+//! An operation's first phase as one statement that also claims its key ([`FirstStatement`],
+//! [`Engine::claim_first`]): for a new key, the claim's read and the first phase are one
+//! statement and one transaction, so a new key costs no read of its own.
+
+use std::time::Duration;
+
+use sqlx::PgConnection;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::super::claim::{Claim, ClaimRequest, Open, Opening, Read};
+use super::super::lease::Lease;
+use super::super::phase::Step;
+use super::super::{DB_RETRY, Engine, Operation, RecoveryPoint};
+use super::one_statement::OneStatement;
+use crate::error::{IdemError, PhaseError, gave_up, is_retryable, stored_meanwhile};
+use crate::observe::Event;
+use crate::store::{self, Claimed, Claiming, FenceRecord};
+use std::fmt;
+use std::future::Future;
+/// What the first statement of an operation binds to claim its key (`FirstStatement`): its first
+/// CTE is `SELECT idem_claim($a, $k, $c, $f) AS claimed`, with these four values in this order.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimArgs<'a> {
+    /// The key's account.
+    pub account: &'a str,
+    /// The key.
+    pub key: &'a str,
+    /// The API key's digest, when the claim checks it.
+    pub credential: Option<&'a [u8]>,
+    /// The fence: a new key's, which `idem_claim` stores when the key is absent, or a stored
+    /// key's, which it moves (fenced on the lease).
+    pub fence: &'a FenceRecord,
+}
+
+/// An operation's first phase as one statement that also claims its key: for a new key the claim's
+/// read and the first phase are one statement and one transaction ([`Engine::claim_first`]); for
+/// a key this lease holds already it is the phase ([`Lease::phase_first`]). Like a
+/// [`OneStatement`] it commits on its own, its step is decided before it runs, it may run more
+/// than once, and it is sent on a kept connection under the same rules.
+///
+/// [`Engine::claim_first`]: crate::Engine::claim_first
+pub trait FirstStatement: Send {
+    /// The operation's recovery points.
+    type Point: RecoveryPoint;
+    /// The operation's own error.
+    type Error: Send;
+    /// What the statement returns when it stored the key (the rows it wrote).
+    type Output: Send;
+
+    /// Where the statement leaves the key.
+    fn step(&self) -> Step<Self::Point>;
+
+    /// Sends one statement whose first CTE calls `idem_claim` with `claim`'s values (`SELECT
+    /// idem_claim($a, $k, $c, $f) AS claimed`), which makes its writes only from that CTE `WHERE
+    /// (claimed).stored`, and returns the `idem_claimed` record it got, unopened, beside its rows
+    /// (`None` when it stored nothing: then it wrote nothing).
+    fn run(
+        &mut self,
+        connection: &mut PgConnection,
+        claim: ClaimArgs<'_>,
+    ) -> impl Future<Output = Result<FirstRun<Self::Output>, PhaseError<Self::Error>>> + Send;
+}
+
+/// What a [`FirstStatement`] returns: the `idem_claimed` record, unopened, and the rows it wrote
+/// when it stored the key.
+pub type FirstRun<T> = (Claimed, Option<T>);
+
+/// An operation whose first phase is a [`FirstStatement`]: a request claims its key with that
+/// phase ([`Engine::claim_first`]), so that a new key costs no read of its own.
+///
+/// [`Engine::claim_first`]: crate::Engine::claim_first
+pub trait ClaimsInFirstPhase: Operation {
+    /// What the first phase returns.
+    type FirstOutput: Send;
+    /// The operation's own error.
+    type FirstError: Send + fmt::Display;
+    /// The first phase.
+    type First<'a>: FirstStatement<Point = Self::Point, Output = Self::FirstOutput, Error = Self::FirstError>
+    where
+        Self: 'a;
+
+    /// The first phase, for a request with id `request_id`.
+    fn first<'a>(&'a mut self, request_id: &'a str) -> Self::First<'a>;
+
+    /// The first phase ran in the claim and returned `output`: what `step` needs next.
+    fn ran_first(&mut self, output: Self::FirstOutput);
+}
+
+/// A first statement run as a phase of a lease that holds its key (stored, or new with an id the
+/// claim's read reserved).
+struct AsPhase<'a, S> {
+    statement: S,
+    account: &'a str,
+    key: &'a str,
+}
+
+impl<S: FirstStatement> OneStatement for AsPhase<'_, S> {
+    type Point = S::Point;
+    type Error = S::Error;
+    type Output = S::Output;
+
+    fn step(&self) -> Step<S::Point> {
+        self.statement.step()
+    }
+
+    async fn run(
+        &mut self,
+        connection: &mut PgConnection,
+        fence: &FenceRecord,
+    ) -> Result<(i64, S::Output), PhaseError<S::Error>> {
+        let claim = ClaimArgs { account: self.account, key: self.key, credential: None, fence };
+        let (claimed, made) = self.statement.run(connection, claim).await?;
+        match claimed.claiming().map_err(corrupt)? {
+            Claiming::Stored { id, .. } => Ok((id, made.ok_or_else(|| corrupt(UNMADE))?)),
+            // A new key someone else stored first (committed before this statement began).
+            Claiming::Read(_) => Err(PhaseError::Superseded),
+        }
+    }
+}
+
+pub(super) const UNMADE: IdemError =
+    IdemError::Corrupt("a first statement that stored its key returned no rows");
+
+/// An inconsistency in what the database answered, as a phase's error.
+pub(super) fn corrupt<E>(err: IdemError) -> PhaseError<E> {
+    PhaseError::Database(sqlx::Error::Protocol(err.to_string()))
+}
+
+/// What a claim that runs the first phase found ([`Engine::claim_first`]).
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // matched at once by the caller, as `Claim`
+pub enum First<T> {
+    /// A replay or a refusal (never `Claim::Acquired`).
+    Decided(Claim),
+    /// An unfinished key whose lease is free or expired: [`Engine::take`] takes it, and the
+    /// operation is driven from its recovery point.
+    Open(Open),
+    /// The key was new, and the first phase stored it with its writes: the lease, at the phase's
+    /// recovery point, and what the phase returned.
+    Ran(Lease, T),
+}
+
+/// An engine error as a phase's.
+fn phase_error<E>(err: IdemError) -> PhaseError<E> {
+    match err {
+        IdemError::Database(err) => PhaseError::Database(err),
+        IdemError::LeaseLost => PhaseError::LeaseLost,
+        other => corrupt(other),
+    }
+}
+
+impl Lease {
+    /// Runs an operation's first phase, as one statement, for a key this lease holds: a key stored
+    /// before, or a new one whose id the claim's read reserved. Otherwise as
+    /// [`Lease::phase_in_one`].
+    pub async fn phase_first<S: FirstStatement>(
+        &mut self,
+        statement: S,
+    ) -> Result<S::Output, PhaseError<S::Error>> {
+        let (account, key) = match &self.new {
+            Some(new) => (new.account_id.clone(), new.key.clone()),
+            None => (String::new(), String::new()),
+        };
+        self.phase_in_one(AsPhase { statement, account: &account, key: &key }).await
+    }
+}
+
+impl Engine {
+    /// A claim whose read is the operation's first phase: one statement that reads the key and,
+    /// when the key is new, stores it with the phase's writes, so that a new key costs two
+    /// statements in all where [`Engine::claim`] and the phase cost three, and a replay, a
+    /// mismatch or a key in use still cost one. Answers a replay or a refusal (`Decided`), an
+    /// unfinished key to take over ([`Engine::take`], then drive it from its recovery point), or
+    /// the lease of the new key at the phase's point with what the phase returned.
+    ///
+    /// Answers kept in memory are not consulted here: ask [`Engine::cached_answer`] first (it
+    /// writes nothing, so it may run where a client's hang-up cuts it off; this may not).
+    ///
+    /// A request that stores the same key meanwhile makes the statement fail on the unique index;
+    /// it is sent again and reads that key. The statement runs on the claim's connections, its
+    /// waits bounded by `claim_timeout`; a wait given up on is followed by a plain read, which may
+    /// still answer a replay or a refusal. A process that is stopping takes no key (it answers what
+    /// a plain read decides, `InUse` for a key it would take), and gives back a key stored while it
+    /// began to stop (`PhaseError::LeaseLost`); a key stored by a statement whose answer was lost
+    /// is given back at once.
+    pub async fn claim_first<S: FirstStatement>(
+        &self,
+        request: &ClaimRequest<'_>,
+        statement: &mut S,
+    ) -> Result<First<S::Output>, PhaseError<S::Error>> {
+        let span = tracing::debug_span!("idem.claim", operation = request.operation);
+        self.claim_first_once(request, statement).instrument(span).await
+    }
+
+    async fn claim_first_once<S: FirstStatement>(
+        &self,
+        request: &ClaimRequest<'_>,
+        statement: &mut S,
+    ) -> Result<First<S::Output>, PhaseError<S::Error>> {
+        // Counted until the lease is recorded as held (or given back), as a takeover's. A process
+        // that is stopping takes no key, but still answers what a read of it decides.
+        let Some(_granting) = self.granting() else {
+            return match self.read_key(request).await.map_err(phase_error)? {
+                Read::Decided(claim) => Ok(First::Decided(claim)),
+                Read::Open(_) => Ok(First::Decided(Claim::InUse)),
+            };
+        };
+        let mut lease = self.new_lease(request, 0);
+        let step = statement.step();
+        let fence = lease.fence_of(&step, true)?.without_id();
+        let claim = ClaimArgs {
+            account: request.account_id,
+            key: request.key.as_str(),
+            credential: request.credential,
+            fence: &fence,
+        };
+        let mut tries = 0;
+        let sent = loop {
+            match self.send_first(statement, claim).await {
+                Err(PhaseError::Database(err))
+                    if is_retryable(&err) && tries < self.config.db_retries =>
+                {
+                    tries += 1;
+                    // The key stored meanwhile is committed: the next run reads it at once.
+                    if !stored_meanwhile(&err) {
+                        self.observer.event(Event::DatabaseRetry);
+                        tokio::time::sleep(DB_RETRY.delay(tries)).await;
+                    }
+                }
+                sent => break sent,
+            }
+        };
+        let (claimed, made) = match sent {
+            Ok(sent) => sent,
+            // The statement waited longer than a claim may (a lock on a table it writes, held by
+            // a migration, say) and stored nothing. A read takes no such lock: it may still
+            // answer a replay or a refusal; a key to take waits for a retry.
+            Err(PhaseError::Database(err)) if gave_up(&err) => {
+                return match self.read_key(request).await.map_err(phase_error)? {
+                    Read::Decided(claim) => Ok(First::Decided(claim)),
+                    Read::Open(_) => Err(PhaseError::Database(err)),
+                };
+            }
+            Err(err) => return Err(self.unheld(request, &lease, err).await),
+        };
+        let claiming = match claimed.claiming() {
+            Ok(claiming) => claiming,
+            Err(err) => return Err(self.unheld(request, &lease, corrupt(err)).await),
+        };
+        let (id, version) = match claiming {
+            Claiming::Stored { id, version } => (id, version),
+            Claiming::Read(read) => {
+                return match self.decide(request, read).map_err(corrupt)? {
+                    Read::Decided(claim) => Ok(First::Decided(claim)),
+                    // The statement stores a key it finds absent; it reserves no id.
+                    Read::Open(Open(Opening::New(_))) => Err(corrupt(IdemError::Corrupt(
+                        "a first statement that found its key absent and stored nothing",
+                    ))),
+                    Read::Open(open) => Ok(First::Open(open)),
+                };
+            }
+        };
+        lease.key_id = id;
+        if !self.hold_granted(id, lease.token).await {
+            return Err(PhaseError::LeaseLost);
+        }
+        let Some(made) = made else {
+            return Err(self.unheld(request, &lease, corrupt(UNMADE)).await);
+        };
+        if let (Some(digest), Some(version)) = (request.credential, version) {
+            self.replay_cache.credential_seen(digest, Some((request.account_id, version)));
+        }
+        self.observer.event(Event::Claimed);
+        lease.moved(&step, &lease.phase_span());
+        lease.stored().await?;
+        // Right after the first phase committed, as `drive` after every other phase: the crash
+        // tests stop the process here.
+        crate::failpoint(|| format!("{}.after_phase.{}", lease.operation, lease.point)).await;
+        Ok(First::Ran(lease, made))
+    }
+
+    /// After a first statement whose outcome this process cannot use (its connection failed as
+    /// it ran, or its answer made no sense): the key it may have stored under this lease's token
+    /// is given back at once, so that a retry resumes it rather than wait out the lease. An error
+    /// the server answered needs nothing: the statement rolled back. When nothing is found, the
+    /// statement may still be running in the server with its client gone: it is looked for once
+    /// more when it must have ended (its waits are bounded by `claim_timeout`). Answers `err`.
+    async fn unheld<E>(
+        &self,
+        request: &ClaimRequest<'_>,
+        lease: &Lease,
+        err: PhaseError<E>,
+    ) -> PhaseError<E> {
+        if matches!(&err, PhaseError::Database(db) if db.as_database_error().is_some()) {
+            return err;
+        }
+        let (account, key) = (request.account_id.to_owned(), request.key.as_str().to_owned());
+        let token = lease.token;
+        if !self.give_back_unheld(&account, &key, token).await {
+            let engine = self.clone();
+            let ended = self.config.claim_timeout * 2 + Duration::from_millis(100);
+            tokio::spawn(async move {
+                tokio::time::sleep(ended).await;
+                engine.give_back_unheld(&account, &key, token).await;
+            });
+        }
+        err
+    }
+
+    /// Gives back the key `token` holds, found by its account and key: whether one was found.
+    async fn give_back_unheld(&self, account: &str, key: &str, token: Uuid) -> bool {
+        let reason = "the claim's first phase ended without an answer";
+        match store::release_unheld(&self.pool, account, key, token, reason).await {
+            Ok(released) => {
+                if released {
+                    self.observer.event(Event::Released);
+                    tracing::warn!(
+                        "a key whose first phase ended without an answer was given back"
+                    );
+                }
+                released
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not give back a key whose first phase ended without an answer; it is resumed when its lease expires");
+                false
+            }
+        }
+    }
+
+    /// Sends a first statement once, on a kept claim connection (its statement and lock waits
+    /// bounded by `claim_timeout`, as a claim's read) or a pooled one.
+    async fn send_first<S: FirstStatement>(
+        &self,
+        statement: &mut S,
+        claim: ClaimArgs<'_>,
+    ) -> Result<(Claimed, Option<S::Output>), PhaseError<S::Error>> {
+        let Some(kept) = self.claim_connections() else {
+            let mut pooled = self.pool.acquire().await?;
+            return statement.run(&mut pooled, claim).await;
+        };
+        let mut lent = kept.lend().await?;
+        let sent = statement.run(lent.connection(), claim).await;
+        lent.give_back(match &sent {
+            Err(PhaseError::Database(err)) => Some(err),
+            _ => None,
+        });
+        sent
+    }
+}
