@@ -69,6 +69,16 @@ pub enum PhaseError<E> {
     Operation(E),
 }
 
+/// Whether the database refused a transaction for a conflict with another one that is running: a
+/// serialization failure (40001) or a deadlock (40P01). It rolled back whole, and running it again
+/// may succeed. (A unique violation is not one: run again, it mostly fails again, unless it is the
+/// key's own, which the engine reads as another request having stored the key first.)
+pub(crate) fn conflicted(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| matches!(code.as_ref(), "40001" | "40P01"))
+}
+
 /// Whether an error is one Postgres asks us to simply try again: a serialization failure
 /// (40001), a deadlock (40P01), or a unique violation caused by a concurrent insert (23505).
 pub fn is_retryable(err: &sqlx::Error) -> bool {

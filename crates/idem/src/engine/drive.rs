@@ -59,7 +59,7 @@ pub enum TransientKind {
     /// Anything else, such as the database: `500 internal_error`.
     Internal,
     /// The database refused a phase for a conflict with another transaction (a serialization
-    /// failure, a deadlock, a concurrent insert): nothing of it was written, and [`drive`] runs
+    /// failure, a deadlock): nothing of it was written, and [`drive`] runs
     /// the step again, a bounded number of times, before it gives up as `Internal` would.
     Conflict,
 }
@@ -69,7 +69,11 @@ impl<E: fmt::Display> From<PhaseError<E>> for Interrupted {
         match err {
             PhaseError::LeaseLost => Self::LeaseLost,
             PhaseError::Superseded => Self::Superseded,
-            PhaseError::Database(err) => Self::from(err),
+            // A fast-path phase has had its retries already (`Lease::phase_in_one`).
+            PhaseError::Database(err) => Self::Transient {
+                kind: TransientKind::Internal,
+                detail: format!("database: {err}"),
+            },
             PhaseError::Operation(err) => {
                 Self::Transient { kind: TransientKind::Internal, detail: err.to_string() }
             }
@@ -127,6 +131,8 @@ pub async fn drive<O: Operation>(
         };
         match operation.step(&mut lease, at).await {
             Ok(()) => {
+                // Each step has the whole budget of reruns after a conflict.
+                conflicts = 0;
                 // Right after a phase committed: the crash tests stop the process here.
                 crate::failpoint(|| format!("{}.after_phase.{}", lease.operation, lease.point))
                     .await;

@@ -23,7 +23,7 @@ use tracing::Instrument;
 use super::held_leases::Granting;
 use super::lease::Lease;
 use super::{FINISHED, Interrupted, LEASE_LOST, RecoveryPoint, TransientKind};
-use crate::error::{PhaseError, stored_meanwhile};
+use crate::error::{PhaseError, conflicted, stored_meanwhile};
 use crate::observe::Event;
 use crate::response::StoredResponse;
 use crate::store::{self, FenceRecord, NewKeyRecord};
@@ -78,18 +78,42 @@ impl Lease {
     /// before it writes anything, and the phase may write rows that refer to the key. If another
     /// request stored the key first, this fails with [`Interrupted::Superseded`].
     pub async fn begin(&mut self) -> Result<FencedTx<'_>, Interrupted> {
-        if self.finished.is_some() {
-            return Err(Interrupted::LeaseLost);
-        }
-        let granting = self.engine.granting_new::<Interrupted>(self.new.is_some())?;
         let span = self.phase_span();
+        if self.finished.is_some() {
+            return Err(self.failed(PhaseError::LeaseLost, &span));
+        }
+        let granting = match self.engine.granting_new::<Interrupted>(self.new.is_some()) {
+            Ok(granting) => granting,
+            Err(err) => return Err(self.failed(err, &span)),
+        };
         let mut tx = self.engine.pool.begin().instrument(span.clone()).await?;
         if self.new.is_some() {
             let store_new = self.fence_to(&self.point, None, None, true)?;
             let stored = store::commit(&mut *tx, &store_new).instrument(span.clone()).await;
-            stored.map_err(|err| self.fence_error::<Interrupted>(err))?;
+            if let Err(err) = stored {
+                return Err(self.failed(self.fence_error(err), &span));
+            }
         }
         Ok(FencedTx { lease: self, tx, _granting: granting, span })
+    }
+
+    /// What a phase that failed at its fence comes to, reported: a lost lease, a new key another
+    /// request stored first, or a database error (a conflict among them runs the step again).
+    fn failed(&self, err: PhaseError<Interrupted>, span: &tracing::Span) -> Interrupted {
+        match err {
+            PhaseError::LeaseLost => {
+                self.engine.observer.event(Event::LeaseLost);
+                tracing::warn!(parent: span, "lease lost: the phase was rolled back");
+                Interrupted::LeaseLost
+            }
+            PhaseError::Superseded => {
+                // Not counted here: the claim that follows counts what the key turned out to be.
+                tracing::debug!(parent: span, "another request stored the new key first: the phase was rolled back");
+                Interrupted::Superseded
+            }
+            PhaseError::Database(err) => Interrupted::from(err),
+            PhaseError::Operation(interrupted) => interrupted,
+        }
     }
 }
 
@@ -140,14 +164,8 @@ impl FencedTx<'_> {
         }
         .instrument(span.clone())
         .await;
-        match moved {
-            Ok(()) => {}
-            Err(PhaseError::LeaseLost) => {
-                lease.engine.observer.event(Event::LeaseLost);
-                tracing::warn!(parent: &span, "lease lost: the phase was rolled back");
-                return Err(Interrupted::LeaseLost);
-            }
-            Err(err) => return Err(Interrupted::from(err)),
+        if let Err(err) = moved {
+            return Err(lease.failed(err, &span));
         }
         lease.moved(&step, &span);
         lease.stored::<Interrupted>().await.map_err(Interrupted::from)
@@ -170,13 +188,9 @@ impl RecoveryPoint for FinishedPoint {
 
 impl From<sqlx::Error> for Interrupted {
     /// A database error in a phase: a conflict with another transaction (a serialization
-    /// failure, a deadlock, a concurrent insert) is one `drive` runs the step again for.
+    /// failure, a deadlock) is one `drive` runs the step again for.
     fn from(err: sqlx::Error) -> Self {
-        let kind = if crate::is_retryable(&err) {
-            TransientKind::Conflict
-        } else {
-            TransientKind::Internal
-        };
+        let kind = if conflicted(&err) { TransientKind::Conflict } else { TransientKind::Internal };
         Interrupted::Transient { kind, detail: format!("database: {err}") }
     }
 }
