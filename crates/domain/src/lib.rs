@@ -1,4 +1,5 @@
-//! The payments domain: accounts and API keys now, payments and refunds as they land.
+//! The payments domain: accounts and API keys, payments, refunds, events and webhook endpoints,
+//! and the operations that change them ([`operations`]), one file each.
 //!
 //! This crate knows nothing of HTTP servers. The API and the worker both call into it, so that a
 //! request and a background completion run one and the same code.
@@ -16,7 +17,6 @@ pub mod processor_events;
 pub mod receipts;
 pub mod refunds;
 pub mod stored;
-pub mod updates;
 pub mod webhooks;
 
 pub use accounts::{Account, ApiKey, SecretKey};

@@ -274,11 +274,12 @@ where
 
 #[test]
 fn the_input_an_earlier_release_stored_with_a_key_reads_back_typed() {
+    use payments_domain::operations::CreateEndpointParams;
+    use payments_domain::operations::UpdateParams;
     use payments_domain::operations::{
         CancelParams, CaptureParams, CreatePaymentParams, RefundParams,
     };
-    use payments_domain::updates::UpdateParams;
-    use payments_domain::webhooks::{CreateEndpointParams, EnabledEvents};
+    use payments_domain::webhooks::EnabledEvents;
     use serde_json::json;
 
     // As the release before typed inputs stored them: the request as sent, `null`s included.

@@ -232,7 +232,7 @@ impl<P: CardProcessor> Worker<P> {
         let most = MAX_BATCHES_PER_PASS.saturating_mul(self.settings.batch_size as usize);
         // The operations this release resumes: a key of one it does not know (a newer release's,
         // during a rolling deploy) waits for a worker that does.
-        let operations = operations::resumable::<P>();
+        let operations = operations::resumable();
         for _ in 0..most {
             if *stop.borrow() {
                 break;

@@ -1087,7 +1087,7 @@ async fn a_receipt_sent_again_by_a_second_runner_carries_one_message_id(pool: Pg
 async fn the_completer_knows_every_operation_name_and_flags_an_unknown_one(pool: PgPool) {
     let h = harness(pool).await;
     let unparseable = json!({"not": "the input of any operation"});
-    let resumable = operations::resumable::<ProcessorClient>();
+    let resumable = operations::resumable();
     assert_eq!(resumable.len(), 7);
     for (n, name) in resumable.into_iter().chain(["payments.refund"]).enumerate() {
         let Claim::Acquired(lease) = h.claim(&format!("k{n}"), name, &unparseable).await else {

@@ -5,12 +5,13 @@
 //! and a `<desc>`), never by colour alone.
 
 use maud::{Markup, html};
-use payments_domain::operations::{CANCEL_PAYMENT, CAPTURE_PAYMENT, CREATE_PAYMENT, CREATE_REFUND};
-use payments_domain::updates::UPDATE_PAYMENT;
-use payments_domain::webhooks::{CREATE_ENDPOINT, UPDATE_ENDPOINT};
+use payments_domain::operations::{
+    CANCEL_PAYMENT, CAPTURE_PAYMENT, CREATE_ENDPOINT, CREATE_PAYMENT, CREATE_REFUND,
+    UPDATE_ENDPOINT, UPDATE_PAYMENT,
+};
 
 /// One operation as the diagram draws it. The recovery points are the operation's own
-/// (`recovery_points!` in `payments_domain::operations`, `UpdatePoint`); a test holds the two
+/// (`recovery_points!` in `payments_domain::operations`); a test holds the two
 /// together.
 #[derive(Debug)]
 pub struct Shape {
@@ -326,8 +327,10 @@ fn describe(key: &KeyPath<'_>, points: &[(&str, &str)], reached: usize, may_skip
 #[cfg(test)]
 mod tests {
     use idem::RecoveryPoint;
-    use payments_domain::operations::{CancelPoint, CapturePoint, CreatePoint, RefundPoint};
-    use payments_domain::updates::UpdatePoint;
+    use payments_domain::operations::{
+        CancelPoint, CapturePoint, CreateEndpointPoint, CreatePoint, RefundPoint,
+        UpdateEndpointPoint, UpdatePaymentPoint,
+    };
 
     use super::*;
 
@@ -360,7 +363,9 @@ mod tests {
                 CAPTURE_PAYMENT => names::<CapturePoint>(shape),
                 CANCEL_PAYMENT => names::<CancelPoint>(shape),
                 CREATE_REFUND => names::<RefundPoint>(shape),
-                UPDATE_PAYMENT | CREATE_ENDPOINT | UPDATE_ENDPOINT => names::<UpdatePoint>(shape),
+                UPDATE_PAYMENT => names::<UpdatePaymentPoint>(shape),
+                CREATE_ENDPOINT => names::<CreateEndpointPoint>(shape),
+                UPDATE_ENDPOINT => names::<UpdateEndpointPoint>(shape),
                 other => panic!("{other} is not an operation"),
             }
         };
@@ -377,7 +382,9 @@ mod tests {
                         CAPTURE_PAYMENT => CapturePoint::from_name(name).is_some(),
                         CANCEL_PAYMENT => CancelPoint::from_name(name).is_some(),
                         CREATE_REFUND => RefundPoint::from_name(name).is_some(),
-                        _ => UpdatePoint::from_name(name).is_some(),
+                        UPDATE_PAYMENT => UpdatePaymentPoint::from_name(name).is_some(),
+                        CREATE_ENDPOINT => CreateEndpointPoint::from_name(name).is_some(),
+                        _ => UpdateEndpointPoint::from_name(name).is_some(),
                     };
                     assert_eq!(ours, accepted, "{} and {name}", shape.operation);
                 }

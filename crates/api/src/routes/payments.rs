@@ -14,8 +14,9 @@ use payments_domain::operations::{
     self, CancelParams, CancelPayment, CancellationReason, CaptureParams, CapturePayment,
     CreatePayment, CreatePaymentParams,
 };
+use payments_domain::operations::{UpdateParams, UpdatePayment};
+use payments_domain::payments::Patched;
 use payments_domain::payments::{self, CreatePaymentRequest, Cursor, Payment};
-use payments_domain::updates::{self, Patched, UpdateParams, UpdatePayment};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use utoipa_axum::routes;
@@ -256,7 +257,7 @@ pub fn cursor_missing<Id: ObjectId>(page: &Page<Id>, what: &str) -> ApiError {
 }
 
 /// `PATCH /v1/payments/{id}`: a JSON Merge Patch (RFC 7386) of `description` and `metadata`.
-pub use payments_domain::updates::PaymentPatch;
+pub use payments_domain::payments::PaymentPatch;
 
 /// `PATCH /v1/payments/{id}`. Without an `Idempotency-Key` the patch is applied at once. With
 /// one, it is claimed, stored and replayed like a POST: a merge patch retried after someone
@@ -300,12 +301,12 @@ pub async fn update(
     let Some(key) = key else {
         let mut tx = state.pool.begin().await?;
         let patched =
-            updates::apply(&mut tx, &account, &id, &body.value, if_match.as_deref()).await?;
+            payments::apply(&mut tx, &account, &id, &body.value, if_match.as_deref()).await?;
         let payment = match patched {
             Patched::Updated(payment) => payment,
             Patched::Missing => return Err(no_such_payment(&path)),
             Patched::Stale { current_etag } => {
-                return Err(ApiError::from_problem(updates::stale_problem(&current_etag)));
+                return Err(ApiError::from_problem(payments::stale_problem(&current_etag)));
             }
         };
         tx.commit().await?;

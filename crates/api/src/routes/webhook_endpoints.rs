@@ -9,10 +9,10 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
 use payments_domain::ids::WebhookEndpointId;
-use payments_domain::webhooks::{
-    self, AddressRule, CreateEndpoint, CreateEndpointParams, EnabledEvents, EndpointStatus,
-    UpdateEndpoint, UpdateEndpointParams,
+use payments_domain::operations::{
+    CreateEndpoint, CreateEndpointParams, UpdateEndpoint, UpdateEndpointParams,
 };
+use payments_domain::webhooks::{self, AddressRule, EnabledEvents, EndpointStatus};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa_axum::routes;

@@ -1,15 +1,15 @@
-//! `POST /v1/webhook_endpoints` with an `Idempotency-Key`, as an operation of one phase.
+//! `POST /v1/webhook_endpoints` with an `Idempotency-Key`, as an operation of one phase: the
+//! endpoint registered with its secret, and the answer stored, in one transaction.
 
 use idem::{Interrupted, Lease, Operation, StoredResponse};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
-use super::{EnabledEvents, Endpoint, create};
+use super::problem_answer;
 use crate::DomainError;
 use crate::ids::AccountId;
-use crate::operations::{one_phase_operation, problem_answer};
 use crate::problems::{Problem, ProblemCode};
-use crate::updates::UpdatePoint;
+use crate::webhooks::{EnabledEvents, create, created_answer};
 
 /// The stored name of a keyed endpoint creation, for the completer.
 pub const CREATE_ENDPOINT: &str = "webhook_endpoints.create";
@@ -19,11 +19,13 @@ pub const CREATE_ENDPOINT: &str = "webhook_endpoints.create";
 pub struct CreateEndpointParams {
     /// The account.
     pub account_id: AccountId,
-    /// The URL, as [`AddressRule::check_url`](super::AddressRule::check_url) accepted it.
+    /// The URL, as [`AddressRule::check_url`](crate::webhooks::AddressRule::check_url) accepted it.
     pub url: url::Url,
     /// The types delivered.
     pub enabled_events: EnabledEvents,
 }
+
+recovery_points!(CreateEndpointPoint { Started => "started" });
 
 one_phase_operation! {
     /// `POST /v1/webhook_endpoints` with an `Idempotency-Key`: one phase registers the endpoint
@@ -35,18 +37,15 @@ one_phase_operation! {
     CreateEndpoint(CreateEndpointParams) = CREATE_ENDPOINT
 }
 
-/// The answer to a creation: `201`, the endpoint with its secret, and its `Location`.
-pub fn created_answer(endpoint: &Endpoint) -> StoredResponse {
-    let body = endpoint.to_value(true).to_string().into_bytes();
-    StoredResponse::json(201, body)
-        .with_header("location", format!("/v1/webhook_endpoints/{}", endpoint.id))
-}
-
 impl Operation for CreateEndpoint {
-    type Point = UpdatePoint;
+    type Point = CreateEndpointPoint;
 
-    async fn step(&mut self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
-        let UpdatePoint::Started = at;
+    async fn step(
+        &mut self,
+        lease: &mut Lease,
+        at: CreateEndpointPoint,
+    ) -> Result<(), Interrupted> {
+        let CreateEndpointPoint::Started = at;
         let request_id = lease.request_id().to_owned();
         let mut tx = lease.begin().await?;
         let base = &self.public_base_url;

@@ -49,8 +49,6 @@ use crate::ids::{AccountId, PaymentId};
 use crate::payments::{self, Payment};
 use crate::problems::{PROBLEM_JSON, Problem, ProblemCode};
 use crate::refunds::Refund;
-use crate::updates::UpdatePayment;
-use crate::webhooks::{CreateEndpoint, UpdateEndpoint};
 
 macro_rules! recovery_points {
     ($name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
@@ -135,25 +133,35 @@ macro_rules! one_phase_operation {
         }
     };
 }
-pub(crate) use one_phase_operation;
 
 mod authorization;
 pub mod cancel;
 pub mod capture;
+pub mod create_endpoint;
 pub mod create_payment;
 mod reconcile;
 pub mod refund;
+pub mod update_endpoint;
+pub mod update_payment;
 
 pub use cancel::{CANCEL_PAYMENT, CancelParams, CancelPayment, CancelPoint, CancellationReason};
 pub use capture::{CAPTURE_PAYMENT, CaptureParams, CapturePayment, CapturePoint};
+pub use create_endpoint::{
+    CREATE_ENDPOINT, CreateEndpoint, CreateEndpointParams, CreateEndpointPoint,
+};
 pub use create_payment::{CREATE_PAYMENT, CreatePayment, CreatePaymentParams, CreatePoint};
 pub use refund::{CREATE_REFUND, CreateRefundOp, RefundParams, RefundPoint};
+pub use update_endpoint::{
+    UPDATE_ENDPOINT, UpdateEndpoint, UpdateEndpointParams, UpdateEndpointPoint,
+};
+pub use update_payment::{UPDATE_PAYMENT, UpdateParams, UpdatePayment, UpdatePaymentPoint};
 
 /// An operation a key can name: its stored name tied to its input type, so that the handler that
 /// starts it stores the name and the input of one and the same operation, and the completer
 /// resumes that operation with that input. (A cancel's name with a capture's input does not
-/// compile; after a crash, it would have resumed that capture as a cancel.)
-pub trait PaymentOperation<P>: Operation + Sized {
+/// compile; after a crash, it would have resumed that capture as a cancel.) Every one is a
+/// variant of [`StoredOperation`], which the completer resumes.
+pub trait PaymentOperation<P>: Operation + Sized + Into<StoredOperation<P>> {
     /// The name stored with the key.
     const NAME: &'static str;
     /// The input stored with the key, for the completer.
@@ -413,67 +421,138 @@ async fn current_payment(
         .ok_or_else(|| internal("the payment vanished"))
 }
 
-/// Every operation a key can name: the completer's dispatch table, handed to the macro `$each`
-/// (one list, so that [`resume`] and [`resumable`] cannot disagree).
-macro_rules! every_operation {
-    ($each:ident) => {
-        $each!(
-            CreatePayment<P>,
-            CapturePayment<P>,
-            CancelPayment<P>,
-            CreateRefundOp<P>,
-            UpdatePayment,
-            CreateEndpoint,
-            UpdateEndpoint,
-        )
-    };
+/// Every operation a key can name, as mini-redis's `Command`: the handlers start one of these
+/// (each operation converts into its variant), and the completer resumes it from its stored
+/// name and input ([`StoredOperation::from_stored`]). Its kinds ([`OperationKind`], one per
+/// variant, derived) are matched exhaustively both ways, so an operation a handler can start is
+/// one the completer resumes, by construction.
+#[derive(Debug, strum::EnumDiscriminants)]
+#[strum_discriminants(name(OperationKind), derive(strum::EnumIter, Hash))]
+#[strum_discriminants(doc = "The kind of a [`StoredOperation`], by its variant.")]
+pub enum StoredOperation<P> {
+    /// `POST /v1/payments`.
+    CreatePayment(CreatePayment<P>),
+    /// `POST /v1/payments/{id}/capture`.
+    Capture(CapturePayment<P>),
+    /// `POST /v1/payments/{id}/cancel`.
+    Cancel(CancelPayment<P>),
+    /// `POST /v1/payments/{id}/refunds`.
+    Refund(CreateRefundOp<P>),
+    /// `PATCH /v1/payments/{id}` with a key.
+    UpdatePayment(UpdatePayment),
+    /// `POST /v1/webhook_endpoints` with a key.
+    CreateEndpoint(CreateEndpoint),
+    /// `POST /v1/webhook_endpoints/{id}` with a key.
+    UpdateEndpoint(UpdateEndpoint),
 }
 
-/// The names [`resume`] resumes, each its operation's [`PaymentOperation::NAME`].
-pub fn resumable<P: CardProcessor>() -> Vec<&'static str> {
-    macro_rules! names {
-        ($($operation:ty),+ $(,)?) => { vec![$(<$operation as PaymentOperation<P>>::NAME),+] };
+/// Why a key cannot be resumed by this code: it never will be by retrying.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unresumable(String);
+
+impl<P: CardProcessor> StoredOperation<P> {
+    /// The operation a key names, with its stored input.
+    pub fn from_stored(ctx: &Context<P>, name: &str, params: Value) -> Result<Self, Unresumable> {
+        fn of<P, O: PaymentOperation<P>>(
+            ctx: &Context<P>,
+            params: Value,
+        ) -> Result<O, Unresumable> {
+            serde_json::from_value(params)
+                .map(|params| O::with_params(ctx, params))
+                .map_err(|err| Unresumable(format!("stored parameters do not parse: {err}")))
+        }
+        let kind = OperationKind::of_name(name)
+            .ok_or_else(|| Unresumable(format!("unknown operation `{name}`")))?;
+        Ok(match kind {
+            OperationKind::CreatePayment => Self::CreatePayment(of(ctx, params)?),
+            OperationKind::Capture => Self::Capture(of(ctx, params)?),
+            OperationKind::Cancel => Self::Cancel(of(ctx, params)?),
+            OperationKind::Refund => Self::Refund(of(ctx, params)?),
+            OperationKind::UpdatePayment => Self::UpdatePayment(of(ctx, params)?),
+            OperationKind::CreateEndpoint => Self::CreateEndpoint(of(ctx, params)?),
+            OperationKind::UpdateEndpoint => Self::UpdateEndpoint(of(ctx, params)?),
+        })
     }
-    every_operation!(names)
+
+    /// The name stored with its key.
+    pub fn name(&self) -> &'static str {
+        OperationKind::from(self).name()
+    }
+
+    /// Drives it from the lease's recovery point to its answer.
+    pub async fn drive(&mut self, lease: Lease) -> Result<StoredResponse, Interrupted> {
+        match self {
+            Self::CreatePayment(op) => idem::drive(op, lease).await,
+            Self::Capture(op) => idem::drive(op, lease).await,
+            Self::Cancel(op) => idem::drive(op, lease).await,
+            Self::Refund(op) => idem::drive(op, lease).await,
+            Self::UpdatePayment(op) => idem::drive(op, lease).await,
+            Self::CreateEndpoint(op) => idem::drive(op, lease).await,
+            Self::UpdateEndpoint(op) => idem::drive(op, lease).await,
+        }
+    }
 }
 
-/// Resumes any operation from its key, as the completer does: the operation is the one whose
-/// [`PaymentOperation::NAME`] is stored with the key, its input read from the stored parameters.
-/// A key this code cannot resume (an unknown operation, parameters that do not parse) never will
-/// be by retrying: it is flagged for a person, not left leased.
+macro_rules! into_stored {
+    ($($variant:ident($operation:ty)),+ $(,)?) => {$(
+        impl<P> From<$operation> for StoredOperation<P> {
+            fn from(operation: $operation) -> Self {
+                Self::$variant(operation)
+            }
+        }
+    )+};
+}
+
+into_stored!(
+    CreatePayment(CreatePayment<P>),
+    Capture(CapturePayment<P>),
+    Cancel(CancelPayment<P>),
+    Refund(CreateRefundOp<P>),
+    UpdatePayment(UpdatePayment),
+    CreateEndpoint(CreateEndpoint),
+    UpdateEndpoint(UpdateEndpoint),
+);
+
+impl OperationKind {
+    /// The name a key of this kind stores: its operation's [`PaymentOperation::NAME`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::CreatePayment => CREATE_PAYMENT,
+            Self::Capture => CAPTURE_PAYMENT,
+            Self::Cancel => CANCEL_PAYMENT,
+            Self::Refund => CREATE_REFUND,
+            Self::UpdatePayment => UPDATE_PAYMENT,
+            Self::CreateEndpoint => CREATE_ENDPOINT,
+            Self::UpdateEndpoint => UPDATE_ENDPOINT,
+        }
+    }
+
+    /// The kind whose name this is.
+    pub fn of_name(name: &str) -> Option<Self> {
+        <Self as strum::IntoEnumIterator>::iter().find(|kind| kind.name() == name)
+    }
+}
+
+/// The names the completer resumes: every [`StoredOperation`]'s.
+pub fn resumable() -> Vec<&'static str> {
+    <OperationKind as strum::IntoEnumIterator>::iter().map(OperationKind::name).collect()
+}
+
+/// Resumes any operation from its key, as the completer does: the one whose name is stored with
+/// the key, with its stored input. A key this code cannot resume (an unknown operation, an input
+/// that does not parse) never will be by retrying: it is flagged for a person, not left leased.
 pub async fn resume<P: CardProcessor>(
     ctx: &Context<P>,
     lease: Lease,
 ) -> Result<StoredResponse, Interrupted> {
-    macro_rules! dispatch {
-        ($($operation:ty),+ $(,)?) => {
-            $(
-                if lease.operation() == <$operation as PaymentOperation<P>>::NAME {
-                    return resume_as::<P, $operation>(ctx, lease).await;
-                }
-            )+
-        };
+    match StoredOperation::from_stored(ctx, lease.operation(), lease.params().clone()) {
+        Ok(mut operation) => operation.drive(lease).await,
+        Err(Unresumable(reason)) => {
+            lease.flag(&reason).await;
+            Err(Interrupted::NeedsHuman { reason })
+        }
     }
-    every_operation!(dispatch);
-    let reason = format!("unknown operation `{}`", lease.operation());
-    unresumable(lease, reason).await
-}
-
-/// Resumes the key as the operation `O`, with its stored input.
-async fn resume_as<P, O: PaymentOperation<P>>(
-    ctx: &Context<P>,
-    lease: Lease,
-) -> Result<StoredResponse, Interrupted> {
-    match serde_json::from_value::<O::Params>(lease.params().clone()) {
-        Ok(params) => idem::drive(&mut O::with_params(ctx, params), lease).await,
-        Err(err) => unresumable(lease, format!("stored parameters do not parse: {err}")).await,
-    }
-}
-
-/// Flags the key for a person: this code can never resume it.
-async fn unresumable(lease: Lease, reason: String) -> Result<StoredResponse, Interrupted> {
-    lease.flag(&reason).await;
-    Err(Interrupted::NeedsHuman { reason })
 }
 
 #[cfg(test)]
@@ -484,37 +563,42 @@ mod tests {
 
     use super::*;
 
-    /// The operation `O`'s name, as its handler stores it.
-    fn name_of<O: PaymentOperation<ProcessorClient>>() -> &'static str {
-        O::NAME
+    /// The kind whose name the operation `O` stores.
+    fn kind_of<O: PaymentOperation<ProcessorClient>>() -> Option<OperationKind> {
+        OperationKind::of_name(O::NAME)
     }
 
     #[test]
-    fn every_operation_a_handler_starts_is_one_the_completer_resumes() {
-        let resumable = resumable::<ProcessorClient>();
-        let distinct: BTreeSet<_> = resumable.iter().collect();
-        assert_eq!(distinct.len(), resumable.len(), "two operations share a name: {resumable:?}");
-        let started = [
-            name_of::<CreatePayment<ProcessorClient>>(),
-            name_of::<CapturePayment<ProcessorClient>>(),
-            name_of::<CancelPayment<ProcessorClient>>(),
-            name_of::<CreateRefundOp<ProcessorClient>>(),
-            name_of::<UpdatePayment>(),
-            name_of::<CreateEndpoint>(),
-            name_of::<UpdateEndpoint>(),
-        ];
-        assert_eq!(started.len(), resumable.len());
-        for name in started {
-            assert!(resumable.contains(&name), "the completer cannot resume `{name}`");
+    fn every_kind_has_its_own_name_and_resumes_under_it() {
+        let names = resumable();
+        let distinct: BTreeSet<_> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "two operations share a name: {names:?}");
+        for name in names {
+            assert_eq!(OperationKind::of_name(name).map(OperationKind::name), Some(name));
         }
+        assert_eq!(OperationKind::of_name("payments.refund"), None);
+    }
+
+    #[test]
+    fn each_operation_stores_the_name_of_its_own_kind() {
+        // A key stored by a capture must resume as a capture: two names swapped between kinds
+        // would resume one operation as the other.
+        use OperationKind as Kind;
+        assert_eq!(kind_of::<CreatePayment<ProcessorClient>>(), Some(Kind::CreatePayment));
+        assert_eq!(kind_of::<CapturePayment<ProcessorClient>>(), Some(Kind::Capture));
+        assert_eq!(kind_of::<CancelPayment<ProcessorClient>>(), Some(Kind::Cancel));
+        assert_eq!(kind_of::<CreateRefundOp<ProcessorClient>>(), Some(Kind::Refund));
+        assert_eq!(kind_of::<UpdatePayment>(), Some(Kind::UpdatePayment));
+        assert_eq!(kind_of::<CreateEndpoint>(), Some(Kind::CreateEndpoint));
+        assert_eq!(kind_of::<UpdateEndpoint>(), Some(Kind::UpdateEndpoint));
     }
 
     #[test]
     fn the_stored_names_do_not_change() {
-        // Keys stored by an earlier release name their operation so: a renamed operation would
-        // leave them unresumable.
+        // Keys in flight name their operation so: a renamed operation would leave them
+        // unresumable after a deploy.
         assert_eq!(
-            resumable::<ProcessorClient>(),
+            resumable(),
             [
                 "payments.create",
                 "payments.capture",

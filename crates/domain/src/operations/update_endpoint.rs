@@ -1,15 +1,14 @@
-//! `POST /v1/webhook_endpoints/{id}` with an `Idempotency-Key`, as an operation of one phase.
+//! `POST /v1/webhook_endpoints/{id}` with an `Idempotency-Key`, as an operation of one phase: the
+//! endpoint's new status, and the answer stored, in one transaction.
 
 use idem::{Interrupted, Lease, Operation, StoredResponse};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
-use super::{Endpoint, EndpointStatus, set_status};
+use super::problem_answer;
 use crate::DomainError;
 use crate::ids::{AccountId, WebhookEndpointId};
-use crate::operations::{one_phase_operation, problem_answer};
-use crate::problems::{Problem, ProblemCode};
-use crate::updates::UpdatePoint;
+use crate::webhooks::{EndpointStatus, missing_endpoint, set_status, updated_answer};
 
 /// The stored name of a keyed endpoint update, for the completer.
 pub const UPDATE_ENDPOINT: &str = "webhook_endpoints.update";
@@ -25,6 +24,8 @@ pub struct UpdateEndpointParams {
     pub status: EndpointStatus,
 }
 
+recovery_points!(UpdateEndpointPoint { Started => "started" });
+
 one_phase_operation! {
     /// `POST /v1/webhook_endpoints/{id}` with an `Idempotency-Key`: one phase sets the status and
     /// stores the answer, so that a retry after a lost answer replays it instead of setting the
@@ -33,23 +34,15 @@ one_phase_operation! {
     UpdateEndpoint(UpdateEndpointParams) = UPDATE_ENDPOINT
 }
 
-/// The answer to an update: `200` and the endpoint, without its secret.
-pub fn updated_answer(endpoint: &Endpoint) -> StoredResponse {
-    let body = endpoint.to_value(false).to_string().into_bytes();
-    StoredResponse::json(200, body)
-}
-
-/// The problem an unknown (or deleted) endpoint answers.
-pub fn missing_endpoint(id: &str) -> Problem {
-    Problem::new(ProblemCode::ResourceMissing, format!("No such webhook endpoint: '{id}'."))
-        .with_param("id")
-}
-
 impl Operation for UpdateEndpoint {
-    type Point = UpdatePoint;
+    type Point = UpdateEndpointPoint;
 
-    async fn step(&mut self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
-        let UpdatePoint::Started = at;
+    async fn step(
+        &mut self,
+        lease: &mut Lease,
+        at: UpdateEndpointPoint,
+    ) -> Result<(), Interrupted> {
+        let UpdateEndpointPoint::Started = at;
         let request_id = lease.request_id().to_owned();
         let mut tx = lease.begin().await?;
         let base = &self.public_base_url;

@@ -448,10 +448,12 @@ impl From<PaymentRow> for Payment {
 }
 
 pub mod batch;
+mod patch;
 mod store;
 #[cfg(test)]
 mod tests;
 
+pub use patch::{Patched, PaymentPatch, apply, missing_problem, stale_problem};
 pub use store::{
     Changes, ChargeRecord, Cursor, Written, find, find_by_key, insert_claiming, list, lock,
     lock_for_news, update, update_fenced,

@@ -8,24 +8,20 @@
 
 use std::net::IpAddr;
 
+use idem::StoredResponse;
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
 use crate::events::{Event, EventRow, EventType};
 use crate::ids::{self, AccountId, EventId, WebhookEndpointId};
+use crate::problems::{Problem, ProblemCode};
 use crate::stored::text_enum;
 
-mod create;
 mod enabled;
 mod log;
-mod update;
 
-pub use create::{CREATE_ENDPOINT, CreateEndpoint, CreateEndpointParams, created_answer};
 pub use enabled::EnabledEvents;
-pub use update::{
-    UPDATE_ENDPOINT, UpdateEndpoint, UpdateEndpointParams, missing_endpoint, updated_answer,
-};
 
 pub use log::{Attempt, DeliveryLine, Outcome, attempts, log_attempt, recent_deliveries};
 
@@ -432,4 +428,23 @@ mod tests {
             assert!(LIVE.check_url(url).is_err(), "{url}");
         }
     }
+}
+
+/// The answer to a creation: `201`, the endpoint with its secret, and its `Location`.
+pub fn created_answer(endpoint: &Endpoint) -> StoredResponse {
+    let body = endpoint.to_value(true).to_string().into_bytes();
+    StoredResponse::json(201, body)
+        .with_header("location", format!("/v1/webhook_endpoints/{}", endpoint.id))
+}
+
+/// The answer to an update: `200` and the endpoint, without its secret.
+pub fn updated_answer(endpoint: &Endpoint) -> StoredResponse {
+    let body = endpoint.to_value(false).to_string().into_bytes();
+    StoredResponse::json(200, body)
+}
+
+/// The problem an unknown (or deleted) endpoint answers.
+pub fn missing_endpoint(id: &str) -> Problem {
+    Problem::new(ProblemCode::ResourceMissing, format!("No such webhook endpoint: '{id}'."))
+        .with_param("id")
 }

@@ -1,26 +1,20 @@
-//! `PATCH /v1/payments/{id}`: a JSON Merge Patch (RFC 7386) of a payment's `description` and
-//! `metadata`, applied in one transaction.
-//!
-//! Without an `Idempotency-Key` the API applies it directly ([`apply`]). With one, it runs as
-//! an idempotent operation of one phase ([`UpdatePayment`]), so that a retry replays the first
-//! answer instead of applying the patch again: a merge patch retried after someone else's change
-//! would otherwise undo that change.
+//! A JSON Merge Patch (RFC 7386) of a payment's `description` and `metadata`, applied in the
+//! caller's transaction: `PATCH /v1/payments/{id}` without an `Idempotency-Key` applies it
+//! directly ([`apply`]); with one, it is the one phase of the operation
+//! [`UpdatePayment`](crate::operations::UpdatePayment), so that a retry replays the first answer
+//! instead of applying the patch again (a merge patch retried after someone else's change would
+//! otherwise undo that change).
 
 use std::collections::BTreeMap;
 
-use idem::{Interrupted, Lease, Operation, RecoveryPoint, StoredResponse};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
 use crate::DomainError;
 use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
-use crate::operations::{one_phase_operation, problem_answer};
 use crate::payments::{self, Changes, Payment};
 use crate::problems::{Problem, ProblemCode};
-
-/// The stored name of the operation, for the completer.
-pub const UPDATE_PAYMENT: &str = "payments.update";
 
 // Also the patch as a key stores it: a member absent stays absent, and a `null` stays `null`.
 // (Not a doc comment: the doc is the OpenAPI document's description.)
@@ -130,76 +124,4 @@ pub fn stale_problem(current_etag: &str) -> Problem {
 /// The problem an unknown payment answers.
 pub fn missing_problem(id: &str) -> Problem {
     Problem::new(ProblemCode::ResourceMissing, format!("No such payment: '{id}'.")).with_param("id")
-}
-
-/// The stored input of a keyed PATCH.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct UpdateParams {
-    /// The account.
-    pub account_id: AccountId,
-    /// The payment.
-    pub payment_id: PaymentId,
-    /// The merge patch (validated before the claim).
-    pub patch: PaymentPatch,
-    /// `If-Match`, when sent: checked under the payment's lock, in the phase.
-    pub if_match: Option<String>,
-}
-
-/// The one recovery point of a keyed PATCH: its only phase stores the answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpdatePoint {
-    /// Claimed, nothing written.
-    Started,
-}
-
-impl RecoveryPoint for UpdatePoint {
-    fn name(self) -> &'static str {
-        idem::STARTED
-    }
-
-    fn from_name(name: &str) -> Option<Self> {
-        (name == idem::STARTED).then_some(Self::Started)
-    }
-}
-
-one_phase_operation! {
-    /// `PATCH /v1/payments/{id}` with an `Idempotency-Key`.
-    UpdatePayment(UpdateParams) = UPDATE_PAYMENT
-}
-
-impl Operation for UpdatePayment {
-    type Point = UpdatePoint;
-
-    async fn step(&mut self, lease: &mut Lease, at: UpdatePoint) -> Result<(), Interrupted> {
-        let UpdatePoint::Started = at;
-        let request_id = lease.request_id().to_owned();
-        let mut tx = lease.begin().await?;
-        let answer = apply_patch(&mut tx, &self.params, &request_id, &self.public_base_url).await?;
-        tx.commit_answer(answer).await
-    }
-}
-
-/// The one phase of an update: the patch applied to the payment (or refused), and the answer.
-async fn apply_patch(
-    tx: &mut PgConnection,
-    params: &UpdateParams,
-    request_id: &str,
-    base: &str,
-) -> Result<StoredResponse, DomainError> {
-    let (account_id, payment_id) = (&params.account_id, &params.payment_id);
-    let if_match = params.if_match.as_deref();
-    Ok(match apply(tx, account_id, payment_id, &params.patch, if_match).await {
-        Ok(Patched::Updated(payment)) => crate::operations::payment_answer(200, &payment, false),
-        Ok(Patched::Missing) => problem_answer(&missing_problem(payment_id), request_id, base),
-        Ok(Patched::Stale { current_etag }) => {
-            problem_answer(&stale_problem(&current_etag), request_id, base)
-        }
-        // A rule broken only by the merge (too many pairs) is this key's answer.
-        Err(DomainError::Invalid { param, message }) => problem_answer(
-            &Problem::new(ProblemCode::InvalidRequest, message).with_param(param),
-            request_id,
-            base,
-        ),
-        Err(err) => return Err(err),
-    })
 }
