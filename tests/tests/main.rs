@@ -9,6 +9,7 @@ mod edge;
 mod edge_holds;
 mod examples;
 mod failover;
+mod fast_path;
 mod inspector;
 mod leases;
 mod lists;

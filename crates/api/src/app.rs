@@ -146,7 +146,8 @@ impl Application {
         let operations =
             Context::new(pool.clone(), Arc::new(processor), edge.public_base_url.clone())
                 .with_charge_metadata(settings.processor.charge_metadata.clone())
-                .with_batches(settings.idempotency.batch_phases);
+                .with_batches(settings.idempotency.batch_phases)
+                .with_fast_path(settings.idempotency.fast_path);
         let rate_limiter = crate::auth::rate_limiter(&settings.rate_limit);
         let address_limiter = crate::auth::address_limiter(&settings.rate_limit);
         let unknown_keys = crate::auth::UnknownKeys::new(Duration::from_millis(

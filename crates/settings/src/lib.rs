@@ -172,6 +172,9 @@ pub struct IdempotencySettings {
     pub answer_memory_bytes: u64,
     /// Whether concurrent one-statement phases of one kind share a statement (`idem::batch`).
     pub batch_phases: bool,
+    /// Whether a new payment's phases take the fast path (one statement each where they can, the
+    /// claim in the first) or the reference road (a transaction each). Both write the same.
+    pub fast_path: bool,
 }
 
 impl IdempotencySettings {

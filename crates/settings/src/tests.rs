@@ -188,3 +188,10 @@ fn batches_are_on_by_default_and_can_be_turned_off() {
     let alone = ("PAYMENTS__IDEMPOTENCY__BATCH_PHASES", "false");
     assert!(load(&[alone]).is_ok_and(|s| !s.idempotency.batch_phases));
 }
+
+#[test]
+fn the_fast_path_is_on_by_default_and_can_be_turned_off() {
+    assert!(load(&[]).is_ok_and(|s| s.idempotency.fast_path));
+    let reference = ("PAYMENTS__IDEMPOTENCY__FAST_PATH", "false");
+    assert!(load(&[reference]).is_ok_and(|s| !s.idempotency.fast_path));
+}

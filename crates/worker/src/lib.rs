@@ -140,7 +140,8 @@ impl<P: CardProcessor> Worker<P> {
         Ok(Self {
             ctx: Context::new(pool, processor, public_base_url)
                 .with_charge_metadata(settings.processor.charge_metadata.clone())
-                .with_batches(settings.idempotency.batch_phases),
+                .with_batches(settings.idempotency.batch_phases)
+                .with_fast_path(settings.idempotency.fast_path),
             engine,
             settings: settings.worker.clone(),
             mailer,

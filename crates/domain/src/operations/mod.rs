@@ -187,13 +187,23 @@ pub struct Context<P> {
     /// The batches the last phase of new payments share (`idem::batch`), or `None` to send each
     /// alone (`idempotency.batch_phases`).
     pub charged: Option<Batcher<payments::batch::Charged>>,
+    /// Whether a new payment's phases take the fast path, one statement each where they can
+    /// (`operations/create_payment/fast_path.rs`), or the reference road, a transaction each
+    /// (`idempotency.fast_path`). Both write the same.
+    pub fast_path: bool,
 }
 
 impl<P> Context<P> {
     /// A context with no further charge metadata, whose phases go in batches.
     pub fn new(pool: PgPool, processor: Arc<P>, public_base_url: Arc<str>) -> Self {
         let charged = Some(Batcher::new(pool.clone(), payments::batch::Charged));
-        Self { pool, processor, public_base_url, charge_metadata: Arc::default(), charged }
+        let charge_metadata = Arc::default();
+        Self { pool, processor, public_base_url, charge_metadata, charged, fast_path: true }
+    }
+
+    /// The same, with a new payment's phases on the fast path or the reference road.
+    pub fn with_fast_path(self, fast_path: bool) -> Self {
+        Self { fast_path, ..self }
     }
 
     /// The same, with `metadata` sent with every new charge.
@@ -216,6 +226,7 @@ impl<P> Clone for Context<P> {
             public_base_url: self.public_base_url.clone(),
             charge_metadata: self.charge_metadata.clone(),
             charged: self.charged.clone(),
+            fast_path: self.fast_path,
         }
     }
 }

@@ -455,7 +455,7 @@ mod tests;
 
 pub use patch::{Patched, PaymentPatch, apply, missing_problem, stale_problem};
 pub use store::{
-    Changes, ChargeRecord, Cursor, Written, find, find_by_key, insert_claiming, list, lock,
+    Changes, ChargeRecord, Cursor, Written, find, find_by_key, insert, insert_claiming, list, lock,
     lock_for_news, update, update_fenced,
 };
 pub(crate) use store::{finish_page, in_walk_order};

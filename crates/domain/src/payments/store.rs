@@ -16,6 +16,61 @@ use crate::ids::{AccountId, EventId, PaymentId};
 use crate::jobs::{JobKind, Work};
 use crate::money::{Amount, Currency};
 
+/// The first phase's writes: payment `id` of the key `key_id`, `processing`, with its
+/// `payment.created` audit record, in the phase's transaction. Returns the payment and its row's
+/// version. (`insert_claiming` writes the same on the fast path, with the key's claim.)
+pub async fn insert(
+    conn: &mut PgConnection,
+    id: &PaymentId,
+    account_id: &AccountId,
+    key_id: i64,
+    request_id: &str,
+    new: &NewPayment,
+) -> Result<(Payment, RowVersion), DomainError> {
+    let row = sqlx::query_as!(
+        PaymentRow,
+        r#"
+        WITH payment AS (
+            INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
+                                  capture_method, payment_method, description, metadata,
+                                  receipt_email)
+            VALUES ($1, $2, $3, $4, $5, 'processing', $6, $7, $8, $9, $10)
+            RETURNING *, xmin::text::bigint AS row_version
+        ), audit AS (
+            INSERT INTO audit_events (account_id, object_id, action, request_id,
+                                      idempotency_key_id, detail)
+            SELECT account_id, id, 'payment.created', $11, idempotency_key_id,
+                   jsonb_build_object('amount', amount, 'currency', currency)
+              FROM payment
+        )
+        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
+               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
+               capture_method AS "capture_method: _", amount_captured, amount_refunded,
+               payment_method, description, metadata AS "metadata: _", receipt_email,
+               processor_charge_id, failure_code, failure_message,
+               cancellation_reason AS "cancellation_reason: _",
+               extract(epoch FROM created_at)::bigint AS "created!",
+               row_version
+          FROM payment
+        "#,
+        id as &PaymentId,
+        account_id as &AccountId,
+        key_id,
+        new.amount as Amount,
+        new.currency as Currency,
+        new.capture_method as CaptureMethod,
+        new.payment_method,
+        new.description,
+        Json(&new.metadata) as Json<&BTreeMap<String, String>>,
+        new.receipt_email,
+        request_id,
+    )
+    .fetch_one(conn)
+    .await?;
+    let version = row.row_version.ok_or(DomainError::Corrupt("a row without xmin"))?;
+    Ok((row.into(), RowVersion(version)))
+}
+
 /// The first phase of a new payment, as one statement that commits on its own, which also claims
 /// the key: `idem_claim` (the idempotency engine's claim, with its fence) reads the key and, when
 /// it is new, stores it; only then does the statement insert the payment, `processing`, with its

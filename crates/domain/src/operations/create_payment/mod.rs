@@ -4,11 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use idem::batch::Batcher;
-use idem::{
-    ClaimArgs, Claimed, ClaimsInFirstPhase, FirstStatement, Interrupted, Lease, OneStatement,
-    Operation, PhaseError, Step, StoredResponse,
-};
+use idem::{Interrupted, Lease, Operation, StoredResponse};
 use provider::{
     CardProcessor, Charge, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError,
 };
@@ -17,8 +13,8 @@ use serde_json::{Value, json};
 use sqlx::PgConnection;
 
 use super::reconcile::{
-    Reconciled, adopt_or_move_on, audit_other_charge, count_reconciliation, plan_of, planned_call,
-    refusal_may_be_stored, refused_at_a_later_generation, report_extra, when_nothing_found,
+    adopt_or_move_on, audit_other_charge, count_reconciliation, planned_call,
+    refused_at_a_later_generation, report_extra,
 };
 use super::{
     Context, Learnt, LeaseInfo, PaymentOperation, Refused, failure_code, final_problem, internal,
@@ -31,9 +27,14 @@ use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
 use crate::jobs::Work;
 use crate::payments::{
-    self, CaptureMethod, Changes, NewPayment, Payment, PaymentStatus, RowVersion, Written,
+    self, CaptureMethod, Changes, NewPayment, Payment, PaymentStatus, RowVersion,
 };
-use crate::processor_events::{self, ExtraCharge};
+use crate::processor_events::ExtraCharge;
+
+mod fast_path;
+mod lookups;
+
+pub use fast_path::InsertPayment;
 
 /// The stored name of a payment creation.
 pub const CREATE_PAYMENT: &str = "payments.create";
@@ -107,114 +108,6 @@ fn pushed_adoption(charge_id: &str, key: &DownstreamKey) -> Value {
     json!({"outcome": "adopted", "cause": "webhook", "found": charge_id, "downstream_key": key.as_str()})
 }
 
-impl<P: CardProcessor> CreatePayment<P> {
-    /// The charge the processor's webhook says the call under `key` made, if one did
-    /// (`processor_events`). A charge that is not this payment's is for a person, and so is a
-    /// decline of a later generation, as when the call itself answers one
-    /// ([`refusal_may_be_stored`]).
-    async fn pushed_charge(
-        &self,
-        payment: &Payment,
-        key: &DownstreamKey,
-    ) -> Result<Option<Charge>, Interrupted> {
-        // A later generation is called only once lookups trusted that the earlier ones made
-        // nothing. A webhook saying otherwise means one charge may already exist, and the call
-        // under this key would make another: not for an automatic retry to decide.
-        if key.generation_number() > 1
-            && let Some((charge_id, earlier)) =
-                processor_events::paid_under_another_key(&self.ctx.pool, &payment.id, key.as_str())
-                    .await
-                    .map_err(internal)?
-        {
-            return Err(Interrupted::NeedsHuman {
-                reason: format!(
-                    "the processor reported {charge_id} for {} under {earlier}, an earlier \
-                     generation than {key}: a charge may already exist",
-                    payment.id
-                ),
-            });
-        }
-        let found = processor_events::charge_for_key(&self.ctx.pool, key.as_str())
-            .await
-            .map_err(internal)?;
-        match found {
-            Some(charge)
-                if !is_of(&charge, &payment.id)
-                    || charge.amount != payment.amount.get()
-                    || payment.currency != charge.currency =>
-            {
-                Err(Interrupted::NeedsHuman {
-                    reason: format!(
-                        "the processor reported {} ({} {}) under {key}, which does not match {}",
-                        charge.id, charge.amount, charge.currency, payment.id
-                    ),
-                })
-            }
-            Some(charge) if !charge.paid => {
-                refusal_may_be_stored(key, || {
-                    format!("declined ({}, reported by the processor's webhook)", charge.id)
-                })?;
-                Ok(Some(charge))
-            }
-            found => Ok(found),
-        }
-    }
-
-    /// The processor cannot tell us what the charge request did: what its webhook told us, or
-    /// else look for the payment's charge. A declined charge found is the answer only where a
-    /// decline the call answered would be ([`refusal_may_be_stored`]): under a later generation
-    /// the search may not show yet an earlier generation's successful charge.
-    async fn reconcile(
-        &self,
-        lease: &mut Lease,
-        payment: &Payment,
-        key: &DownstreamKey,
-        why: &ProcessorError,
-    ) -> Result<Reconciled<Charge>, Interrupted> {
-        if let Some(charge) = self.pushed_charge(payment, key).await? {
-            return Ok(Reconciled::Adopt(charge));
-        }
-        lease.renew().await?;
-        let found = self
-            .ctx
-            .processor
-            .search_charges(&payment.id)
-            .await
-            .map_err(|err| unavailable(&err))?;
-        let ours: Vec<Charge> =
-            found.into_iter().filter(|charge| is_of(charge, &payment.id)).collect();
-        let paid: Vec<&Charge> = ours.iter().filter(|charge| charge.paid).collect();
-        match (paid.as_slice(), ours.first()) {
-            ([charge], _) => Ok(Reconciled::Adopt((*charge).clone())),
-            // Declined: no money moved, and the decline is the answer (under the first
-            // generation: under a later one, an earlier call may have charged the card).
-            ([], Some(failed)) => {
-                refusal_may_be_stored(key, || {
-                    format!("declined ({}, found by the processor's search; {why})", failed.id)
-                })?;
-                Ok(Reconciled::Adopt(failed.clone()))
-            }
-            ([], None) => {
-                let processor = &self.ctx.processor;
-                when_nothing_found(
-                    lease,
-                    processor.longest_call(),
-                    processor.search_lag(),
-                    "charge",
-                )
-                .await
-            }
-            (several, _) => Err(Interrupted::NeedsHuman {
-                reason: format!(
-                    "{} successful charges at the processor for {} ({why})",
-                    several.len(),
-                    payment.id
-                ),
-            }),
-        }
-    }
-}
-
 impl<P: CardProcessor> PaymentOperation<P> for CreatePayment<P> {
     const NAME: &'static str = CREATE_PAYMENT;
     type Params = CreatePaymentParams;
@@ -234,12 +127,19 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
     async fn step(&mut self, lease: &mut Lease, at: CreatePoint) -> Result<(), Interrupted> {
         let info = LeaseInfo::of(lease);
         match at {
-            // One statement: the payment, its audit record and the key (new, it is stored here),
-            // with the charge frozen at `payment_created`. For a key claimed with it, this phase
-            // ran in the claim (`ClaimsInFirstPhase`); here it runs for a key the lease holds.
+            // The payment, `processing`, with its audit record, and the charge frozen at
+            // `payment_created`. (On the fast path this phase ran in the claim, as one statement:
+            // `fast_path::InsertPayment`.)
             CreatePoint::Started => {
-                let insert = InsertPayment::new(&self.params, &self.ctx, &info.request_id);
-                self.created = Some(lease.phase_first(insert).await?);
+                let id = PaymentId::generate();
+                let (account_id, request) = (&self.params.account_id, &self.params.request);
+                let call = charge_request(&id, request, &self.ctx.charge_metadata);
+                let mut tx = lease.begin().await?;
+                let (key_id, request_id) = (info.key_id, &*info.request_id);
+                let created =
+                    payments::insert(&mut tx, &id, account_id, key_id, request_id, request).await?;
+                tx.commit_call(CreatePoint::PaymentCreated, &call).await?;
+                self.created = Some(created);
             }
             CreatePoint::PaymentCreated => {
                 let (payment, version) = self.payment(info.key_id).await?;
@@ -333,10 +233,8 @@ impl<P: CardProcessor> CreatePayment<P> {
         }
     }
 
-    /// The last phase when the processor charged the card. The common case goes as one statement
-    /// (`fast_path`): the first call of the key's first generation answered, and the payment's
-    /// row is as the first phase left it. Otherwise, and when the row changed meanwhile (its
-    /// description, say), the reference form: [`charged`] in a fenced transaction.
+    /// The last phase when the processor charged the card: [`charged`] in a fenced transaction,
+    /// or, on the fast path, one statement when it can be (`fast_path::charged_in_one`).
     async fn record_charge(
         &self,
         lease: &mut Lease,
@@ -346,15 +244,14 @@ impl<P: CardProcessor> CreatePayment<P> {
         info: &LeaseInfo,
     ) -> Result<(), Interrupted> {
         if let Some(version) = version
+            && self.ctx.fast_path
             && learnt.reconciled.is_none()
             && learnt.key.generation_number() == 1
         {
-            let batches = self.ctx.charged.as_ref();
-            let in_one = ChargedInOne::new(payment, version, charge, learnt.key, info, batches);
-            match lease.phase_in_one(in_one).await {
-                Ok(()) => return Ok(()),
-                Err(PhaseError::Operation(InOne::Moved)) => {}
-                Err(err) => return Err(err.into()),
+            let row = (payment, version);
+            let (key, ctx) = (learnt.key, &self.ctx);
+            if fast_path::charged_in_one(ctx, lease, row, charge, key, info).await? {
+                return Ok(());
             }
         }
         let mut tx = lease.begin().await?;
@@ -386,64 +283,6 @@ fn refusal_of(
     };
     let problem = final_problem(&err, &payment.id).ok_or_else(|| unavailable(&err))?;
     Ok(Refused { err, problem })
-}
-
-/// The first phase, as one statement: the payment, its audit record and the key (new, it is
-/// stored here, claimed with it), with the charge frozen at `payment_created`. The payment's id is
-/// made before, so that the frozen charge can name it.
-#[derive(Debug)]
-pub struct InsertPayment<'a> {
-    id: PaymentId,
-    params: &'a CreatePaymentParams,
-    request_id: &'a str,
-    /// The charge, frozen.
-    plan: Value,
-}
-
-impl<'a> InsertPayment<'a> {
-    fn new<P>(params: &'a CreatePaymentParams, ctx: &Context<P>, request_id: &'a str) -> Self {
-        let id = PaymentId::generate();
-        let plan = plan_of(&charge_request(&id, &params.request, &ctx.charge_metadata));
-        Self { id, params, request_id, plan }
-    }
-}
-
-impl FirstStatement for InsertPayment<'_> {
-    type Point = CreatePoint;
-    type Error = DomainError;
-    type Output = (Payment, RowVersion);
-
-    fn step(&self) -> Step<CreatePoint> {
-        Step::Call(CreatePoint::PaymentCreated, self.plan.clone())
-    }
-
-    async fn run(
-        &mut self,
-        connection: &mut PgConnection,
-        claim: ClaimArgs<'_>,
-    ) -> Result<(Claimed, Option<(Payment, RowVersion)>), PhaseError<DomainError>> {
-        let (account, request) = (&self.params.account_id, &self.params.request);
-        let id = &self.id;
-        Ok(payments::insert_claiming(connection, id, account, self.request_id, request, claim)
-            .await?)
-    }
-}
-
-impl<P: CardProcessor> ClaimsInFirstPhase for CreatePayment<P> {
-    type FirstOutput = (Payment, RowVersion);
-    type FirstError = DomainError;
-    type First<'a>
-        = InsertPayment<'a>
-    where
-        Self: 'a;
-
-    fn first<'a>(&'a mut self, request_id: &'a str) -> InsertPayment<'a> {
-        InsertPayment::new(&self.params, &self.ctx, request_id)
-    }
-
-    fn ran_first(&mut self, output: (Payment, RowVersion)) {
-        self.created = Some(output);
-    }
 }
 
 /// The last phase when the processor charged the card: the payment `succeeded` (or
@@ -502,94 +341,6 @@ impl<'a> Recorded<'a> {
     /// The receipt of the payment as recorded, when it succeeded and has an address.
     fn receipt(recorded: &Payment) -> Option<Work> {
         Work::receipt(recorded).filter(|_| recorded.status == PaymentStatus::Succeeded)
-    }
-}
-
-/// Why the second phase did not run as one statement.
-#[derive(Debug, thiserror::Error)]
-enum InOne {
-    /// The payment's row changed since the first phase: nothing was written.
-    #[error("the payment changed since the first phase")]
-    Moved,
-    #[error(transparent)]
-    Failed(DomainError),
-}
-
-/// The second phase when the processor charged the card, as one statement
-/// (`payments::update_fenced`): `Charged` without its round trips. It needs the payment's row as
-/// the first phase wrote it (the answer is computed before the statement, with
-/// [`Changes::apply`]), and nothing to look up: the call was the key's first generation, so
-/// there is no other charge to look for (`audit_other_charge`), and no reconciliation to record.
-struct ChargedInOne<'a> {
-    payment: &'a Payment,
-    version: RowVersion,
-    recorded: Recorded<'a>,
-    audit: AuditEvent<'a>,
-    /// The payment as the statement leaves it.
-    charged: Payment,
-    /// The batches the statement goes in, if it does.
-    batches: Option<&'a Batcher<payments::batch::Charged>>,
-}
-
-impl<'a> ChargedInOne<'a> {
-    fn new(
-        payment: &'a Payment,
-        version: RowVersion,
-        charge: &'a Charge,
-        key: &DownstreamKey,
-        info: &'a LeaseInfo,
-        batches: Option<&'a Batcher<payments::batch::Charged>>,
-    ) -> Self {
-        let recorded = Recorded::of(charge, key);
-        let audit = recorded.audit(payment, info);
-        let charged = recorded.changes.apply(payment);
-        Self { payment, version, recorded, audit, charged, batches }
-    }
-}
-
-impl ChargedInOne<'_> {
-    /// What the statement writes beside the payment's changes: its audit record, its receipt
-    /// (`Recorded::receipt` of the payment as charged) and its event (`object`, the payment's
-    /// representation as charged).
-    fn written<'w>(&'w self, receipt: Option<&'w Work>, object: &'w [u8]) -> Written<'w> {
-        Written { audit: &self.audit, job: receipt, event: (self.recorded.event, object) }
-    }
-}
-
-impl OneStatement for ChargedInOne<'_> {
-    type Point = CreatePoint;
-    type Error = InOne;
-    type Output = ();
-
-    fn step(&self) -> Step<CreatePoint> {
-        Step::Finish(payment_answer(201, &self.charged, true))
-    }
-
-    async fn run(
-        &mut self,
-        connection: &mut PgConnection,
-        fence: &idem::FenceRecord,
-    ) -> Result<(i64, ()), PhaseError<InOne>> {
-        let (receipt, object) = (Recorded::receipt(&self.charged), self.charged.to_json());
-        let written = self.written(receipt.as_ref(), &object);
-        let (id, version, changes) = (&self.payment.id, self.version, &self.recorded.changes);
-        match payments::update_fenced(connection, id, version, changes, &written, fence).await {
-            Ok(Some(key_id)) => Ok((key_id, ())),
-            Ok(None) => Err(PhaseError::Operation(InOne::Moved)),
-            Err(DomainError::Database(err)) => Err(PhaseError::Database(err)),
-            Err(other) => Err(PhaseError::Operation(InOne::Failed(other))),
-        }
-    }
-
-    /// The same writes as a row of the batches of new payments' last phases. A row the batch did
-    /// not write (it failed, or the payment moved on) goes alone, through `run`.
-    async fn run_batched(&mut self, fence: &idem::FenceRecord) -> Option<(i64, ())> {
-        let batches = self.batches?;
-        let (receipt, object) = (Recorded::receipt(&self.charged), self.charged.to_json());
-        let written = self.written(receipt.as_ref(), &object);
-        let (id, version, changes) = (&self.payment.id, self.version, &self.recorded.changes);
-        let row = payments::batch::ChargedRow::new(id, version, changes, &written)?;
-        batches.send(row, fence).await.map(|key_id| (key_id, ()))
     }
 }
 
