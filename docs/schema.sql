@@ -113,21 +113,16 @@ BEGIN
         claimed.stored := true;
         RETURN claimed;
     END IF;
-    SELECT v.version, (extract(epoch FROM now()) * 1000000)::int8, p.live IS NOT NULL,
+    SELECT c.version, (extract(epoch FROM now()) * 1000000)::int8, c.live,
            k.id, k.fingerprint, k.request_method, k.request_path, k.request_id, k.operation,
            CASE WHEN k.response_status IS NULL THEN k.request_params END,
            k.owner_token, coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
            k.response_status, k.response_headers, k.response_body,
            (extract(epoch FROM k.completed_at) * 1000000)::int8, NULL, false
       INTO claimed
-      FROM credentials_version v
-      LEFT JOIN (SELECT 1 AS live
-                  WHERE credential IS NULL
-                     OR EXISTS (SELECT 1 FROM api_keys a
-                                 WHERE a.key_hash = credential AND a.account_id = for_account
-                                   AND a.revoked_at IS NULL)) p ON true
+      FROM idem_credentials(for_account, credential) c
       LEFT JOIN idempotency_keys k
-             ON p.live IS NOT NULL AND k.account_id = for_account AND k.idempotency_key = for_key;
+             ON c.live AND k.account_id = for_account AND k.idempotency_key = for_key;
     IF claimed.live AND claimed.id IS NULL THEN
         IF fence.account_id IS NULL THEN
             claimed.reserved := nextval('idempotency_keys_id_seq');
@@ -221,6 +216,16 @@ BEGIN
     END IF;
     RETURN committed;
 END
+$$;
+CREATE FUNCTION public.idem_credentials(for_account text, credential bytea) RETURNS TABLE(version uuid, live boolean)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT v.version,
+           credential IS NULL
+           OR EXISTS (SELECT 1 FROM api_keys a
+                       WHERE a.key_hash = credential AND a.account_id = for_account
+                         AND a.revoked_at IS NULL)
+      FROM credentials_version v
 $$;
 CREATE FUNCTION public.idem_finish(key_id bigint, token uuid, expected text, status smallint, headers jsonb, body bytea) RETURNS bigint
     LANGUAGE plpgsql

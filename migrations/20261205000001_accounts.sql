@@ -55,3 +55,20 @@ CREATE TRIGGER api_keys_credentials_version
 -- replication). A restore that disables every trigger while it loads re-enables this one as an
 -- ordinary trigger: run this statement again after one (docs/appendix-performance.md).
 ALTER TABLE api_keys ENABLE ALWAYS TRIGGER api_keys_credentials_version;
+
+-- What the idempotency engine checks a request's API key against, in the claim's own statement
+-- (`idem_claim`), so that a request whose account is known costs no authentication of its own:
+-- the credentials' version, and whether `credential` (a SHA-256 digest; NULL when the caller
+-- checked the key itself) is a live key of the account. The engine names no table of ours: this
+-- is the hook it calls. One SELECT, STABLE, in SQL: the planner inlines it into the engine's
+-- statement, as if its text were written there.
+CREATE FUNCTION idem_credentials(for_account text, credential bytea)
+RETURNS TABLE (version uuid, live boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT v.version,
+           credential IS NULL
+           OR EXISTS (SELECT 1 FROM api_keys a
+                       WHERE a.key_hash = credential AND a.account_id = for_account
+                         AND a.revoked_at IS NULL)
+      FROM credentials_version v
+$$;

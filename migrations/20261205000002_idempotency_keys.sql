@@ -4,9 +4,9 @@
 -- replays; `idempotency_attempts`, every attempt at a key after the first; the domains of the key
 -- table's one-column rules; the fence record `idem_fence` and the claim's answer `idem_claimed`;
 -- and the functions that move a key: `idem_advance`, `idem_finish`, `idem_commit_fence`,
--- `idem_commit` and `idem_claim`. The engine is generic: nothing here knows of payments, and only
--- `idem_claim` reads outside these tables (api_keys and credentials_version, to check the
--- request's credential in the claim's own statement). All times come from the database clock.
+-- `idem_commit` and `idem_claim`. The engine is generic: nothing here knows of payments or names a
+-- table of the domain's; `idem_claim` checks the request's credential through the hook the domain
+-- defines, `idem_credentials` (in the accounts' migration). All times come from the database clock.
 --
 -- The one-column rules of the tables every money-moving request writes (idempotency_keys here;
 -- payments, refunds and events in their own files) are domains: types of the database, named as
@@ -331,7 +331,7 @@ $$;
 --
 -- idem_claim(for_account, for_key, credential, fence) answers one `idem_claimed` record:
 --   - with no fence (NULL): the read alone. It checks the credential (the SHA-256 digest of the
---     API key the request presents; NULL when the caller checked it) against `api_keys`, and reads
+--     API key the request presents; NULL when the caller checked it) with `idem_credentials`, reads
 --     nothing when it is not a live key of the account (`live` false); reads the key's row (its
 --     input only while it is unfinished: a replay never needs it); and for a key it does not find
 --     reserves an id from the table's sequence (`reserved`), which the first phase stores it under.
@@ -358,21 +358,16 @@ BEGIN
         claimed.stored := true;
         RETURN claimed;
     END IF;
-    SELECT v.version, (extract(epoch FROM now()) * 1000000)::int8, p.live IS NOT NULL,
+    SELECT c.version, (extract(epoch FROM now()) * 1000000)::int8, c.live,
            k.id, k.fingerprint, k.request_method, k.request_path, k.request_id, k.operation,
            CASE WHEN k.response_status IS NULL THEN k.request_params END,
            k.owner_token, coalesce(k.locked_until > now(), false), k.needs_human_at IS NOT NULL,
            k.response_status, k.response_headers, k.response_body,
            (extract(epoch FROM k.completed_at) * 1000000)::int8, NULL, false
       INTO claimed
-      FROM credentials_version v
-      LEFT JOIN (SELECT 1 AS live
-                  WHERE credential IS NULL
-                     OR EXISTS (SELECT 1 FROM api_keys a
-                                 WHERE a.key_hash = credential AND a.account_id = for_account
-                                   AND a.revoked_at IS NULL)) p ON true
+      FROM idem_credentials(for_account, credential) c
       LEFT JOIN idempotency_keys k
-             ON p.live IS NOT NULL AND k.account_id = for_account AND k.idempotency_key = for_key;
+             ON c.live AND k.account_id = for_account AND k.idempotency_key = for_key;
     IF claimed.live AND claimed.id IS NULL THEN
         IF fence.account_id IS NULL THEN
             claimed.reserved := nextval('idempotency_keys_id_seq');

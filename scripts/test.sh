@@ -32,13 +32,19 @@ pg_env=$(scripts/postgres.sh up)
 export DATABASE_URL; DATABASE_URL=$(sed -n 's/^DATABASE_URL=//p' <<<"$pg_env")
 PG_STARTED=$(sed -n 's/^PG_STARTED=//p' <<<"$pg_env")
 if [ -n "$PG_STARTED" ]; then trap 'scripts/postgres.sh down "$PG_STARTED"' EXIT; fi
-# A database migrated before the migrations were folded into one baseline records versions that
-# migrations/ no longer has, and `migrate` refuses it. The `payments` database that
+# A database migrated by an earlier build records migrations that migrations/ no longer has (or
+# has changed), and `migrate` refuses it. The `payments` database that
 # scripts/postgres.sh chose itself (or its default) is ours to drop, and `migrate` makes it again.
 PSQL=$(command -v psql || ls /usr/lib/postgresql/*/bin/psql 2>/dev/null | sort -V | tail -n 1 || true)
-versions=$(ls migrations/*.sql | sed -E 's#^.*/([0-9]+)_.*#\1#' | paste -sd, -)
-stale=$("${PSQL:-psql}" "$DATABASE_URL" -XAtq -c "SELECT string_agg(version::text, ' ' ORDER BY version)
-  FROM _sqlx_migrations WHERE version NOT IN ($versions)" 2>/dev/null || true)
+# A migration counts as the same when its version and its checksum (sqlx's: SHA-384 of the file)
+# are: a baseline edited before a first release is a different migration under the same version.
+current=$(for f in migrations/*.sql; do
+  printf "(%s,'%s')," "$(basename "$f" | sed -E 's/_.*//')" "$(sha384sum "$f" | cut -d' ' -f1)"
+done | sed 's/,$//')
+stale=$("${PSQL:-psql}" "$DATABASE_URL" -XAtq -c "SELECT string_agg(m.version::text, ' ' ORDER BY m.version)
+  FROM _sqlx_migrations m LEFT JOIN (VALUES $current) AS c (version, checksum)
+    ON c.version = m.version AND c.checksum = encode(m.checksum, 'hex')
+ WHERE c.version IS NULL" 2>/dev/null || true)
 if [ -n "$stale" ]; then
   db=${DATABASE_URL##*/}
   if [ "$db" = payments ] && { [ "$DATABASE_URL" != "$callers_url" ] ||

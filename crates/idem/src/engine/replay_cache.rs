@@ -9,9 +9,9 @@
 //! retention and been deleted, after which a reuse is a new request. Both are decided exactly as a
 //! read of the database would decide them at the moment the request arrived:
 //!
-//! - **Revocation.** Every change to `api_keys` that could end a key's life replaces one number,
-//!   `credentials_version`, in the same transaction (a trigger; drawn at random, so that no two
-//!   changes share one). The claim's read returns the version with its check of the credential,
+//! - **Revocation.** Every change to the API keys that could end a key's life replaces one number,
+//!   the credentials' version, in the same transaction (the domain's trigger; drawn at random, so
+//!   that no two changes share one; the engine reads it through the hook `idem_credentials`). The claim's read returns the version with its check of the credential,
 //!   from the same snapshot: a credential found live at version `v` is live for as long as the
 //!   version is still `v`.
 //! - **Retention.** The reaper deletes a key once `completed_at < now() - retention` by the

@@ -42,7 +42,7 @@ pub(crate) struct Lookup {
 #[derive(Debug)]
 pub(crate) struct Read {
     pub seen: Seen,
-    /// `credentials_version` as the statement saw it: a credential the statement found live stays
+    /// The credentials' version as the statement saw it: a credential the statement found live stays
     /// live for as long as the version has not changed (see `replay_cache.rs`).
     pub version: Uuid,
     /// The database clock, in microseconds since the Unix epoch.
@@ -138,8 +138,8 @@ impl Claimed {
 }
 
 /// Reads the key: one statement, one round trip, that writes nothing (`idem_claim` without a
-/// fence). With a credential, the same statement first checks it against `api_keys` (the one table
-/// the engine reads that is not its own), so that a request whose account is already known costs
+/// fence). With a credential, the same statement first checks it (through `idem_credentials`, the
+/// hook the domain defines: the engine names no table of its), so that a request whose account is known costs
 /// no separate authentication round trip, and a revoked key reads nothing. A key that is not there
 /// gets an id reserved from the table's sequence (a sequence is not transactional: this neither
 /// writes a row nor takes a transaction id), which the first phase stores it under. The
@@ -166,8 +166,8 @@ pub(crate) async fn read(
 /// statement of its own: what a replay answered from memory waits for (`replay_cache.rs`).
 pub(crate) async fn fresh(executor: impl PgExecutor<'_>) -> Result<(Uuid, i64), IdemError> {
     let row = sqlx::query!(
-        r#"SELECT version, (extract(epoch FROM now()) * 1000000)::int8 AS "now_us!"
-             FROM credentials_version"#
+        r#"SELECT version AS "version!", (extract(epoch FROM now()) * 1000000)::int8 AS "now_us!"
+             FROM idem_credentials(NULL, NULL)"#
     )
     .fetch_one(executor)
     .await?;
