@@ -220,12 +220,15 @@ $$;
 CREATE FUNCTION public.idem_credentials(for_account text, credential bytea) RETURNS TABLE(version uuid, live boolean)
     LANGUAGE sql STABLE
     AS $$
-    SELECT v.version,
-           credential IS NULL
-           OR EXISTS (SELECT 1 FROM api_keys a
-                       WHERE a.key_hash = credential AND a.account_id = for_account
-                         AND a.revoked_at IS NULL)
+    SELECT v.version, p.live IS NOT NULL
       FROM credentials_version v
+      -- A relation rather than an expression, so that a caller that reads `live` twice (in its
+      -- select list and a join) looks the key up once.
+      LEFT JOIN (SELECT true AS live
+                  WHERE credential IS NULL
+                     OR EXISTS (SELECT 1 FROM api_keys a
+                                 WHERE a.key_hash = credential AND a.account_id = for_account
+                                   AND a.revoked_at IS NULL)) p ON true
 $$;
 CREATE FUNCTION public.idem_finish(key_id bigint, token uuid, expected text, status smallint, headers jsonb, body bytea) RETURNS bigint
     LANGUAGE plpgsql
