@@ -93,8 +93,7 @@ async fn a_replay_costs_one_statement_and_a_new_payment_two_commits(pool: PgPool
     // the database clock, in a statement that the replays arriving with it share (one here).
     assert_eq!(kept_replay.len(), 1, "{kept_replay:#?}");
     assert!(
-        kept_replay[0].contains("idem_credentials")
-            && !kept_replay[0].contains("idempotency_keys"),
+        kept_replay[0].contains("idem_credentials") && !kept_replay[0].contains("idempotency_keys"),
         "{kept_replay:#?}"
     );
 

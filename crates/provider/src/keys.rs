@@ -96,7 +96,9 @@ mod tests {
 
     #[test]
     fn keys_are_stable_and_differ_by_record_and_action() {
-        assert_eq!(DownstreamKey::charge("pay_1"), DownstreamKey::charge("pay_1"));
+        // Stable: the key a retry derives is the one an earlier attempt stored (a bare string).
+        let stored = serde_json::from_value::<DownstreamKey>(serde_json::json!("pay_1/charge"));
+        assert_eq!(stored.ok(), Some(DownstreamKey::charge("pay_1")));
         assert_eq!(DownstreamKey::charge("pay_1").as_str(), "pay_1/charge");
         assert_ne!(DownstreamKey::charge("pay_1"), DownstreamKey::charge("pay_2"));
         assert_ne!(DownstreamKey::charge("pay_1"), DownstreamKey::capture("pay_1", 7));

@@ -20,6 +20,7 @@ use payments_domain::payments::{CaptureMethod, NewPayment};
 use payments_domain::refunds::NewRefund;
 use payments_domain::{AccountId, PaymentId};
 use payments_settings::Settings;
+use payments_testkit::{WAIT, eventually};
 use payments_worker::jobs::{Mailer, Receipt, SmtpMailer};
 use payments_worker::{PassReport, Worker};
 use processor_sim::{FaultConfig, Simulator};
@@ -466,9 +467,8 @@ async fn the_completer_holds_a_lease_only_on_the_key_it_is_driving(pool: PgPool)
     let worker = h.worker();
     let pass = tokio::spawn(async move { worker.run_once(&stop).await });
     // Inside the first processor call: the four keys behind it are nobody's yet.
-    while h.stats().await["requests"].as_u64().unwrap_or(0) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let calling = || async { h.stats().await["requests"].as_u64().unwrap_or(0) > 0 };
+    eventually("the worker's first processor call", WAIT, calling).await;
     assert_eq!(leased(&h.pool).await, 1, "only the key being driven is leased");
     let report = pass.await.unwrap().unwrap();
     assert_eq!((report.completed, report.lost), (5, 0), "{report:?}");
@@ -861,9 +861,8 @@ async fn a_stop_mid_pass_finishes_the_item_in_hand_and_gives_back_the_rest(pool:
     let worker = h.worker();
     let pass = tokio::spawn(async move { worker.run_once(&stop).await });
     // Stop once the first item is in hand: inside its processor call.
-    while h.stats().await["requests"].as_u64().unwrap_or(0) == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let calling = || async { h.stats().await["requests"].as_u64().unwrap_or(0) > 0 };
+    eventually("the worker's first processor call", WAIT, calling).await;
     stop_tx.send(true).unwrap();
     let report = pass.await.unwrap().unwrap();
     assert_eq!(report.completed, 1, "the item in hand was finished: {report:?}");
@@ -932,12 +931,8 @@ async fn sigterm_mid_pass_exits_cleanly_without_losing_the_item(pool: PgPool) {
         .spawn()
         .unwrap();
     // Wait until the worker is inside the processor call.
-    for _ in 0..100 {
-        if h.stats().await["requests"].as_u64().unwrap_or(0) > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let calling = || async { h.stats().await["requests"].as_u64().unwrap_or(0) > 0 };
+    eventually("the worker process's processor call", WAIT, calling).await;
     assert_eq!(h.stats().await["requests"], 1);
     let pid = child.id().unwrap().to_string();
     let killed = tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.unwrap();

@@ -75,9 +75,31 @@ fn every_rule_names_its_parameter() {
 
 #[test]
 fn the_etag_follows_the_representation() {
-    assert_eq!(Payment::etag_of(b"{}"), Payment::etag_of(b"{}"));
+    let paid = br#"{"id":"pay_1","amount":500,"status":"succeeded"}"#;
+    // The same bytes, held apart, have one ETag: the ETag is a function of the bytes alone.
+    let copy = paid.to_vec();
+    assert_eq!(Payment::etag_of(paid), Payment::etag_of(&copy));
+    // Any change to the representation changes it: a field's value, the status, one byte of
+    // whitespace, one byte more.
+    let changed: [&[u8]; 4] = [
+        br#"{"id":"pay_1","amount":501,"status":"succeeded"}"#,
+        br#"{"id":"pay_1","amount":500,"status":"refunded"}"#,
+        br#"{"id":"pay_1", "amount":500,"status":"succeeded"}"#,
+        br#"{"id":"pay_1","amount":500,"status":"succeeded"} "#,
+    ];
+    let mut etags: Vec<String> = changed.iter().map(|bytes| Payment::etag_of(bytes)).collect();
+    etags.push(Payment::etag_of(paid));
+    etags.sort();
+    etags.dedup();
+    assert_eq!(etags.len(), changed.len() + 1, "every representation has its own ETag: {etags:?}");
     assert_ne!(Payment::etag_of(b"{}"), Payment::etag_of(b"{ }"));
-    assert!(Payment::etag_of(b"{}").starts_with('"'));
+    // A strong ETag as the code produces it: quoted, 24 lower-case hex digits (the first 12 bytes
+    // of the SHA-256 of the bytes), so the ETag of `{}` is known in advance.
+    let etag = Payment::etag_of(paid);
+    let digits = etag.strip_prefix('"').and_then(|e| e.strip_suffix('"')).expect("quoted");
+    assert_eq!(digits.len(), 24, "{etag}");
+    assert!(digits.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')), "{etag}");
+    assert_eq!(Payment::etag_of(b"{}"), "\"44136fa355b3678a1146ad16\"");
 }
 
 #[test]

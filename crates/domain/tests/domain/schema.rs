@@ -5,8 +5,6 @@
 //! PostgreSQL plans once per session instead of once per writing statement; the last test keeps
 //! them there.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use sqlx::PgPool;
 
 /// One payment `pay_1` with a refund `re_1`, an event `evt_1` and an unfinished key (id 1).

@@ -4,10 +4,6 @@
 //! or its CHECK where one would refuse it, as a row written by another release or by hand could
 //! hold it) and reads it through the domain.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use payments_domain::events::{self, EventType};
 use payments_domain::ids::{AccountId, EventId, PaymentId, RefundId, WebhookEndpointId};
 use payments_domain::jobs::{self, JobKind, ReceiptJob, WebhookJob, Work};
@@ -125,7 +121,7 @@ async fn an_event_of_an_unknown_type_is_an_error(pool: PgPool) {
     let id = EventId::parse("evt_1").unwrap();
     assert!(is_decode_error(&events::find(&pool, &account, &id).await));
     // Listed only once no transaction older than its own runs (another test's may).
-    support::wait_for_the_feed_to_settle(&pool).await;
+    crate::support::wait_for_the_feed_to_settle(&pool).await;
     let mut conn = pool.acquire().await.unwrap();
     assert!(is_decode_error(&events::list(&mut conn, &account, None, 10, None).await));
     sql(&pool, "UPDATE events SET type = 'payment.succeeded'").await;

@@ -1,6 +1,5 @@
 //! The HTTP side of the engine, through a real server with the real edge: key validation,
 //! replays, refusals, transient failures, and work that outlives a client who hung up.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +17,7 @@ use payments_api::ApiError;
 use payments_api::edge::{self, EdgeConfig};
 use payments_api::extract::JsonBody;
 use payments_api::idempotency::{Attempt, RequestMeta, RequiredKey, Runner};
+use payments_testkit::{WAIT, eventually};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::watch;
@@ -249,9 +249,9 @@ async fn a_key_in_flight_answers_409_with_retry_after(pool: PgPool) {
         let server = server.clone();
         async move { server.post(Some("k1"), "{}").send().await.unwrap() }
     });
-    while server.recovery_point().await.as_deref() != Some("thing_created") {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let at_the_gate =
+        || async { server.recovery_point().await.as_deref() == Some("thing_created") };
+    eventually("the first request to wait at its foreign call", WAIT, at_the_gate).await;
     let second = server.post(Some("k1"), "{}").send().await.unwrap();
     assert_eq!(second.headers()["retry-after"], "1");
     assert_eq!(code(second).await, (409, "idempotency_key_in_use".into()));
@@ -269,12 +269,8 @@ async fn the_work_finishes_after_the_client_hangs_up(pool: PgPool) {
 
     // The client is gone; the operation is still waiting at its foreign call.
     server.gate.send_replace(true);
-    for _ in 0..100 {
-        if server.recovery_point().await.as_deref() == Some("finished") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let finished = || async { server.recovery_point().await.as_deref() == Some("finished") };
+    eventually("the operation to finish without its client", WAIT, finished).await;
     assert_eq!(server.recovery_point().await.as_deref(), Some("finished"));
     let retry = server.post(Some("k1"), "{}").send().await.unwrap();
     assert_eq!(retry.status(), 201);

@@ -1,8 +1,9 @@
 //! What the domain's database tests share.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use payments_domain::events;
+use payments_testkit::eventually;
 use sqlx::PgPool;
 
 /// How long a write transaction of another test (on the same cluster: transaction ids, and so
@@ -14,16 +15,7 @@ const FEED_SETTLE_LIMIT: Duration = Duration::from_secs(60);
 /// event until then, and a transaction of a test running beside this one may be one of them).
 /// Call it with no transaction of the caller's own open.
 pub async fn wait_for_the_feed_to_settle(pool: &PgPool) {
-    let started = Instant::now();
-    loop {
-        let settled = events::unlisted(pool).await.expect("the feed's horizon") == 0;
-        if settled {
-            return;
-        }
-        assert!(
-            started.elapsed() < FEED_SETTLE_LIMIT,
-            "a write transaction held the event feed back for {FEED_SETTLE_LIMIT:?}"
-        );
-        sqlx::query("SELECT pg_sleep(0.01)").execute(pool).await.expect("a pause");
-    }
+    let settled = || async { events::unlisted(pool).await.expect("the feed's horizon") == 0 };
+    let what = "the event feed to settle (a write transaction held it back)";
+    eventually(what, FEED_SETTLE_LIMIT, settled).await;
 }

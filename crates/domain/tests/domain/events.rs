@@ -3,16 +3,13 @@
 //! `ending_before`. Each test holds real transactions open on the test database, as two phases
 //! running at once do.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod support;
-
 use payments_domain::accounts;
 use payments_domain::events::{self, EventType};
 use payments_domain::ids::{AccountId, EventId};
 use payments_domain::payments::Cursor;
 use sqlx::{PgPool, Postgres, Transaction};
-use support::wait_for_the_feed_to_settle;
+
+use crate::support::wait_for_the_feed_to_settle;
 
 const OBJECT: &[u8] = br#"{"id":"pay_1","object":"payment"}"#;
 

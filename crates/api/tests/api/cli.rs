@@ -1,8 +1,8 @@
 //! The `payments-api` binary as an operator and a script use it.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::process::Output;
 
+use payments_testkit::{WAIT, eventually};
 use sqlx::PgPool;
 use tokio::process::Command;
 
@@ -178,20 +178,16 @@ async fn json_logs_carry_the_request_and_account_ids_and_never_the_key(pool: PgP
         .spawn()
         .unwrap();
     let http = reqwest::Client::new();
-    let mut answered = None;
-    for _ in 0..100 {
-        if let Ok(response) = http
-            .get(format!("http://127.0.0.1:{port}/v1/payments"))
-            .bearer_auth(secret.expose())
-            .send()
-            .await
-        {
-            answered = Some(response.headers()["request-id"].to_str().unwrap().to_owned());
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let request_id = answered.expect("the server answered");
+    let answered = std::sync::Mutex::new(None);
+    let answers = || async {
+        let request = http.get(format!("http://127.0.0.1:{port}/v1/payments"));
+        let Ok(response) = request.bearer_auth(secret.expose()).send().await else { return false };
+        let request_id = response.headers()["request-id"].to_str().unwrap().to_owned();
+        *answered.lock().unwrap() = Some(request_id);
+        true
+    };
+    eventually("the server to answer", WAIT, answers).await;
+    let request_id = answered.into_inner().unwrap().expect("the server answered");
     let pid = server.id().unwrap().to_string();
     Command::new("kill").args(["-TERM", &pid]).status().await.unwrap();
     let output = server.wait_with_output().await.unwrap();

@@ -1,0 +1,10 @@
+//! The domain against a real Postgres, in one test binary: the event list a poller walks
+//! (`events`), the rules the database keeps whoever writes (`schema`), and the typed reads of
+//! what is stored (`stored`). What they share is in `support`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
+
+mod support;
+
+mod events;
+mod schema;
+mod stored;
