@@ -1,24 +1,159 @@
-//! What capture and cancel share: both act on a payment's authorization. The first phase locks
-//! the payment, marks it `processing` (so no other operation starts on it) and freezes the call;
-//! a final refusal reopens it; a call whose answer is lost is reconciled from the charge itself.
+//! What capture and cancel share: both act on a payment's authorization, and one
+//! [`AuthorizationAction`] says which. The first phase locks the payment, marks it `processing`
+//! (so no other operation starts on it) and freezes the call. Then the call goes out; a call
+//! whose answer is lost is reconciled from the charge itself; and the last phase records what the
+//! call did, or, after a final refusal, reopens the payment.
 
 use std::time::Duration;
 
 use idem::{Interrupted, Lease, RecoveryPoint, StoredResponse};
-use provider::{CardProcessor, Charge, FrozenRequest, ProcessorError};
+use provider::{CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
-use super::reconcile::{Reconciled, adopt_or_move_on, when_nothing_found};
-use super::{Context, LeaseInfo, current_payment, internal, problem_answer, record, unavailable};
+use super::cancel::{CANCEL_PAYMENT, cancel_request, released, released_already};
+use super::capture::{CAPTURE_PAYMENT, capture_request};
+use super::reconcile::{
+    Reconciled, adopt_or_move_on, already_refunded, planned_call, refused_at_a_later_generation,
+    when_nothing_found,
+};
+use super::{
+    Context, Learnt, LeaseInfo, Refused, current_payment, final_outcome, internal, payment_answer,
+    problem_answer, record, record_reconciled, unavailable,
+};
 use crate::DomainError;
+use crate::audit;
+use crate::events::{self, EventType};
 use crate::ids::{AccountId, PaymentId};
+use crate::jobs::Work;
 use crate::money::Amount;
-use crate::payments::{self, Changes, Payment, PaymentStatus};
+use crate::payments::{self, CancellationReason, Changes, Payment, PaymentStatus};
 use crate::problems::{Problem, ProblemCode};
 
+/// What a capture or a cancel does to the payment's authorization: all that tells the two apart
+/// follows from it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum AuthorizationAction {
+    /// Capture it.
+    Capture {
+        /// How much of it (default: all of it).
+        amount: Option<Amount>,
+    },
+    /// Release it.
+    Cancel {
+        /// Why, as the canceled payment records it.
+        reason: Option<CancellationReason>,
+    },
+}
+
+/// The names a capture or a cancel writes, in one place.
+struct Names {
+    /// The operation's stored name, which its failpoints start with (`….before_call`).
+    operation: &'static str,
+    /// The operation in reconciliation's counters and messages.
+    what: &'static str,
+    /// What only a payment that `requires_capture` can be, in the refusal of any other.
+    done: &'static str,
+    /// The audit action of the first phase.
+    started: &'static str,
+    /// The audit action of a final refusal by the processor.
+    refused: &'static str,
+    /// The audit action of the last phase when the call acted.
+    acted: &'static str,
+    /// The event of the last phase when the call acted.
+    event: EventType,
+}
+
+impl AuthorizationAction {
+    fn names(self) -> Names {
+        match self {
+            Self::Capture { .. } => Names {
+                operation: CAPTURE_PAYMENT,
+                what: "capture",
+                done: "captured",
+                started: "payment.capture_started",
+                refused: "payment.capture_refused",
+                acted: "payment.captured",
+                event: EventType::PaymentCaptured,
+            },
+            Self::Cancel { .. } => Names {
+                operation: CANCEL_PAYMENT,
+                what: "cancel",
+                done: "canceled",
+                started: "payment.cancel_started",
+                refused: "payment.cancel_refused",
+                acted: "payment.canceled",
+                event: EventType::PaymentCanceled,
+            },
+        }
+    }
+
+    /// The call to the processor, frozen under the operation's own key: each capture and each
+    /// cancel has one (`DownstreamKey::capture`, `DownstreamKey::cancel`), from the payment and
+    /// the operation's key, its row `key_id`.
+    fn frozen_request(self, payment_id: &str, charge_id: &str, key_id: i64) -> FrozenRequest {
+        match self {
+            Self::Capture { amount } => capture_request(payment_id, charge_id, amount, key_id),
+            Self::Cancel { .. } => cancel_request(payment_id, charge_id, key_id),
+        }
+    }
+
+    /// Whether `charge` shows that the call acted: it is captured, or released.
+    fn shows_done(self, charge: &Charge) -> bool {
+        match self {
+            Self::Capture { .. } => charge.captured,
+            Self::Cancel { .. } => released(charge),
+        }
+    }
+
+    /// What the call did, as `charge`, which shows that it acted, says.
+    fn acted(self, charge: &Charge) -> Acted {
+        match self {
+            Self::Capture { .. } => Acted::Captured { amount_captured: charge.amount_captured },
+            Self::Cancel { reason } => Acted::Released { reason },
+        }
+    }
+}
+
+/// What the call did, as the last phase records it.
+#[derive(Debug, Clone, Copy)]
+enum Acted {
+    /// The payment `succeeded`, with the amount the processor's charge says it captured.
+    Captured { amount_captured: i64 },
+    /// The authorization is released: the payment is `canceled`, for the cancel's reason.
+    Released { reason: Option<CancellationReason> },
+}
+
+impl Acted {
+    /// The payment's new status, and what goes with it.
+    fn changes(self) -> Changes<'static> {
+        match self {
+            Self::Captured { amount_captured } => Changes {
+                status: Some(PaymentStatus::Succeeded),
+                amount_captured: Some(amount_captured),
+                ..Changes::default()
+            },
+            Self::Released { reason } => Changes {
+                status: Some(PaymentStatus::Canceled),
+                cancellation_reason: reason,
+                ..Changes::default()
+            },
+        }
+    }
+
+    /// The detail of the last phase's audit record, with the call's downstream `key`.
+    fn audit_detail(self, key: &DownstreamKey) -> Value {
+        match self {
+            Self::Captured { amount_captured } => {
+                json!({"amount_captured": amount_captured, "downstream_key": key.as_str()})
+            }
+            Self::Released { .. } => json!({"downstream_key": key.as_str()}),
+        }
+    }
+}
+
 /// What the first phase of a capture or cancel decided.
-pub(super) enum Gate {
+enum Gate {
     /// The payment is now `processing`; go on. Its authorization, at the processor.
     Open {
         /// The payment.
@@ -30,104 +165,232 @@ pub(super) enum Gate {
     Refused(Problem),
 }
 
-/// The call a capture or a cancel makes, frozen, built from the payment's id, its charge, the
-/// amount to capture and the operation's key (its row id: each operation has its own downstream
-/// key, `DownstreamKey::capture`).
-pub(super) type PlanCall = fn(&str, &str, Option<Amount>, i64) -> FrozenRequest;
-
-/// The first phase of a capture or a cancel (`action`: "captured" or "canceled") of the payment
-/// `payment_id`: opens the gate ([`open_gate`]), then goes on to `next` with the call `plan`
-/// builds from the payment, its charge and `capture_amount`, frozen; or stores the refusal.
-pub(super) async fn open_phase<P: RecoveryPoint>(
-    lease: &mut Lease,
-    (account_id, payment_id): (&AccountId, &PaymentId),
-    capture_amount: Option<Amount>,
-    action: &'static str,
-    (next, plan): (P, PlanCall),
-    public_base_url: &str,
-) -> Result<(), Interrupted> {
-    let info = LeaseInfo::of(lease);
-    let mut tx = lease.begin().await?;
-    match open_gate(&mut tx, account_id, payment_id, capture_amount, action, &info).await? {
-        Gate::Open { payment_id, charge_id } => {
-            let call = plan(&payment_id, &charge_id, capture_amount, info.key_id);
-            tx.commit_call(next, &call).await
-        }
-        Gate::Refused(problem) => {
-            tx.commit_answer(problem_answer(&problem, &info.request_id, public_base_url)).await
-        }
-    }
+/// One capture or cancel, as its operation's step runs it: `action` on the authorization of the
+/// account's payment.
+pub(super) struct Authorization<'a, P> {
+    ctx: &'a Context<P>,
+    account_id: &'a AccountId,
+    payment_id: &'a PaymentId,
+    action: AuthorizationAction,
 }
 
-/// The payment the operation acts on, as it is now, and its authorized charge (it awaits capture,
-/// or is being captured or canceled).
-pub(super) async fn authorized_payment<P>(
-    ctx: &Context<P>,
-    account_id: &AccountId,
-    payment_id: &PaymentId,
-) -> Result<(Payment, String), Interrupted> {
-    let payment = current_payment(&ctx.pool, account_id, payment_id).await?;
-    let charge_id = payment
-        .processor_charge_id
-        .clone()
-        .ok_or_else(|| internal("an authorized payment without a charge"))?;
-    Ok((payment, charge_id))
-}
-
-/// Locks the payment; refuses unless it awaits capture; marks it `processing`.
-async fn open_gate(
-    tx: &mut PgConnection,
-    account_id: &AccountId,
-    payment_id: &PaymentId,
-    capture_amount: Option<Amount>,
-    action: &str,
-    info: &LeaseInfo,
-) -> Result<Gate, DomainError> {
-    let payment = payments::lock(tx, account_id, payment_id)
-        .await?
-        .ok_or(DomainError::NotFound("payment"))?;
-    if payment.status != PaymentStatus::RequiresCapture {
-        return Ok(Gate::Refused(Problem::new(
-            ProblemCode::PaymentUnexpectedState,
-            format!(
-                "The payment is `{}`; only a payment that `requires_capture` can be {action}.",
-                payment.status
-            ),
-        )));
+impl<'a, P: CardProcessor> Authorization<'a, P> {
+    /// `action` on the authorization of the account's payment `payment_id`.
+    pub(super) fn new(
+        ctx: &'a Context<P>,
+        account_id: &'a AccountId,
+        payment_id: &'a PaymentId,
+        action: AuthorizationAction,
+    ) -> Self {
+        Self { ctx, account_id, payment_id, action }
     }
-    if let Some(amount) = capture_amount
-        && amount > payment.amount
-    {
-        return Ok(Gate::Refused(
-            Problem::new(
-                ProblemCode::AmountTooLarge,
+
+    /// The first phase: opens the gate ([`Self::open_gate`]), then goes on to `next` with the
+    /// call frozen; or stores the refusal.
+    pub(super) async fn open<Pt: RecoveryPoint>(
+        &self,
+        lease: &mut Lease,
+        next: Pt,
+    ) -> Result<(), Interrupted> {
+        let info = LeaseInfo::of(lease);
+        let mut tx = lease.begin().await?;
+        match self.open_gate(&mut tx, &info).await? {
+            Gate::Open { payment_id, charge_id } => {
+                let call = self.action.frozen_request(&payment_id, &charge_id, info.key_id);
+                tx.commit_call(next, &call).await
+            }
+            Gate::Refused(problem) => {
+                let base = &self.ctx.public_base_url;
+                tx.commit_answer(problem_answer(&problem, &info.request_id, base)).await
+            }
+        }
+    }
+
+    /// Locks the payment; refuses unless it awaits capture (and, for a capture, holds the
+    /// amount); marks it `processing`.
+    async fn open_gate(
+        &self,
+        tx: &mut PgConnection,
+        info: &LeaseInfo,
+    ) -> Result<Gate, DomainError> {
+        let payment = payments::lock(tx, self.account_id, self.payment_id)
+            .await?
+            .ok_or(DomainError::NotFound("payment"))?;
+        let names = self.action.names();
+        if payment.status != PaymentStatus::RequiresCapture {
+            return Ok(Gate::Refused(Problem::new(
+                ProblemCode::PaymentUnexpectedState,
                 format!(
-                    "`amount_to_capture` ({amount}) is more than the authorized amount ({}).",
-                    payment.amount
+                    "The payment is `{}`; only a payment that `requires_capture` can be {}.",
+                    payment.status, names.done
                 ),
-            )
-            .with_param("amount_to_capture"),
-        ));
-    }
-    let charge_id = payment
-        .processor_charge_id
-        .clone()
-        .ok_or(DomainError::Corrupt("an authorized payment without a charge"))?;
-    payments::update(
-        tx,
-        payment_id,
-        &Changes { status: Some(PaymentStatus::Processing), ..Changes::default() },
-        None,
-    )
-    .await?;
-    record(tx, account_id, payment_id, &format!("payment.{action}_started"), info, json!({}))
+            )));
+        }
+        if let AuthorizationAction::Capture { amount: Some(amount) } = self.action
+            && amount > payment.amount
+        {
+            return Ok(Gate::Refused(
+                Problem::new(
+                    ProblemCode::AmountTooLarge,
+                    format!(
+                        "`amount_to_capture` ({amount}) is more than the authorized amount ({}).",
+                        payment.amount
+                    ),
+                )
+                .with_param("amount_to_capture"),
+            ));
+        }
+        let charge_id = payment
+            .processor_charge_id
+            .clone()
+            .ok_or(DomainError::Corrupt("an authorized payment without a charge"))?;
+        payments::update(
+            tx,
+            self.payment_id,
+            &Changes { status: Some(PaymentStatus::Processing), ..Changes::default() },
+            None,
+        )
         .await?;
-    Ok(Gate::Open { payment_id: payment.id, charge_id })
+        record(tx, self.account_id, self.payment_id, names.started, info, json!({})).await?;
+        Ok(Gate::Open { payment_id: payment.id, charge_id })
+    }
+
+    /// After the first phase, at the recovery point `at`: sends the call it froze, learns what
+    /// the call did (from its answer, or else from the charge), and records that in the last
+    /// phase, with the answer. A call that moved to its key's next generation ends the step.
+    pub(super) async fn act<Pt: RecoveryPoint>(
+        &self,
+        lease: &mut Lease,
+        at: Pt,
+    ) -> Result<(), Interrupted> {
+        let info = LeaseInfo::of(lease);
+        let payment = current_payment(&self.ctx.pool, self.account_id, self.payment_id).await?;
+        let charge_id = payment
+            .processor_charge_id
+            .clone()
+            .ok_or_else(|| internal("an authorized payment without a charge"))?;
+        let request = planned_call(lease).await?;
+        let operation = self.action.names().operation;
+        idem::failpoint(|| format!("{operation}.before_call")).await;
+        let outcome = self.send(&request).await;
+        idem::failpoint(|| format!("{operation}.after_call")).await;
+        let (outcome, reconciled) = match outcome {
+            Err(err) if err.class() == ErrorClass::Reconcile => {
+                match self.reconcile(lease, at, &request, &charge_id, &err).await? {
+                    Some((charge, detail)) => (Ok(self.action.acted(&charge)), Some(detail)),
+                    None => return Ok(()),
+                }
+            }
+            // Released already: behind the API's back (at the processor, or when the
+            // authorization expired) or by an earlier generation of this key. A release is
+            // whole, so a charge that says so answers for this cancel.
+            Err(err)
+                if matches!(self.action, AuthorizationAction::Cancel { .. })
+                    && already_refunded(&err) =>
+            {
+                match released_already(self.ctx, lease, &charge_id, &err, &request.key).await? {
+                    Some((charge, detail)) => (Ok(self.action.acted(&charge)), Some(detail)),
+                    None => (refused_at_a_later_generation(&request, Err(err))?, None),
+                }
+            }
+            other => (refused_at_a_later_generation(&request, other)?, None),
+        };
+        let outcome = final_outcome(outcome, &payment.id)?;
+        let learnt = Learnt { key: &request.key, reconciled: reconciled.as_ref() };
+        let mut tx = lease.begin().await?;
+        let answer = self.last_phase(&mut tx, &payment, outcome, learnt, &info).await?;
+        tx.commit_answer(answer).await
+    }
+
+    /// Sends the frozen call: what it did, or the processor's error.
+    async fn send(&self, request: &FrozenRequest) -> Result<Acted, ProcessorError> {
+        let processor = &self.ctx.processor;
+        match self.action {
+            AuthorizationAction::Capture { .. } => match processor.capture_charge(request).await {
+                // A capture that answers with an uncaptured charge did not say what it did.
+                Ok(charge) if !charge.captured => Err(ProcessorError::UnknownOutcome {
+                    message: format!("the capture answered with {} uncaptured", charge.id),
+                }),
+                answer => answer.map(|charge| self.action.acted(&charge)),
+            },
+            AuthorizationAction::Cancel { reason } => {
+                processor.create_refund(request).await.map(|_refund| Acted::Released { reason })
+            }
+        }
+    }
+
+    /// The processor cannot tell us what the call `request` at `at` did (`cause`): the charge
+    /// `charge_id` itself says. A charge that shows the call acted
+    /// ([`AuthorizationAction::shows_done`]) is adopted, with the audit detail of its adoption.
+    /// A charge still only authorized says the call surely did not act: once that can be
+    /// believed, the call moves to its key's next generation (`None`: the step is over).
+    /// Anything else needs a person.
+    async fn reconcile<Pt: RecoveryPoint>(
+        &self,
+        lease: &mut Lease,
+        at: Pt,
+        request: &FrozenRequest,
+        charge_id: &str,
+        cause: &ProcessorError,
+    ) -> Result<Option<(Charge, Value)>, Interrupted> {
+        let what = self.action.names().what;
+        let processor = &self.ctx.processor;
+        lease.renew().await?;
+        let charge = processor.retrieve_charge(charge_id).await.map_err(|err| unavailable(&err))?;
+        let found = if self.action.shows_done(&charge) {
+            Reconciled::Adopt(charge)
+        } else if charge.paid && !charge.captured && charge.amount_refunded == 0 {
+            // A charge read is consistent: no lag, only the calls still in flight.
+            when_nothing_found(lease, processor.longest_call(), Duration::ZERO, what).await?
+        } else {
+            return Err(Interrupted::NeedsHuman {
+                reason: format!(
+                    "the {what} of {charge_id} cannot be reconciled: the charge is captured {} for {}, refunded {}",
+                    charge.captured, charge.amount_captured, charge.amount_refunded
+                ),
+            });
+        };
+        let object = (self.account_id.as_str(), self.payment_id.as_str(), "payment.reconciled");
+        adopt_or_move_on(lease, at, request, object, what, cause, found).await
+    }
+
+    /// The last phase: the payment records what the call did (`succeeded` with the amount
+    /// captured and its receipt staged, or `canceled`); or, refused, the payment awaits capture
+    /// again and the refusal is the answer.
+    async fn last_phase(
+        &self,
+        tx: &mut PgConnection,
+        payment: &Payment,
+        outcome: Result<Acted, Refused>,
+        learnt: Learnt<'_>,
+        info: &LeaseInfo,
+    ) -> Result<StoredResponse, DomainError> {
+        let names = self.action.names();
+        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
+        record_reconciled(tx, object, info, learnt.reconciled).await?;
+        let acted = match outcome {
+            Ok(acted) => acted,
+            Err(refused) => {
+                let base = &self.ctx.public_base_url;
+                return reopen(tx, payment, info, &refused.problem, base, names.refused).await;
+            }
+        };
+        let payment = payments::update(tx, &payment.id, &acted.changes(), None).await?;
+        if let Acted::Captured { .. } = acted
+            && let Some(receipt) = Work::receipt(&payment)
+        {
+            audit::stage_job(tx, &receipt).await?;
+        }
+        let detail = acted.audit_detail(learnt.key);
+        record(tx, &payment.account_id, &payment.id, names.acted, info, detail).await?;
+        events::record(tx, &payment.account_id, names.event, &payment.to_json()).await?;
+        Ok(payment_answer(200, &payment, false))
+    }
 }
 
 /// After the processor finally refused a capture or a cancel: the payment awaits capture again,
-/// and the refusal is the answer.
-pub(super) async fn reopen(
+/// and the refusal is the answer (`action`: the refusal's audit action).
+async fn reopen(
     tx: &mut PgConnection,
     payment: &Payment,
     info: &LeaseInfo,
@@ -140,37 +403,4 @@ pub(super) async fn reopen(
     record(tx, &payment.account_id, &payment.id, action, info, json!({"detail": problem.detail}))
         .await?;
     Ok(problem_answer(problem, &info.request_id, public_base_url))
-}
-
-/// The processor cannot tell us what the capture or the release `request` of the payment's
-/// charge did (`cause`): the charge itself says. `done` decides from the charge whether the call
-/// acted: then it is adopted, with the audit detail of its adoption. A charge still only
-/// authorized says the call surely did not act: once that can be believed, the call moves to its
-/// key's next generation (`None`: the step is over). Anything else needs a person.
-pub(super) async fn reconcile_authorization<P: CardProcessor, Pt: RecoveryPoint>(
-    ctx: &Context<P>,
-    lease: &mut Lease,
-    (at, request): (Pt, &FrozenRequest),
-    (payment, charge_id): (&Payment, &str),
-    what: &str,
-    cause: &ProcessorError,
-    done: impl Fn(&Charge) -> bool,
-) -> Result<Option<(Charge, Value)>, Interrupted> {
-    lease.renew().await?;
-    let charge = ctx.processor.retrieve_charge(charge_id).await.map_err(|err| unavailable(&err))?;
-    let found = if done(&charge) {
-        Reconciled::Adopt(charge)
-    } else if charge.paid && !charge.captured && charge.amount_refunded == 0 {
-        // A charge read is consistent: no lag, only the calls still in flight.
-        when_nothing_found(lease, ctx.processor.longest_call(), Duration::ZERO, what).await?
-    } else {
-        return Err(Interrupted::NeedsHuman {
-            reason: format!(
-                "the {what} of {charge_id} cannot be reconciled: the charge is captured {} for {}, refunded {}",
-                charge.captured, charge.amount_captured, charge.amount_refunded
-            ),
-        });
-    };
-    let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
-    adopt_or_move_on(lease, at, request, object, what, cause, found).await
 }
