@@ -245,6 +245,15 @@ BEGIN
     RETURN finished;
 END
 $$;
+CREATE FUNCTION public.webhook_deliveries(event_id text, for_account text, event_type text) RETURNS TABLE(dedupe_key text, payload jsonb)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT event_id || ':' || w.id,
+           jsonb_build_object('event_id', event_id, 'endpoint_id', w.id)
+      FROM webhook_endpoints w
+     WHERE w.account_id = for_account AND w.status = 'enabled' AND w.deleted_at IS NULL
+       AND (event_type = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+$$;
 CREATE TABLE public.accounts (
     id text NOT NULL,
     name text NOT NULL,

@@ -52,6 +52,21 @@ CREATE TABLE webhook_endpoints (
 CREATE INDEX webhook_endpoints_account_idx ON webhook_endpoints (account_id, seq DESC)
     WHERE deleted_at IS NULL;
 
+-- The webhook deliveries an event fans out to: one job (kind `webhook`) for each enabled endpoint
+-- of the event's account that takes its type, with the dedupe key and payload the worker reads
+-- (`jobs::WebhookJob`). Every statement that records an event inserts these in the same
+-- statement, so the fan-out costs no round trip of its own. One SELECT, STABLE, in SQL: the
+-- planner inlines it where it is called.
+CREATE FUNCTION webhook_deliveries(event_id text, for_account text, event_type text)
+RETURNS TABLE (dedupe_key text, payload jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT event_id || ':' || w.id,
+           jsonb_build_object('event_id', event_id, 'endpoint_id', w.id)
+      FROM webhook_endpoints w
+     WHERE w.account_id = for_account AND w.status = 'enabled' AND w.deleted_at IS NULL
+       AND (event_type = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+$$;
+
 -- One row per attempt to deliver an event to an endpoint: the delivery log.
 CREATE TABLE webhook_attempts (
     seq                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -97,9 +97,7 @@ pub async fn record(
     let object: Value =
         serde_json::from_slice(object).map_err(|_| DomainError::Corrupt("an event's object"))?;
     let id = EventId::generate();
-    // Each job's payload is a `jobs::WebhookJob` and its dedupe key `Work::dedupe_key`'s, built
-    // here in SQL so that the fan-out costs no round trip (the worker's delivery tests read
-    // them back).
+    // The deliveries (`webhook_deliveries`, docs/schema.sql) go in the same statement.
     sqlx::query!(
         r#"
         WITH event AS (
@@ -107,11 +105,7 @@ pub async fn record(
             RETURNING id
         )
         INSERT INTO jobs (kind, dedupe_key, payload)
-        SELECT $5, event.id || ':' || w.id,
-               jsonb_build_object('event_id', event.id, 'endpoint_id', w.id)
-          FROM event, webhook_endpoints w
-         WHERE w.account_id = $2 AND w.status = 'enabled' AND w.deleted_at IS NULL
-           AND ($3 = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+        SELECT $5, d.dedupe_key, d.payload FROM event, webhook_deliveries(event.id, $2, $3) d
         ON CONFLICT (kind, dedupe_key) DO NOTHING
         "#,
         &id as &EventId,

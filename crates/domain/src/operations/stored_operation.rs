@@ -38,6 +38,7 @@ pub trait PaymentOperation<P>: Operation + Sized + Into<StoredOperation<P>> {
 /// variant, derived) are matched exhaustively both ways, so an operation a handler can start is
 /// one the completer resumes, by construction.
 #[derive(Debug, strum::EnumDiscriminants)]
+#[allow(clippy::large_enum_variant)] // one per request or completer run, driven at once; a box would only allocate
 #[strum_discriminants(name(OperationKind), derive(strum::EnumIter, Hash))]
 #[strum_discriminants(doc = "The kind of a [`StoredOperation`], by its variant.")]
 pub enum StoredOperation<P> {

@@ -210,11 +210,8 @@ async fn charge_many(
             RETURNING id, account_id, type
         ), deliveries AS (
             INSERT INTO jobs (kind, dedupe_key, payload)
-            SELECT $17, event.id || ':' || w.id,
-                   jsonb_build_object('event_id', event.id, 'endpoint_id', w.id)
-              FROM event JOIN webhook_endpoints w ON w.account_id = event.account_id
-             WHERE w.status = 'enabled' AND w.deleted_at IS NULL
-               AND (event.type = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+            SELECT $17, d.dedupe_key, d.payload
+              FROM event, webhook_deliveries(event.id, event.account_id, event.type) d
             ON CONFLICT (kind, dedupe_key) DO NOTHING
         )
         SELECT updated.ord AS "ord!", idem_commit_fence(($16::idem_fence[])[updated.ord]) AS "key_id!"

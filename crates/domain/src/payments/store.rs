@@ -451,11 +451,8 @@ pub async fn update_fenced(
             RETURNING id, account_id, type
         ), deliveries AS (
             INSERT INTO jobs (kind, dedupe_key, payload)
-            SELECT $23, event.id || ':' || w.id,
-                   jsonb_build_object('event_id', event.id, 'endpoint_id', w.id)
-              FROM event JOIN webhook_endpoints w ON w.account_id = event.account_id
-             WHERE w.status = 'enabled' AND w.deleted_at IS NULL
-               AND (event.type = ANY (w.enabled_events) OR '*' = ANY (w.enabled_events))
+            SELECT $23, d.dedupe_key, d.payload
+              FROM event, webhook_deliveries(event.id, event.account_id, event.type) d
             ON CONFLICT (kind, dedupe_key) DO NOTHING
         )
         SELECT idem_commit_fence($24) AS "key_id!" FROM updated

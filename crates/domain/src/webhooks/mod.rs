@@ -363,6 +363,25 @@ pub async fn delivery(
     Ok(Some((event, endpoint, r.age_ms)))
 }
 
+/// The answer to a creation: `201`, the endpoint with its secret, and its `Location`.
+pub fn created_answer(endpoint: &Endpoint) -> StoredResponse {
+    let body = endpoint.to_value(true).to_string().into_bytes();
+    StoredResponse::json(201, body)
+        .with_header("location", format!("/v1/webhook_endpoints/{}", endpoint.id))
+}
+
+/// The answer to an update: `200` and the endpoint, without its secret.
+pub fn updated_answer(endpoint: &Endpoint) -> StoredResponse {
+    let body = endpoint.to_value(false).to_string().into_bytes();
+    StoredResponse::json(200, body)
+}
+
+/// The problem an unknown (or deleted) endpoint answers.
+pub fn missing_endpoint(id: &str) -> Problem {
+    Problem::new(ProblemCode::ResourceMissing, format!("No such webhook endpoint: '{id}'."))
+        .with_param("id")
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
@@ -428,23 +447,4 @@ mod tests {
             assert!(LIVE.check_url(url).is_err(), "{url}");
         }
     }
-}
-
-/// The answer to a creation: `201`, the endpoint with its secret, and its `Location`.
-pub fn created_answer(endpoint: &Endpoint) -> StoredResponse {
-    let body = endpoint.to_value(true).to_string().into_bytes();
-    StoredResponse::json(201, body)
-        .with_header("location", format!("/v1/webhook_endpoints/{}", endpoint.id))
-}
-
-/// The answer to an update: `200` and the endpoint, without its secret.
-pub fn updated_answer(endpoint: &Endpoint) -> StoredResponse {
-    let body = endpoint.to_value(false).to_string().into_bytes();
-    StoredResponse::json(200, body)
-}
-
-/// The problem an unknown (or deleted) endpoint answers.
-pub fn missing_endpoint(id: &str) -> Problem {
-    Problem::new(ProblemCode::ResourceMissing, format!("No such webhook endpoint: '{id}'."))
-        .with_param("id")
 }
