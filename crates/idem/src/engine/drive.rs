@@ -164,7 +164,12 @@ pub async fn drive<O: Operation>(
             }
             Err(transient) => {
                 tracing::warn!(key_id = lease.key_id, recovery_point = at.name(), error = %transient, "operation interrupted; the key stays at its recovery point");
-                lease.release(&transient.to_string()).await;
+                // A phase's writes run before its fence: a holder that lost the key can fail on
+                // them (a row the new holder wrote) before the fence would have told it. The key
+                // not being ours to give back says which it was.
+                if lease.release(&transient.to_string()).await == Some(false) {
+                    return Err(Interrupted::LeaseLost);
+                }
                 return Err(transient);
             }
         }

@@ -215,24 +215,30 @@ impl Lease {
     }
 
     /// Gives the key back to be driven again after `retry_in`, not sooner (see
-    /// `Interrupted::Waiting`).
-    pub async fn release_for(self, reason: &str, retry_in: Duration) {
+    /// `Interrupted::Waiting`). Answers `Some(false)` when the key was not this lease's any more
+    /// (taken over), `None` when the database could not be asked (the lease then simply expires).
+    pub async fn release_for(self, reason: &str, retry_in: Duration) -> Option<bool> {
         let retry_in_ms = i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX);
         match store::release(&self.engine.pool, self.key_id, self.token, reason, retry_in_ms).await
         {
-            Ok(true) => self.engine.observer.event(Event::Released),
-            Ok(false) => {}
-            // The lease then simply expires, and the key is resumed after it.
+            Ok(released) => {
+                if released {
+                    self.engine.observer.event(Event::Released);
+                }
+                Some(released)
+            }
             Err(err) => {
-                tracing::warn!(key_id = self.key_id, error = %err, "could not release an idempotency key")
+                tracing::warn!(key_id = self.key_id, error = %err, "could not release an idempotency key");
+                None
             }
         }
     }
 
     /// Gives the key back after a transient failure: it stays at its recovery point, unlocked, so
-    /// that a retry with the same key resumes at once and the completer after a back-off.
-    pub async fn release(self, reason: &str) {
+    /// that a retry with the same key resumes at once and the completer after a back-off. Answers
+    /// as [`Lease::release_for`].
+    pub async fn release(self, reason: &str) -> Option<bool> {
         let delay = self.engine.config.retry_delay(self.attempts);
-        self.release_for(reason, delay).await;
+        self.release_for(reason, delay).await
     }
 }

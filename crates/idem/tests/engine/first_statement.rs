@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idem::{
     Claim, ClaimArgs, ClaimRequest, Claimed, EngineConfig, Event, First, FirstStatement,
-    PhaseError, Step,
+    Interrupted, PhaseError, Step,
 };
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -332,28 +332,30 @@ async fn a_stopping_process_answers_a_replay_from_its_first_statement_claim(pool
     assert_eq!(h.keys().await, 1);
 }
 
-/// A key stored at its first point before its first phase ran (a release that stored keys when it
-/// claimed them; here, a check before a foreign call): the claim finds it open, takes it over, and
-/// the same first statement moves it, fenced on the lease.
+/// A key stored at its first point before its first phase ran (here, by a check before a foreign
+/// call): a claim with the first phase finds it open and stores nothing; the key is taken over and
+/// driven from that point on the reference road, fenced on the new lease.
 #[sqlx::test(migrations = "../../migrations")]
-async fn a_first_statement_runs_as_the_phase_of_a_key_stored_before(pool: PgPool) {
+async fn a_key_stored_before_its_first_phase_is_taken_over_and_driven_from_it(pool: PgPool) {
     let h = harness(pool).await;
     let mut stored = h.acquire("k1").await;
     stored.before_call().await.unwrap();
     assert_eq!(h.recovery_point("k1").await, "started");
     h.expire_lease("k1").await;
     let First::Open(open) = h.claim_first("k1").await else { panic!("an unfinished key is open") };
+    assert_eq!(h.orders().await, 0, "the claim with the first phase wrote nothing");
     let (key, body) = (key("k1"), json!({"item": "book"}));
-    let Some(Claim::Acquired(mut lease)) =
+    let Some(Claim::Acquired(lease)) =
         h.engine.take(open, &order_claim("acct_1", &key, &body)).await.unwrap()
     else {
         panic!("the expired lease is taken over")
     };
-    let order = lease.phase_first(InsertInClaim::NOW).await.unwrap();
-    assert_eq!(h.recovery_point("k1").await, "order_created");
+    assert_eq!(h.run(lease).await.unwrap().status, 201);
     assert_eq!(h.orders().await, 1);
-    // The holder whose lease was taken over cannot move the key any more.
-    let late = stored.phase_first(InsertInClaim::NOW).await;
-    assert!(matches!(late, Err(PhaseError::LeaseLost)), "{late:?}");
-    assert_eq!(h.orders().await, 1, "{order}");
+    // The holder whose lease was taken over cannot move the key any more: its first phase fails
+    // on the order the new holder wrote (before its fence), and it learns it lost the lease.
+    let late = h.run(stored).await;
+    assert!(matches!(late, Err(Interrupted::LeaseLost)), "{late:?}");
+    assert_eq!(h.orders().await, 1);
+    assert_eq!(h.recovery_point("k1").await, "finished");
 }

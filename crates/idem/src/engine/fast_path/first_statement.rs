@@ -12,7 +12,6 @@ use super::super::claim::{Claim, ClaimRequest, Open, Opening, Read};
 use super::super::lease::Lease;
 use super::super::phase::Step;
 use super::super::{DB_RETRY, Engine, Operation, RecoveryPoint};
-use super::one_statement::OneStatement;
 use crate::error::{IdemError, PhaseError, gave_up, is_retryable, stored_meanwhile};
 use crate::observe::Event;
 use crate::store::{self, Claimed, Claiming, FenceRecord};
@@ -87,38 +86,6 @@ pub trait ClaimsInFirstPhase: Operation {
     fn ran_first(&mut self, output: Self::FirstOutput);
 }
 
-/// A first statement run as a phase of a lease that holds its key (stored, or new with an id the
-/// claim's read reserved).
-struct AsPhase<'a, S> {
-    statement: S,
-    account: &'a str,
-    key: &'a str,
-}
-
-impl<S: FirstStatement> OneStatement for AsPhase<'_, S> {
-    type Point = S::Point;
-    type Error = S::Error;
-    type Output = S::Output;
-
-    fn step(&self) -> Step<S::Point> {
-        self.statement.step()
-    }
-
-    async fn run(
-        &mut self,
-        connection: &mut PgConnection,
-        fence: &FenceRecord,
-    ) -> Result<(i64, S::Output), PhaseError<S::Error>> {
-        let claim = ClaimArgs { account: self.account, key: self.key, credential: None, fence };
-        let (claimed, made) = self.statement.run(connection, claim).await?;
-        match claimed.claiming().map_err(corrupt)? {
-            Claiming::Stored { id, .. } => Ok((id, made.ok_or_else(|| corrupt(UNMADE))?)),
-            // A new key someone else stored first (committed before this statement began).
-            Claiming::Read(_) => Err(PhaseError::Superseded),
-        }
-    }
-}
-
 pub(super) const UNMADE: IdemError =
     IdemError::Corrupt("a first statement that stored its key returned no rows");
 
@@ -147,22 +114,6 @@ fn phase_error<E>(err: IdemError) -> PhaseError<E> {
         IdemError::Database(err) => PhaseError::Database(err),
         IdemError::LeaseLost => PhaseError::LeaseLost,
         other => corrupt(other),
-    }
-}
-
-impl Lease {
-    /// Runs an operation's first phase, as one statement, for a key this lease holds: a key stored
-    /// before, or a new one whose id the claim's read reserved. Otherwise as
-    /// [`Lease::phase_in_one`].
-    pub async fn phase_first<S: FirstStatement>(
-        &mut self,
-        statement: S,
-    ) -> Result<S::Output, PhaseError<S::Error>> {
-        let (account, key) = match &self.new {
-            Some(new) => (new.account_id.clone(), new.key.clone()),
-            None => (String::new(), String::new()),
-        };
-        self.phase_in_one(AsPhase { statement, account: &account, key: &key }).await
     }
 }
 
