@@ -1,14 +1,14 @@
-//! Payments: the validated request, the stored row and its public representation; the SQL is in
-//! `store` (the one module that reads and writes the `payments` table).
+//! Payments: the stored row and its public representation. The request and its rules are in
+//! `request`; the SQL in `store` (the reference road), `fast_path` and `batch` (its one-statement
+//! forms) and `list` (pages); a merge patch in `patch`.
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::DomainError;
 use crate::ids::{AccountId, PaymentId};
-use crate::money::{AMOUNT_MAX, Amount, Currency, SUPPORTED_CURRENCIES};
+use crate::money::{Amount, Currency};
 use crate::stored::text_enum;
 
 /// The payment-method tokens of test mode, as Stripe's test cards name them.
@@ -73,202 +73,6 @@ text_enum! {
         RequestedByCustomer,
         /// Nobody completed it.
         Abandoned,
-    }
-}
-
-/// `POST /v1/payments`, as the client sends it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreatePaymentRequest {
-    /// In the currency's minor unit (cents).
-    #[schema(minimum = 1, maximum = 99_999_999)]
-    pub amount: i64,
-    /// Lower-case ISO 4217.
-    #[schema(pattern = "^[a-z]{3}$", example = "usd")]
-    pub currency: String,
-    /// A test token: `pm_card_visa`, `pm_card_mastercard`, `pm_card_chargeDeclined`,
-    /// `pm_card_chargeDeclinedInsufficientFunds` or `pm_card_chargeDeclinedExpiredCard`.
-    #[schema(example = "pm_card_visa")]
-    pub payment_method: String,
-    /// Default automatic.
-    #[serde(default)]
-    pub capture_method: CaptureMethod,
-    /// Free text, at most 1,000 characters.
-    #[serde(default)]
-    #[schema(max_length = 1000)]
-    pub description: Option<String>,
-    /// At most 50 string pairs; keys of at most 40 characters without `[` or `]`, values of at
-    /// most 500.
-    #[serde(default)]
-    pub metadata: Option<BTreeMap<String, String>>,
-    /// Where the worker sends the receipt once the payment succeeds.
-    #[serde(default)]
-    pub receipt_email: Option<String>,
-}
-
-fn invalid(param: &'static str, message: impl Into<String>) -> DomainError {
-    DomainError::Invalid { param, message: message.into() }
-}
-
-impl CreatePaymentRequest {
-    /// Applies the rules of the API contract and keeps what they parsed; the error names the
-    /// parameter.
-    pub fn validate(&self) -> Result<NewPayment, DomainError> {
-        let amount = Amount::new(self.amount).ok_or_else(|| {
-            invalid("amount", format!("`amount` must be an integer from 1 to {AMOUNT_MAX}, in the currency's minor unit."))
-        })?;
-        let currency = Currency::new(&self.currency).ok_or_else(|| {
-            invalid(
-                "currency",
-                format!("`currency` must be one of: {}.", SUPPORTED_CURRENCIES.join(", ")),
-            )
-        })?;
-        if !TEST_PAYMENT_METHODS.contains(&self.payment_method.as_str()) {
-            return Err(invalid(
-                "payment_method",
-                format!(
-                    "No such payment method. In test mode use one of: {}.",
-                    TEST_PAYMENT_METHODS.join(", ")
-                ),
-            ));
-        }
-        validate_description(self.description.as_deref())?;
-        if let Some(metadata) = &self.metadata {
-            validate_metadata(metadata)?;
-        }
-        if let Some(email) = &self.receipt_email {
-            validate_email(email)?;
-        }
-        Ok(NewPayment {
-            amount,
-            currency,
-            payment_method: self.payment_method.clone(),
-            capture_method: self.capture_method,
-            description: self.description.clone(),
-            metadata: self.metadata.clone().unwrap_or_default(),
-            receipt_email: self.receipt_email.clone(),
-        })
-    }
-}
-
-/// A payment to create: the request as [`CreatePaymentRequest::validate`] parsed it, and as the
-/// key stores it for the completer (the members and their JSON are the request's, so that a key
-/// stored by an earlier release, which stored the request itself, reads back).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NewPayment {
-    /// In the currency's minor unit.
-    pub amount: Amount,
-    /// A supported currency.
-    pub currency: Currency,
-    /// A test token.
-    pub payment_method: String,
-    /// When the money moves.
-    pub capture_method: CaptureMethod,
-    /// Free text.
-    pub description: Option<String>,
-    /// String pairs (none when the request had none).
-    #[serde(default, deserialize_with = "null_as_empty")]
-    pub metadata: BTreeMap<String, String>,
-    /// Where the receipt goes once the payment succeeds.
-    pub receipt_email: Option<String>,
-}
-
-/// Metadata stored as `null` (a request without any, as an earlier release stored it) as no
-/// pairs.
-pub(crate) fn null_as_empty<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<BTreeMap<String, String>, D::Error> {
-    Ok(Option::<BTreeMap<String, String>>::deserialize(deserializer)?.unwrap_or_default())
-}
-
-/// `description` is at most 1,000 characters, of text that may span lines.
-pub fn validate_description(description: Option<&str>) -> Result<(), DomainError> {
-    match description {
-        Some(d) if d.chars().count() > DESCRIPTION_MAX_CHARS => Err(invalid(
-            "description",
-            format!("`description` is at most {DESCRIPTION_MAX_CHARS} characters."),
-        )),
-        Some(d) if has_control(d, Lines::Allowed) => Err(control_characters("description")),
-        _ => Ok(()),
-    }
-}
-
-/// Whether a text field may hold line breaks and tabs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lines {
-    /// Tab, line feed and carriage return are text; other control characters are not.
-    Allowed,
-    /// One line: no control character at all.
-    Refused,
-}
-
-/// Whether `text` holds a control character (C0, DEL or C1) that the field does not allow.
-///
-/// NUL is the one that matters most: Postgres refuses it in `text` and `jsonb`, so a NUL that got
-/// past validation would turn bad input into a 500. The others have no business in a label
-/// either, and would reach logs and dashboards verbatim.
-pub fn has_control(text: &str, lines: Lines) -> bool {
-    text.chars()
-        .any(|c| c.is_control() && !(lines == Lines::Allowed && matches!(c, '\t' | '\n' | '\r')))
-}
-
-fn control_characters(param: &'static str) -> DomainError {
-    invalid(
-        param,
-        format!(
-            "`{param}` must not contain NUL or other control characters (tab and line breaks excepted where text may span lines)."
-        ),
-    )
-}
-
-/// At most 50 pairs; keys 1 to 40 characters without `[` or `]`; values at most 500 characters.
-pub fn validate_metadata(metadata: &BTreeMap<String, String>) -> Result<(), DomainError> {
-    if metadata.len() > METADATA_MAX_PAIRS {
-        return Err(invalid(
-            "metadata",
-            format!("`metadata` holds at most {METADATA_MAX_PAIRS} pairs."),
-        ));
-    }
-    for (key, value) in metadata {
-        validate_metadata_entry(key, Some(value))?;
-    }
-    Ok(())
-}
-
-/// One metadata pair (`None`: a key a merge patch removes, whose value is not checked).
-pub fn validate_metadata_entry(key: &str, value: Option<&str>) -> Result<(), DomainError> {
-    let key_chars = key.chars().count();
-    if key_chars == 0 || key_chars > METADATA_KEY_MAX_CHARS || key.contains(['[', ']']) {
-        return Err(invalid(
-            "metadata",
-            format!(
-                "Metadata keys are 1 to {METADATA_KEY_MAX_CHARS} characters without `[` or `]`."
-            ),
-        ));
-    }
-    if has_control(key, Lines::Refused) || value.is_some_and(|v| has_control(v, Lines::Allowed)) {
-        return Err(control_characters("metadata"));
-    }
-    if value.is_some_and(|v| v.chars().count() > METADATA_VALUE_MAX_CHARS) {
-        return Err(invalid(
-            "metadata",
-            format!(
-                "Metadata values are at most {METADATA_VALUE_MAX_CHARS} characters (key `{}`).",
-                key.escape_debug()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-fn validate_email(email: &str) -> Result<(), DomainError> {
-    let valid = email.len() <= 254
-        && !email.chars().any(|c| c.is_whitespace() || c.is_control())
-        && matches!(email.split_once('@'), Some((local, domain)) if !local.is_empty() && domain.contains('.') && !domain.contains('@') && !domain.starts_with('.') && !domain.ends_with('.'));
-    if valid {
-        Ok(())
-    } else {
-        Err(invalid("receipt_email", "`receipt_email` is not an email address."))
     }
 }
 
@@ -448,14 +252,21 @@ impl From<PaymentRow> for Payment {
 }
 
 pub mod batch;
+mod fast_path;
+mod list;
 mod patch;
+mod request;
 mod store;
 #[cfg(test)]
 mod tests;
 
+pub use fast_path::{Written, insert_claiming, update_fenced};
+pub use list::{Cursor, list};
+pub(crate) use list::{finish_page, in_walk_order};
 pub use patch::{Patched, PaymentPatch, apply, missing_problem, stale_problem};
-pub use store::{
-    Changes, ChargeRecord, Cursor, Written, find, find_by_key, insert, insert_claiming, list, lock,
-    lock_for_news, update, update_fenced,
+pub(crate) use request::null_as_empty;
+pub use request::{
+    CreatePaymentRequest, Lines, NewPayment, has_control, validate_description, validate_metadata,
+    validate_metadata_entry,
 };
-pub(crate) use store::{finish_page, in_walk_order};
+pub use store::{Changes, ChargeRecord, find, find_by_key, insert, lock, lock_for_news, update};

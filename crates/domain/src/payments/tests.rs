@@ -1,6 +1,7 @@
 //! The payment request's rules and the stored row's reading.
 
 use super::*;
+use crate::DomainError;
 
 fn request() -> CreatePaymentRequest {
     CreatePaymentRequest {
