@@ -20,8 +20,8 @@ use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use idem::{
-    Claim, ClaimRequest, ClaimsInFirstPhase, Engine, Fingerprint, First, IdempotencyKey,
-    Interrupted, Operation, PhaseError, Read, RequestParts, StoredResponse, TransientKind,
+    Claim, ClaimsInFirstPhase, Engine, Fingerprint, First, IdempotencyKey, Interrupted, Operation,
+    PhaseError, Read, RequestParts, StoredResponse, TransientKind,
 };
 use payments_domain::AccountId;
 use payments_domain::operations::PaymentOperation;
@@ -35,7 +35,7 @@ use crate::app::AppState;
 use crate::auth::{Caller, invalid_api_key};
 use crate::edge::RequestId;
 use crate::error::{ApiError, ProblemCode};
-use crate::extract::{JsonBody, JsonMediaType};
+use crate::extract::JsonBody;
 
 /// An operation a handler starts: one the completer can resume, with the API's processor.
 pub trait StartedOperation: PaymentOperation<ProcessorClient> + 'static {}
@@ -244,8 +244,7 @@ impl<T> Keyed<'_, T> {
         state: &AppState,
         operation: O,
     ) -> Result<Response, ApiError> {
-        let (body, params) = self.stored(&operation)?;
-        state.runner.run(self.attempt::<O>(&body, &params), operation).await
+        state.runner.run(self.request(&operation)?, operation).await
     }
 
     /// As [`Keyed::run`], for an operation whose first phase claims the key
@@ -255,57 +254,42 @@ impl<T> Keyed<'_, T> {
         state: &AppState,
         operation: O,
     ) -> Result<Response, ApiError> {
-        let (body, params) = self.stored(&operation)?;
-        state.runner.run_first(self.attempt::<O>(&body, &params), operation).await
+        state.runner.run_first(self.request(&operation)?, operation).await
     }
 
-    /// The body as sent (the fingerprint is over it, not over the typed value with its
-    /// defaults), and the operation's input as stored for the completer.
-    fn stored<O: StartedOperation>(&self, operation: &O) -> Result<(Value, Value), ApiError> {
-        let body = serde_json::from_slice(&self.body.raw)
-            .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
+    /// The request as the engine claims it, for `operation`.
+    fn request<O: StartedOperation>(&self, operation: &O) -> Result<idem::Request, ApiError> {
         let params =
             serde_json::to_value(operation.params()).map_err(|err| ApiError::internal(&err))?;
-        Ok((body, params))
+        self.request_for(O::NAME, params)
     }
 
-    fn attempt<'a, O: StartedOperation>(
-        &'a self,
-        body: &'a Value,
-        params: &'a Value,
-    ) -> Attempt<'a> {
-        Attempt {
-            account_id: self.account.as_str(),
-            credential: self.credential,
-            key: self.key,
-            meta: self.meta,
-            media_type: self.body.media_type,
-            body,
-            operation: O::NAME,
-            params,
-        }
+    /// The request as the engine claims it: fingerprinted over the body as sent (not over the
+    /// typed value with its defaults), stored with the operation's `name` and input (`params`)
+    /// for the completer.
+    pub fn request_for(&self, name: &str, params: Value) -> Result<idem::Request, ApiError> {
+        let body: Value = serde_json::from_slice(&self.body.raw)
+            .map_err(|err| ApiError::invalid_request("body", err.to_string()))?;
+        let fingerprint = Fingerprint::of(&RequestParts {
+            method: self.meta.method.as_str(),
+            path: &self.meta.path,
+            query: &self.meta.query,
+            media_type: self.body.media_type.essence(),
+            version: self.meta.version.as_deref(),
+            body: &body,
+        });
+        Ok(idem::Request {
+            account_id: self.account.as_str().into(),
+            credential: self.credential.map(Into::into),
+            key: self.key.clone(),
+            fingerprint,
+            method: self.meta.method.as_str().into(),
+            path: self.meta.path.as_str().into(),
+            request_id: self.meta.request_id.as_str().into(),
+            operation: name.into(),
+            params: params.into(),
+        })
     }
-}
-
-/// One attempt at an idempotent operation.
-#[derive(Debug)]
-pub struct Attempt<'a> {
-    /// The account the key is scoped to.
-    pub account_id: &'a str,
-    /// The API key's digest, when the claim must check it (`Caller::credential`).
-    pub credential: Option<&'a [u8]>,
-    /// The key.
-    pub key: &'a IdempotencyKey,
-    /// The request line and headers.
-    pub meta: &'a RequestMeta,
-    /// How the body was sent.
-    pub media_type: JsonMediaType,
-    /// The body, parsed; its canonical form is fingerprinted.
-    pub body: &'a Value,
-    /// The operation's name, for the completer.
-    pub operation: &'a str,
-    /// The operation's input, for the completer.
-    pub params: &'a Value,
 }
 
 /// Runs idempotent operations: the engine plus the tasks that outlive their requests.
@@ -331,21 +315,20 @@ impl Runner {
     /// request.
     pub async fn run<O: Operation + 'static>(
         &self,
-        attempt: Attempt<'_>,
+        request: idem::Request,
         mut operation: O,
     ) -> Result<Response, ApiError> {
-        let request = attempt.claim();
         // The claim's read runs on the request's own task: it writes nothing, so a client that
         // hangs up meanwhile leaves nothing behind, and a replay or a refusal is answered without
         // a task of its own. A key this request may take is taken on the task, which owns a copy
         // of the request.
         let open = match self.engine.read_claim(&request).await {
-            Ok(Read::Decided(claim)) => return claimed(claim, attempt.key),
+            Ok(Read::Decided(claim)) => return claimed(claim, &request.key),
             Ok(Read::Open(open)) => open,
             Err(err) if err.timed_out() => return Err(claim_timed_out()),
             Err(err) => return Err(ApiError::internal(&err)),
         };
-        let owned = OwnedClaim::of(&request);
+        let key = request.key.clone();
         let engine = self.engine.clone();
         let task = self.tasks.spawn(
             async move {
@@ -353,7 +336,6 @@ impl Runner {
                 // A new key's first phase can find that another request stored the key first;
                 // claiming again then reads it (stored now, so at most once more).
                 for _ in 0..2 {
-                    let request = owned.request();
                     let taken = match open.take() {
                         Some(open) => engine.take(open, &request).await?,
                         None => None,
@@ -376,7 +358,7 @@ impl Runner {
             }
             .in_current_span(),
         );
-        answered(task.await, attempt.key)
+        answered(task.await, &key)
     }
 
     /// As [`Runner::run`], for an operation whose first phase claims the key: a replay kept in
@@ -385,24 +367,22 @@ impl Runner {
     /// runs on the operation's task with the rest.
     pub async fn run_first<O: ClaimsInFirstPhase + 'static>(
         &self,
-        attempt: Attempt<'_>,
+        request: idem::Request,
         mut operation: O,
     ) -> Result<Response, ApiError> {
-        let request = attempt.claim();
         if let Some(claim) = self.engine.cached_answer(&request).await {
-            return claimed(claim, attempt.key);
+            return claimed(claim, &request.key);
         }
-        let owned = OwnedClaim::of(&request);
+        let key = request.key.clone();
         let engine = self.engine.clone();
         let task = self.tasks.spawn(
             async move {
-                let request = owned.request();
                 // Claimed again, once, when another request took an unfinished key between the
                 // read and the take; missed twice (each taker gave the key back at once), the
                 // key is in use: `409`, which the client retries.
                 for _ in 0..2 {
                     let first = {
-                        let mut first = operation.first(request.request_id);
+                        let mut first = operation.first(&request.request_id);
                         engine.claim_first(&request, &mut first).await
                     };
                     let lease = match first {
@@ -428,7 +408,7 @@ impl Runner {
             }
             .in_current_span(),
         );
-        answered(task.await, attempt.key)
+        answered(task.await, &key)
     }
 }
 
@@ -450,31 +430,6 @@ fn answered(
     }
 }
 
-impl Attempt<'_> {
-    /// The claim this attempt makes: its request fingerprinted.
-    fn claim(&self) -> ClaimRequest<'_> {
-        let fingerprint = Fingerprint::of(&RequestParts {
-            method: self.meta.method.as_str(),
-            path: &self.meta.path,
-            query: &self.meta.query,
-            media_type: self.media_type.essence(),
-            version: self.meta.version.as_deref(),
-            body: self.body,
-        });
-        ClaimRequest {
-            account_id: self.account_id,
-            credential: self.credential,
-            key: self.key,
-            fingerprint,
-            method: self.meta.method.as_str(),
-            path: &self.meta.path,
-            request_id: self.meta.request_id.as_str(),
-            operation: self.operation,
-            params: self.params,
-        }
-    }
-}
-
 /// The answer to a claim decided without a lease.
 fn claimed(claim: Claim, key: &IdempotencyKey) -> Result<Response, ApiError> {
     match claim {
@@ -492,49 +447,6 @@ fn claimed(claim: Claim, key: &IdempotencyKey) -> Result<Response, ApiError> {
         )),
         Claim::Unauthenticated => Err(invalid_api_key()),
         Claim::NeedsHuman => Err(needs_review()),
-    }
-}
-
-/// A claim, owned by the task that makes it.
-struct OwnedClaim {
-    account_id: String,
-    credential: Option<Vec<u8>>,
-    key: IdempotencyKey,
-    fingerprint: Fingerprint,
-    method: String,
-    path: String,
-    request_id: String,
-    operation: String,
-    params: Value,
-}
-
-impl OwnedClaim {
-    fn of(request: &ClaimRequest<'_>) -> Self {
-        Self {
-            account_id: request.account_id.to_owned(),
-            credential: request.credential.map(<[u8]>::to_vec),
-            key: request.key.clone(),
-            fingerprint: request.fingerprint,
-            method: request.method.to_owned(),
-            path: request.path.to_owned(),
-            request_id: request.request_id.to_owned(),
-            operation: request.operation.to_owned(),
-            params: request.params.clone(),
-        }
-    }
-
-    fn request(&self) -> ClaimRequest<'_> {
-        ClaimRequest {
-            account_id: &self.account_id,
-            credential: self.credential.as_deref(),
-            key: &self.key,
-            fingerprint: self.fingerprint,
-            method: &self.method,
-            path: &self.path,
-            request_id: &self.request_id,
-            operation: &self.operation,
-            params: &self.params,
-        }
     }
 }
 

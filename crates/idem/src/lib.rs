@@ -112,7 +112,7 @@
 //! # Costs
 //!
 //! A replay, a mismatch and a key in use cost one statement (`read`), which can also check the
-//! request's API key (`ClaimRequest::credential`) on the way and writes nothing; it runs on
+//! request's API key (`Request::credential`) on the way and writes nothing; it runs on
 //! connections the engine keeps for it (`connections.rs`), which spares the pool's check of a
 //! returned connection; so do one-statement phases, on connections of their own. A new key costs
 //! that read and no commit of its own: its first phase stores it. A phase is one transaction
@@ -135,9 +135,9 @@ mod response;
 mod store;
 
 pub use engine::{
-    Claim, ClaimArgs, ClaimRequest, ClaimsInFirstPhase, Due, Engine, EngineConfig, FINISHED,
-    FencedTx, First, FirstRun, FirstStatement, Interrupted, Lease, OneStatement, Open, Operation,
-    Read, Reaped, RecoveryPoint, STARTED, Step, TransientKind, drive,
+    Claim, ClaimArgs, ClaimsInFirstPhase, Due, Engine, EngineConfig, FINISHED, FencedTx, First,
+    FirstRun, FirstStatement, Interrupted, Lease, OneStatement, Open, Operation, Read, Reaped,
+    RecoveryPoint, Request, STARTED, Step, TransientKind, drive,
 };
 pub use error::{IdemError, PhaseError, is_retryable};
 pub use failpoint::failpoint;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use idem::{
-    Claim, ClaimRequest, Engine, Fingerprint, IdempotencyKey, NoObserver, Operation, RecoveryPoint,
+    Claim, Engine, Fingerprint, IdempotencyKey, NoObserver, Operation, RecoveryPoint, Request,
     RequestParts,
 };
 use payments_domain::money::{Amount, Currency};
@@ -112,16 +112,16 @@ impl Harness {
             body: params,
         });
         self.engine
-            .claim(&ClaimRequest {
-                account_id: &self.account,
+            .claim(&Request {
+                account_id: self.account.as_str().into(),
                 credential: None,
-                key: &key,
+                key,
                 fingerprint,
-                method: "POST",
-                path: "/test",
-                request_id: "req_test",
-                operation,
-                params,
+                method: "POST".into(),
+                path: "/test".into(),
+                request_id: "req_test".into(),
+                operation: operation.into(),
+                params: params.clone().into(),
             })
             .await
             .unwrap()

@@ -16,7 +16,8 @@ use idem::{
 use payments_api::ApiError;
 use payments_api::edge::{self, EdgeConfig};
 use payments_api::extract::JsonBody;
-use payments_api::idempotency::{Attempt, RequestMeta, RequiredKey, Runner};
+use payments_api::idempotency::{Keyed, RequestMeta, RequiredKey, Runner};
+use payments_domain::AccountId;
 use payments_testkit::{WAIT, eventually};
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -99,18 +100,11 @@ async fn create_thing(
     RequiredKey(key): RequiredKey,
     body: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let attempt = Attempt {
-        account_id: "acct_test",
-        credential: None,
-        key: &key,
-        meta: &meta,
-        media_type: body.media_type,
-        body: &body.value,
-        operation: "things.create",
-        params: &body.value,
-    };
+    let account = AccountId::parse("acct_test").expect("a well-formed account id");
+    let keyed = Keyed { account: &account, credential: None, key: &key, meta: &meta, body: &body };
+    let request = keyed.request_for("things.create", body.value.clone())?;
     let operation = MakeThing { gate: state.gate.clone(), failures: state.failures.clone() };
-    state.runner.run(attempt, operation).await
+    state.runner.run(request, operation).await
 }
 
 struct Server {

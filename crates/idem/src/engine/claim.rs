@@ -7,7 +7,7 @@ use serde_json::Value;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::lease::{Lease, NewKey};
+use super::lease::Lease;
 use super::replay_cache::{Answer, CachedAnswer};
 use super::{Engine, STARTED};
 use crate::connections::{SideConnections, connection_lost};
@@ -16,32 +16,34 @@ use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
 use crate::observe::Event;
 use crate::response::StoredResponse;
-use crate::store::{self, Lookup, Seen};
+use crate::store::{self, Seen};
 
-/// A request to claim a key.
-#[derive(Debug, Clone, Copy)]
-pub struct ClaimRequest<'a> {
+/// A request with an idempotency key, as the engine claims it and as a new key stores it: built
+/// once, by the caller that received it, and carried as is into the claim and the lease of a new
+/// key. Cheap to clone (its text is shared).
+#[derive(Debug, Clone)]
+pub struct Request {
     /// The scope of the key.
-    pub account_id: &'a str,
+    pub account_id: Arc<str>,
     /// The SHA-256 digest of the API key the request presents, when the caller has not checked
     /// it yet: the claim checks, in the same statement, that it is a live key of `account_id`,
     /// and claims and reads nothing when it is not (`Claim::Unauthenticated`). `None` when the
     /// caller authenticated the request itself.
-    pub credential: Option<&'a [u8]>,
+    pub credential: Option<Arc<[u8]>>,
     /// The key.
-    pub key: &'a IdempotencyKey,
+    pub key: IdempotencyKey,
     /// The request's fingerprint.
     pub fingerprint: Fingerprint,
     /// For the mismatch message.
-    pub method: &'a str,
+    pub method: Arc<str>,
     /// For the mismatch message.
-    pub path: &'a str,
+    pub path: Arc<str>,
     /// Kept with the key: stored problem bodies carry the first request's id.
-    pub request_id: &'a str,
+    pub request_id: Arc<str>,
     /// The operation's name, so the completer knows what to resume.
-    pub operation: &'a str,
+    pub operation: Arc<str>,
     /// The operation's input, so the completer can resume without the HTTP request.
-    pub params: &'a Value,
+    pub params: Arc<Value>,
 }
 
 /// What a claim decided.
@@ -96,8 +98,8 @@ impl Engine {
     /// Claims a key: one round trip for a new key, a replay, a mismatch or a key in use; a
     /// second one to take over an unfinished key whose lease is free or expired. The same as
     /// [`Engine::read_claim`] and then [`Engine::take`], reading again when the take missed.
-    pub async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim, IdemError> {
-        let span = tracing::debug_span!("idem.claim", operation = request.operation);
+    pub async fn claim(&self, request: &Request) -> Result<Claim, IdemError> {
+        let span = tracing::debug_span!("idem.claim", operation = &*request.operation);
         async {
             for _ in 0..=self.config.db_retries {
                 match self.read_key(request).await? {
@@ -119,20 +121,16 @@ impl Engine {
     /// way) and writes nothing, so that a caller may run it where it can be cut off (a request's
     /// own task, which a client hanging up cancels) and take the key with [`Engine::take`] where
     /// it cannot. A replay, a mismatch, a key in use cost this alone.
-    pub async fn read_claim(&self, request: &ClaimRequest<'_>) -> Result<Read, IdemError> {
-        let span = tracing::debug_span!("idem.claim", operation = request.operation);
+    pub async fn read_claim(&self, request: &Request) -> Result<Read, IdemError> {
+        let span = tracing::debug_span!("idem.claim", operation = &*request.operation);
         self.read_key(request).instrument(span).await
     }
 
     /// A claim's second half: takes the key its read found open, new (no statement: the first
     /// phase stores it) or unfinished (the takeover's compare-and-swap). `None` when another
     /// request took or finished the key between the read and the take: claim again.
-    pub async fn take(
-        &self,
-        open: Open,
-        request: &ClaimRequest<'_>,
-    ) -> Result<Option<Claim>, IdemError> {
-        let span = tracing::debug_span!("idem.claim", operation = request.operation);
+    pub async fn take(&self, open: Open, request: &Request) -> Result<Option<Claim>, IdemError> {
+        let span = tracing::debug_span!("idem.claim", operation = &*request.operation);
         self.take_key(open, request).instrument(span).await
     }
 
@@ -143,13 +141,13 @@ impl Engine {
     async fn read_on(
         &self,
         kept: &Arc<SideConnections>,
-        lookup: &Lookup,
+        request: &Request,
     ) -> Result<store::Read, IdemError> {
         let mut tries = 0;
         loop {
             let mut lent = kept.lend().await?;
             let reused = lent.reused();
-            let read = store::read(lent.connection(), lookup).await;
+            let read = store::read(lent.connection(), request).await;
             let failed = match &read {
                 Err(IdemError::Database(err)) => Some(err),
                 _ => None,
@@ -164,29 +162,24 @@ impl Engine {
         }
     }
 
-    pub(super) async fn read_key(&self, request: &ClaimRequest<'_>) -> Result<Read, IdemError> {
+    pub(super) async fn read_key(&self, request: &Request) -> Result<Read, IdemError> {
         if let Some(claim) = self.cached_answer(request).await {
             return Ok(Read::Decided(claim));
         }
-        let lookup = Lookup {
-            account_id: request.account_id.to_owned(),
-            credential: request.credential.map(<[u8]>::to_vec),
-            key: request.key.as_str().to_owned(),
-        };
         let read = match self.claim_connections() {
-            Some(kept) => self.retrying(|| self.read_on(kept, &lookup)).await?,
-            None => self.retrying(|| store::read(&self.pool, &lookup)).await?,
+            Some(kept) => self.retrying(|| self.read_on(kept, request)).await?,
+            None => self.retrying(|| store::read(&self.pool, request)).await?,
         };
         self.decide(request, read)
     }
 
     /// A replay or a mismatch answered from the answers kept in memory (`replay_cache.rs`), when they
     /// may answer this request; `None` when the key must be read.
-    pub async fn cached_answer(&self, request: &ClaimRequest<'_>) -> Option<Claim> {
+    pub async fn cached_answer(&self, request: &Request) -> Option<Claim> {
         let kept = self.replay_cache.answer(
             self,
-            request.account_id,
-            request.credential,
+            &request.account_id,
+            request.credential.as_deref(),
             request.key.as_str(),
             &request.fingerprint,
         );
@@ -205,14 +198,10 @@ impl Engine {
     }
 
     /// What a read of the key decides for `request`.
-    pub(super) fn decide(
-        &self,
-        request: &ClaimRequest<'_>,
-        read: store::Read,
-    ) -> Result<Read, IdemError> {
-        if let Some(digest) = request.credential {
+    pub(super) fn decide(&self, request: &Request, read: store::Read) -> Result<Read, IdemError> {
+        if let Some(digest) = request.credential.as_deref() {
             let live = !matches!(read.seen, Seen::Unauthenticated);
-            let live = live.then_some((request.account_id, read.version));
+            let live = live.then_some((&*request.account_id, read.version));
             self.replay_cache.credential_seen(digest, live);
         }
         let now_us = read.now_us;
@@ -238,7 +227,7 @@ impl Engine {
                     response: &response,
                     completed_at_us,
                 };
-                self.replay_cache.keep(request.account_id, request.key.as_str(), answer, now_us);
+                self.replay_cache.keep(&request.account_id, request.key.as_str(), answer, now_us);
             }
             return Ok(Read::Decided(Claim::Replay(response)));
         }
@@ -254,34 +243,23 @@ impl Engine {
 
     /// The lease of a new key, not stored yet: its first phase stores it under `key_id` (`0`
     /// until the database gives it one).
-    pub(super) fn new_lease(&self, request: &ClaimRequest<'_>, key_id: i64) -> Lease {
-        let new = NewKey {
-            account_id: request.account_id.to_owned(),
-            key: request.key.as_str().to_owned(),
-            fingerprint: request.fingerprint,
-            method: request.method.to_owned(),
-            path: request.path.to_owned(),
-        };
+    pub(super) fn new_lease(&self, request: &Request, key_id: i64) -> Lease {
         Lease {
             engine: self.clone(),
             key_id,
             token: Uuid::new_v4(),
             point: STARTED.to_owned(),
             attempts: 1,
-            operation: request.operation.to_owned(),
-            params: request.params.clone(),
-            request_id: request.request_id.to_owned(),
+            operation: request.operation.to_string(),
+            params: Value::clone(&request.params),
+            request_id: request.request_id.to_string(),
             finished: None,
             just_planned: None,
-            new: Some(Box::new(new)),
+            new: Some(Box::new(request.clone())),
         }
     }
 
-    async fn take_key(
-        &self,
-        open: Open,
-        request: &ClaimRequest<'_>,
-    ) -> Result<Option<Claim>, IdemError> {
+    async fn take_key(&self, open: Open, request: &Request) -> Result<Option<Claim>, IdemError> {
         let row = match open.0 {
             // A new key: nothing is stored until the first phase commits, which inserts the key
             // with its own writes (`Lease::phase`, `Lease::phase_in_one`). The lease is this
@@ -322,7 +300,7 @@ impl Engine {
                     owner,
                     token,
                     lease_ms,
-                    request.request_id,
+                    &request.request_id,
                     window_ms,
                 )
                 .await?;

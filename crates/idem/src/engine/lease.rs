@@ -8,9 +8,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::drive::Interrupted;
-use super::{Engine, RecoveryPoint};
+use super::{Engine, RecoveryPoint, Request};
 use crate::error::{IdemError, PhaseError};
-use crate::fingerprint::Fingerprint;
 use crate::observe::Event;
 use crate::response::StoredResponse;
 use crate::store;
@@ -35,17 +34,7 @@ pub struct Lease {
     pub(super) just_planned: Option<Value>,
     /// Set while the key is new and not stored yet: what its first phase inserts with its
     /// writes. No one else can see the key until then.
-    pub(super) new: Option<Box<NewKey>>,
-}
-
-/// A key the claim found absent, as its first phase stores it.
-#[derive(Debug)]
-pub(super) struct NewKey {
-    pub(super) account_id: String,
-    pub(super) key: String,
-    pub(super) fingerprint: Fingerprint,
-    pub(super) method: String,
-    pub(super) path: String,
+    pub(super) new: Option<Box<Request>>,
 }
 
 impl Drop for Lease {

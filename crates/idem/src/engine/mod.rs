@@ -34,7 +34,7 @@ use crate::connections::SideConnections;
 use crate::error::{IdemError, is_retryable};
 use crate::observe::{Event, Observer};
 
-pub use claim::{Claim, ClaimRequest, Open, Read};
+pub use claim::{Claim, Open, Read, Request};
 pub use completer::Due;
 pub use drive::{Interrupted, Operation, TransientKind, drive};
 pub use fast_path::{ClaimArgs, ClaimsInFirstPhase, First, FirstRun, FirstStatement, OneStatement};

@@ -260,7 +260,7 @@ impl Lease {
     ) -> Result<FenceRecord, sqlx::Error> {
         let new = self.new.as_ref().filter(|_| store_new).map(|new| NewKeyRecord {
             account_id: &new.account_id,
-            key: &new.key,
+            key: new.key.as_str(),
             fingerprint: new.fingerprint.as_bytes(),
             method: &new.method,
             path: &new.path,

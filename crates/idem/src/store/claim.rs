@@ -28,16 +28,6 @@ pub(crate) struct KeyRow {
     pub completed_at_us: Option<i64>,
 }
 
-/// What the claim reads by.
-#[derive(Debug, Clone)]
-pub(crate) struct Lookup {
-    pub account_id: String,
-    /// The SHA-256 digest of the API key the request presents, when the claim must also check
-    /// that it is a live key of `account_id` (see `read`).
-    pub credential: Option<Vec<u8>>,
-    pub key: String,
-}
-
 /// What the claim's read saw, and the credentials' version in the same snapshot.
 #[derive(Debug)]
 pub(crate) struct Read {
@@ -146,13 +136,13 @@ impl Claimed {
 /// credentials' version comes with it, read in the same snapshot as the credential.
 pub(crate) async fn read(
     executor: impl PgExecutor<'_>,
-    lookup: &Lookup,
+    request: &crate::Request,
 ) -> Result<Read, IdemError> {
     let row = sqlx::query!(
         r#"SELECT idem_claim($1, $2, $3, NULL) AS "claimed!: Claimed""#,
-        lookup.account_id,
-        lookup.key,
-        lookup.credential.as_deref(),
+        &*request.account_id,
+        request.key.as_str(),
+        request.credential.as_deref(),
     )
     .fetch_one(executor)
     .await?;

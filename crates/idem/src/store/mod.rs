@@ -22,7 +22,7 @@ use crate::StoredResponse;
 use crate::error::IdemError;
 
 pub use claim::Claimed;
-pub(crate) use claim::{Claiming, KeyRow, Lookup, Read, Seen, TakeOver, fresh, read, take_over};
+pub(crate) use claim::{Claiming, KeyRow, Read, Seen, TakeOver, fresh, read, take_over};
 pub use lease::wake;
 pub(crate) use lease::{before_call, flag, release, release_unheld, unresolved_for};
 pub use sweep::{StuckKey, stuck_keys};

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    Claim, ClaimArgs, ClaimRequest, Claimed, EngineConfig, Event, First, FirstStatement,
-    Interrupted, PhaseError, Step,
+    Claim, ClaimArgs, Claimed, EngineConfig, Event, First, FirstStatement, Interrupted, PhaseError,
+    Request, Step,
 };
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -95,7 +95,8 @@ impl Harness {
         credential: Option<&[u8]>,
     ) -> First<i64> {
         let key = key(key_value);
-        let request = ClaimRequest { credential, ..order_claim("acct_1", &key, body) };
+        let credential = credential.map(Into::into);
+        let request = Request { credential, ..order_claim("acct_1", &key, body) };
         let mut first = InsertInClaim::NOW;
         self.engine.claim_first(&request, &mut first).await.unwrap()
     }

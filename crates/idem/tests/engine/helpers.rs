@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::{
-    Claim, ClaimRequest, Engine, EngineConfig, Event, Fingerprint, IdempotencyKey, Interrupted,
-    Lease, Observer, Operation, RecoveryPoint, RequestParts, StoredResponse, TransientKind, drive,
+    Claim, Engine, EngineConfig, Event, Fingerprint, IdempotencyKey, Interrupted, Lease, Observer,
+    Operation, RecoveryPoint, Request, RequestParts, StoredResponse, TransientKind, drive,
 };
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -224,21 +224,17 @@ pub(crate) fn fingerprint(body: &Value) -> Fingerprint {
 pub(crate) const ORDERS_PLACE: &str = "orders.place";
 
 /// The claim of a `/orders` request for `account` with `body`.
-pub(crate) fn order_claim<'a>(
-    account: &'a str,
-    key: &'a IdempotencyKey,
-    body: &'a Value,
-) -> ClaimRequest<'a> {
-    ClaimRequest {
-        account_id: account,
+pub(crate) fn order_claim(account: &str, key: &IdempotencyKey, body: &Value) -> Request {
+    Request {
+        account_id: account.into(),
         credential: None,
-        key,
+        key: key.clone(),
         fingerprint: fingerprint(body),
-        method: "POST",
-        path: "/orders",
-        request_id: "req_test",
-        operation: ORDERS_PLACE,
-        params: body,
+        method: "POST".into(),
+        path: "/orders".into(),
+        request_id: "req_test".into(),
+        operation: ORDERS_PLACE.into(),
+        params: body.clone().into(),
     }
 }
 
@@ -252,7 +248,7 @@ impl Harness {
     pub(crate) async fn claim_with_credential(&self, key_value: &str, credential: &[u8]) -> Claim {
         let (key, body) = (key(key_value), json!({"item": "book"}));
         let request =
-            ClaimRequest { credential: Some(credential), ..order_claim("acct_1", &key, &body) };
+            Request { credential: Some(credential.into()), ..order_claim("acct_1", &key, &body) };
         self.engine.claim(&request).await.unwrap()
     }
 

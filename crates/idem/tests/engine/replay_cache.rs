@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem::{Claim, ClaimRequest, EngineConfig, Event};
+use idem::{Claim, EngineConfig, Event, Request};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -85,7 +85,7 @@ async fn replays_from_memory_keep_to_their_account_and_answer_mismatches(pool: P
         let (h, key) = (&h, key("k1"));
         async move {
             let request =
-                ClaimRequest { credential: Some(credential), ..order_claim(account, &key, body) };
+                Request { credential: Some(credential.into()), ..order_claim(account, &key, body) };
             h.engine.claim(&request).await.unwrap()
         }
     };

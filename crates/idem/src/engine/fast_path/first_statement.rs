@@ -8,7 +8,7 @@ use sqlx::PgConnection;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::super::claim::{Claim, ClaimRequest, Open, Opening, Read};
+use super::super::claim::{Claim, Open, Opening, Read, Request};
 use super::super::lease::Lease;
 use super::super::phase::Step;
 use super::super::{DB_RETRY, Engine, Operation, RecoveryPoint};
@@ -137,16 +137,16 @@ impl Engine {
     /// is given back at once.
     pub async fn claim_first<S: FirstStatement>(
         &self,
-        request: &ClaimRequest<'_>,
+        request: &Request,
         statement: &mut S,
     ) -> Result<First<S::Output>, PhaseError<S::Error>> {
-        let span = tracing::debug_span!("idem.claim", operation = request.operation);
+        let span = tracing::debug_span!("idem.claim", operation = &*request.operation);
         self.claim_first_once(request, statement).instrument(span).await
     }
 
     async fn claim_first_once<S: FirstStatement>(
         &self,
-        request: &ClaimRequest<'_>,
+        request: &Request,
         statement: &mut S,
     ) -> Result<First<S::Output>, PhaseError<S::Error>> {
         // Counted until the lease is recorded as held (or given back), as a takeover's. A process
@@ -161,9 +161,9 @@ impl Engine {
         let step = statement.step();
         let fence = lease.fence_of(&step, true)?.without_id();
         let claim = ClaimArgs {
-            account: request.account_id,
+            account: &request.account_id,
             key: request.key.as_str(),
-            credential: request.credential,
+            credential: request.credential.as_deref(),
             fence: &fence,
         };
         let mut tries = 0;
@@ -219,8 +219,8 @@ impl Engine {
         let Some(made) = made else {
             return Err(self.unheld(request, &lease, corrupt(UNMADE)).await);
         };
-        if let (Some(digest), Some(version)) = (request.credential, version) {
-            self.replay_cache.credential_seen(digest, Some((request.account_id, version)));
+        if let (Some(digest), Some(version)) = (request.credential.as_deref(), version) {
+            self.replay_cache.credential_seen(digest, Some((&request.account_id, version)));
         }
         self.observer.event(Event::Claimed);
         lease.moved(&step, &lease.phase_span());
@@ -239,7 +239,7 @@ impl Engine {
     /// more when it must have ended (its waits are bounded by `claim_timeout`). Answers `err`.
     async fn unheld<E>(
         &self,
-        request: &ClaimRequest<'_>,
+        request: &Request,
         lease: &Lease,
         err: PhaseError<E>,
     ) -> PhaseError<E> {
