@@ -110,7 +110,7 @@ impl FromRequestParts<AppState> for Authenticated {
 /// request has checked the key yet.
 ///
 /// When the key was seen before, its account comes from `KnownKeys` and the check is left to the
-/// claim, which makes it in the same statement (`ClaimRequest::credential`): a replay is then one
+/// claim, which makes it in the same statement (`idem::Request::credential`): a replay is then one
 /// round trip. Authentication still answers first: anything refused before the claim checks the
 /// key first (`admit`), so a revoked key gets `401` whatever else is wrong with the request.
 #[derive(Debug, Clone)]

@@ -33,10 +33,10 @@ pub struct ClaimArgs<'a> {
 }
 
 /// An operation's first phase as one statement that also claims its key: for a new key the claim's
-/// read and the first phase are one statement and one transaction ([`Engine::claim_first`]); for
-/// a key this lease holds already it is the phase ([`Lease::phase_first`]). Like a
-/// [`OneStatement`] it commits on its own, its step is decided before it runs, it may run more
-/// than once, and it is sent on a kept connection under the same rules.
+/// read and the first phase are one statement and one transaction ([`Engine::claim_first`]). Like
+/// a one-statement phase it commits on its own, its step is decided before it runs, it may run
+/// more than once, and it is sent on a side connection under the same rules. (A key stored
+/// before runs its first phase on the reference road.)
 ///
 /// [`Engine::claim_first`]: crate::Engine::claim_first
 pub trait FirstStatement: Send {
