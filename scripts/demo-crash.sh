@@ -29,7 +29,12 @@ PG_STARTED=$(sed -n 's/^PG_STARTED=//p' <<<"$pg_env")
 # database `make run` uses, would otherwise take the demo's key over once the dead process's
 # lease ran out, and finish it against `make run`'s stand-in processor instead of the demo's.
 url=${DATABASE_URL%%\?*}
-DATABASE_URL=${url%/*}/payments_crash_demo${DATABASE_URL:${#url}}
+query=${DATABASE_URL:${#url}}
+DATABASE_URL=${url%/*}/payments_crash_demo$query
+# Made afresh each time: it holds nothing worth keeping, and one migrated by an earlier build
+# would make `migrate` refuse to start.
+PSQL=$(command -v psql || ls /usr/lib/postgresql/*/bin/psql 2>/dev/null | sort -V | tail -n 1)
+"$PSQL" "${url%/*}/postgres$query" -XAq -c 'DROP DATABASE IF EXISTS payments_crash_demo' >/dev/null
 PORT=${PAYMENTS_DEMO_PORT:-8090}
 SIM_PORT=${PAYMENTS_DEMO_SIM_PORT:-12121}
 B=http://127.0.0.1:$PORT

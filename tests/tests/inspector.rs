@@ -177,7 +177,7 @@ async fn a_browser_draws_the_state_diagram_of_a_key_at_its_recovery_point_and_on
     let url = app.url(&format!("/inspector/keys/{key_id}?token={TOKEN}"));
     // The screenshots stay under target/ for a person to look at.
     let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    // The fills of the box where the key stands now, and of a box it passed (diagram.rs).
+    // The fills of the box where the key stands now, and of a box it passed (diagram/svg.rs).
     let (now_fill, passed_fill) = ([0xff, 0xf4, 0xce], [0xe8, 0xf1, 0xfb]);
 
     // Released at `payment_created`: its lease free, phase 2 not reached.

@@ -3,154 +3,39 @@
 //! (so no other operation starts on it) and freezes the call. Then the call goes out; a call
 //! whose answer is lost is reconciled from the charge itself; and the last phase records what the
 //! call did, or, after a final refusal, reopens the payment.
+//!
+//! Here: the step's phases and its call. What tells a capture from a cancel (the names each
+//! writes, the frozen call, how a charge shows the call acted, what the last phase writes) is in
+//! `action`.
+
+mod action;
+
+pub(super) use action::AuthorizationAction;
 
 use std::time::Duration;
 
 use idem::{Interrupted, Lease, RecoveryPoint, StoredResponse};
-use provider::{CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError};
+use provider::{CardProcessor, Charge, ErrorClass, FrozenRequest, ProcessorError};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
-use super::cancel::{CANCEL_PAYMENT, cancel_request, released, released_already};
-use super::capture::{CAPTURE_PAYMENT, capture_request};
-use super::reconcile::{
+use self::action::Acted;
+use crate::DomainError;
+use crate::audit;
+use crate::events;
+use crate::ids::{AccountId, PaymentId};
+use crate::jobs::Work;
+use crate::operations::cancel::released_already;
+use crate::operations::reconcile::{
     Reconciled, adopt_or_move_on, already_refunded, planned_call, refused_at_a_later_generation,
     when_nothing_found,
 };
-use super::{
+use crate::operations::{
     Context, Learnt, LeaseInfo, Refused, current_payment, final_outcome, internal, payment_answer,
     problem_answer, record, record_reconciled, unavailable,
 };
-use crate::DomainError;
-use crate::audit;
-use crate::events::{self, EventType};
-use crate::ids::{AccountId, PaymentId};
-use crate::jobs::Work;
-use crate::money::Amount;
-use crate::payments::{self, CancellationReason, Changes, Payment, PaymentStatus};
+use crate::payments::{self, Changes, Payment, PaymentStatus};
 use crate::problems::{Problem, ProblemCode};
-
-/// What a capture or a cancel does to the payment's authorization: all that tells the two apart
-/// follows from it.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum AuthorizationAction {
-    /// Capture it.
-    Capture {
-        /// How much of it (default: all of it).
-        amount: Option<Amount>,
-    },
-    /// Release it.
-    Cancel {
-        /// Why, as the canceled payment records it.
-        reason: Option<CancellationReason>,
-    },
-}
-
-/// The names a capture or a cancel writes, in one place.
-struct Names {
-    /// The operation's stored name, which its failpoints start with (`….before_call`).
-    operation: &'static str,
-    /// The operation in reconciliation's counters and messages.
-    what: &'static str,
-    /// What only a payment that `requires_capture` can be, in the refusal of any other.
-    done: &'static str,
-    /// The audit action of the first phase.
-    started: &'static str,
-    /// The audit action of a final refusal by the processor.
-    refused: &'static str,
-    /// The audit action of the last phase when the call acted.
-    acted: &'static str,
-    /// The event of the last phase when the call acted.
-    event: EventType,
-}
-
-impl AuthorizationAction {
-    fn names(self) -> Names {
-        match self {
-            Self::Capture { .. } => Names {
-                operation: CAPTURE_PAYMENT,
-                what: "capture",
-                done: "captured",
-                started: "payment.capture_started",
-                refused: "payment.capture_refused",
-                acted: "payment.captured",
-                event: EventType::PaymentCaptured,
-            },
-            Self::Cancel { .. } => Names {
-                operation: CANCEL_PAYMENT,
-                what: "cancel",
-                done: "canceled",
-                started: "payment.cancel_started",
-                refused: "payment.cancel_refused",
-                acted: "payment.canceled",
-                event: EventType::PaymentCanceled,
-            },
-        }
-    }
-
-    /// The call to the processor, frozen under the operation's own key: each capture and each
-    /// cancel has one (`DownstreamKey::capture`, `DownstreamKey::cancel`), from the payment and
-    /// the operation's key, its row `key_id`.
-    fn frozen_request(self, payment_id: &str, charge_id: &str, key_id: i64) -> FrozenRequest {
-        match self {
-            Self::Capture { amount } => capture_request(payment_id, charge_id, amount, key_id),
-            Self::Cancel { .. } => cancel_request(payment_id, charge_id, key_id),
-        }
-    }
-
-    /// Whether `charge` shows that the call acted: it is captured, or released.
-    fn shows_done(self, charge: &Charge) -> bool {
-        match self {
-            Self::Capture { .. } => charge.captured,
-            Self::Cancel { .. } => released(charge),
-        }
-    }
-
-    /// What the call did, as `charge`, which shows that it acted, says.
-    fn acted(self, charge: &Charge) -> Acted {
-        match self {
-            Self::Capture { .. } => Acted::Captured { amount_captured: charge.amount_captured },
-            Self::Cancel { reason } => Acted::Released { reason },
-        }
-    }
-}
-
-/// What the call did, as the last phase records it.
-#[derive(Debug, Clone, Copy)]
-enum Acted {
-    /// The payment `succeeded`, with the amount the processor's charge says it captured.
-    Captured { amount_captured: i64 },
-    /// The authorization is released: the payment is `canceled`, for the cancel's reason.
-    Released { reason: Option<CancellationReason> },
-}
-
-impl Acted {
-    /// The payment's new status, and what goes with it.
-    fn changes(self) -> Changes<'static> {
-        match self {
-            Self::Captured { amount_captured } => Changes {
-                status: Some(PaymentStatus::Succeeded),
-                amount_captured: Some(amount_captured),
-                ..Changes::default()
-            },
-            Self::Released { reason } => Changes {
-                status: Some(PaymentStatus::Canceled),
-                cancellation_reason: reason,
-                ..Changes::default()
-            },
-        }
-    }
-
-    /// The detail of the last phase's audit record, with the call's downstream `key`.
-    fn audit_detail(self, key: &DownstreamKey) -> Value {
-        match self {
-            Self::Captured { amount_captured } => {
-                json!({"amount_captured": amount_captured, "downstream_key": key.as_str()})
-            }
-            Self::Released { .. } => json!({"downstream_key": key.as_str()}),
-        }
-    }
-}
 
 /// What the first phase of a capture or cancel decided.
 enum Gate {

@@ -1,0 +1,118 @@
+//! The idempotent consumer of a verified event ([`receive`]): the event id and its effect
+//! recorded in one transaction that holds the payment's row, and what that did ([`Received`]).
+
+use sqlx::PgPool;
+
+use super::extra_charge::{ExtraCharge, audit_extra_charge, report_extra_charge};
+use super::{ChargeEventType, ProcessorEvent};
+use crate::DomainError;
+use crate::ids::PaymentId;
+use crate::payments::{self, ChargeRecord, PaymentStatus};
+
+/// What receiving an event did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Received {
+    /// Recorded against one of our payments; `woke` if the key creating it was unfinished and is
+    /// now due for the completer.
+    Recorded {
+        /// The payment.
+        payment_id: PaymentId,
+        /// Whether the creating key was brought forward.
+        woke: bool,
+    },
+    /// Recorded against one of our payments, which has another charge recorded, or was recorded
+    /// `failed` without one: the processor charged the card once more than the payment says (an
+    /// earlier generation of the downstream key made a charge that the lookups missed, or the
+    /// processor charged despite the refusal it answered). Audited as `payment.extra_charge` for
+    /// a person; nothing is refunded automatically.
+    ExtraCharge {
+        /// The payment.
+        payment_id: PaymentId,
+        /// The charge the event reports, which the payment does not account for.
+        extra: ExtraCharge,
+    },
+    /// Recorded, about a charge that is none of our payments': nothing else to do.
+    Unmatched,
+    /// This event id was received before: nothing changed.
+    Duplicate,
+}
+
+/// The idempotent consumer: records the event and its effect in one transaction, or finds it
+/// recorded and changes nothing.
+pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, DomainError> {
+    let mut tx = pool.begin().await?;
+    // An id that is not one of ours in shape names none of our payments.
+    let payment_id =
+        event.charge.metadata.get("payment_id").and_then(|id| PaymentId::parse(id).ok());
+    let payment = match &payment_id {
+        Some(id) => payments::lock_for_news(&mut tx, id).await?,
+        None => None,
+    };
+    let known = payment.is_some().then_some(payment_id).flatten();
+    // Two deliveries of one event at once: the second waits on the first's row, then inserts
+    // nothing.
+    let inserted = sqlx::query!(
+        r#"INSERT INTO processor_events
+               (id, type, charge_id, payment_id, downstream_key, charge, created)
+           VALUES ($1, $2, $3, $4, $5, $6, $7)
+           ON CONFLICT (id) DO NOTHING"#,
+        event.id,
+        event.event_type as ChargeEventType,
+        event.charge.id,
+        known.as_ref() as Option<&PaymentId>,
+        event.downstream_key,
+        event.object,
+        event.created,
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if inserted == 0 {
+        return Ok(Received::Duplicate);
+    }
+    let received = match (known, payment) {
+        (Some(payment_id), Some(payment)) => match unaccounted(&payment, event) {
+            Some(extra) => {
+                let (account, key_id) = (&payment.account_id, payment.key_id);
+                let found_by = ("webhook", &*event.id);
+                audit_extra_charge(&mut tx, &payment_id, account, key_id, &extra, found_by).await?;
+                Received::ExtraCharge { payment_id, extra }
+            }
+            // Nothing the payment does not account for: wake its creating key, which does nothing
+            // once the key is finished (a payment that records a charge or its outcome).
+            None => {
+                let woke = match payment.key_id {
+                    Some(key_id) => {
+                        event.event_type.creates() && idem::wake(&mut *tx, key_id).await?
+                    }
+                    None => false,
+                };
+                Received::Recorded { payment_id, woke }
+            }
+        },
+        _ => Received::Unmatched,
+    };
+    tx.commit().await?;
+    if let Received::ExtraCharge { payment_id, extra } = &received {
+        report_extra_charge(payment_id, extra, "webhook");
+    }
+    Ok(received)
+}
+
+/// The charge `event` reports as a success, if `payment` does not account for it: the payment
+/// records another charge, or its outcome is recorded (it is no longer `processing`) without any
+/// charge, so no phase will ever adopt this one (the key is finished: a refusal was recorded).
+fn unaccounted(payment: &ChargeRecord, event: &ProcessorEvent) -> Option<ExtraCharge> {
+    if event.event_type != ChargeEventType::Succeeded {
+        return None;
+    }
+    let accounted = match &payment.charge_id {
+        Some(recorded) => *recorded == event.charge.id,
+        None => payment.status == PaymentStatus::Processing,
+    };
+    (!accounted).then(|| ExtraCharge {
+        charge_id: event.charge.id.clone(),
+        downstream_key: event.downstream_key.clone(),
+        recorded: payment.charge_id.clone(),
+    })
+}

@@ -1,0 +1,202 @@
+//! The endpoints' SQL: register one under the account's bound, read, list, disable or delete
+//! them, and read what a delivery job needs.
+
+use sqlx::{PgConnection, PgExecutor};
+
+use super::{EnabledEvents, Endpoint, EndpointStatus, MAX_ENDPOINTS_PER_ACCOUNT};
+use crate::DomainError;
+use crate::events::{Event, EventRow, EventType};
+use crate::ids::{self, AccountId, EventId, WebhookEndpointId};
+
+/// Registers an endpoint with a fresh secret. The URL must have passed [`AddressRule::check_url`].
+///
+/// [`AddressRule::check_url`]: super::AddressRule::check_url
+pub async fn create(
+    conn: &mut PgConnection,
+    account_id: &AccountId,
+    url: &url::Url,
+    enabled_events: &EnabledEvents,
+) -> Result<Endpoint, DomainError> {
+    let id = WebhookEndpointId::generate();
+    let secret = ids::with_random_suffix("whsec", 32);
+    // The count and the insert in one statement, under the account's row lock, so that two
+    // concurrent creations cannot both pass the bound.
+    let endpoint = sqlx::query_as!(
+        Endpoint,
+        r#"
+        WITH owner AS (SELECT id FROM accounts WHERE id = $2 FOR UPDATE)
+        INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret)
+        SELECT $1, owner.id, $3, $4, $5 FROM owner
+         WHERE (SELECT count(*) FROM webhook_endpoints
+                 WHERE account_id = $2 AND deleted_at IS NULL) < $6
+        RETURNING id AS "id: _", account_id AS "account_id: _", url,
+                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
+                  extract(epoch FROM created_at)::bigint AS "created!"
+        "#,
+        &id as &WebhookEndpointId,
+        account_id as &AccountId,
+        url.as_str(),
+        enabled_events as &EnabledEvents,
+        secret,
+        MAX_ENDPOINTS_PER_ACCOUNT,
+    )
+    .fetch_optional(conn)
+    .await?
+    .ok_or_else(|| DomainError::Invalid {
+        param: "url",
+        message: format!(
+            "An account has at most {MAX_ENDPOINTS_PER_ACCOUNT} webhook endpoints; delete one first."
+        ),
+    })?;
+    Ok(endpoint)
+}
+
+/// The account's endpoint of this id, unless deleted.
+pub async fn find(
+    executor: impl PgExecutor<'_>,
+    account_id: &AccountId,
+    id: &WebhookEndpointId,
+) -> Result<Option<Endpoint>, DomainError> {
+    let endpoint = sqlx::query_as!(
+        Endpoint,
+        r#"SELECT id AS "id: _", account_id AS "account_id: _", url,
+                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
+                  extract(epoch FROM created_at)::bigint AS "created!"
+             FROM webhook_endpoints
+            WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL"#,
+        id as &WebhookEndpointId,
+        account_id as &AccountId,
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(endpoint)
+}
+
+/// Whether the account ever registered endpoint `id`, deleted since or not (a deleted endpoint's
+/// row stays, for its delivery log).
+pub async fn registered(
+    executor: impl PgExecutor<'_>,
+    account_id: &AccountId,
+    id: &WebhookEndpointId,
+) -> Result<bool, DomainError> {
+    let registered = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT FROM webhook_endpoints WHERE id = $1 AND account_id = $2)
+               AS "registered!""#,
+        id as &WebhookEndpointId,
+        account_id as &AccountId,
+    )
+    .fetch_one(executor)
+    .await?;
+    Ok(registered)
+}
+
+/// The account's endpoints, newest first (at most [`MAX_ENDPOINTS_PER_ACCOUNT`]).
+pub async fn list(
+    executor: impl PgExecutor<'_>,
+    account_id: &AccountId,
+) -> Result<Vec<Endpoint>, DomainError> {
+    let endpoints = sqlx::query_as!(
+        Endpoint,
+        r#"SELECT id AS "id: _", account_id AS "account_id: _", url,
+                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
+                  extract(epoch FROM created_at)::bigint AS "created!"
+             FROM webhook_endpoints
+            WHERE account_id = $1 AND deleted_at IS NULL
+            ORDER BY seq DESC"#,
+        account_id as &AccountId,
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(endpoints)
+}
+
+/// Sets an endpoint's status; `None` when the account has no such endpoint.
+pub async fn set_status(
+    executor: impl PgExecutor<'_>,
+    account_id: &AccountId,
+    id: &WebhookEndpointId,
+    status: EndpointStatus,
+) -> Result<Option<Endpoint>, DomainError> {
+    let endpoint = sqlx::query_as!(
+        Endpoint,
+        r#"UPDATE webhook_endpoints SET status = $3
+            WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
+        RETURNING id AS "id: _", account_id AS "account_id: _", url,
+                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
+                  extract(epoch FROM created_at)::bigint AS "created!""#,
+        id as &WebhookEndpointId,
+        account_id as &AccountId,
+        status as EndpointStatus,
+    )
+    .fetch_optional(executor)
+    .await?;
+    Ok(endpoint)
+}
+
+/// Deletes an endpoint (kept for its delivery log, never delivered to again); false when the
+/// account has no such endpoint.
+pub async fn delete(
+    executor: impl PgExecutor<'_>,
+    account_id: &AccountId,
+    id: &WebhookEndpointId,
+) -> Result<bool, DomainError> {
+    let deleted = sqlx::query!(
+        "UPDATE webhook_endpoints SET deleted_at = now()
+          WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL",
+        id as &WebhookEndpointId,
+        account_id as &AccountId,
+    )
+    .execute(executor)
+    .await?
+    .rows_affected();
+    Ok(deleted == 1)
+}
+
+/// What a delivery job needs: the event, and the endpoint as it is now (`None` when it was
+/// deleted or disabled since the event: nothing is delivered then).
+pub async fn delivery(
+    executor: impl PgExecutor<'_>,
+    event_id: &EventId,
+    endpoint_id: &WebhookEndpointId,
+) -> Result<Option<(Event, Option<Endpoint>, i64)>, DomainError> {
+    let row = sqlx::query!(
+        r#"SELECT e.id AS "id: EventId", e.account_id AS "account_id: AccountId",
+                  e.type AS "event_type: EventType", e.object,
+                  extract(epoch FROM e.created_at)::bigint AS "created!",
+                  (extract(epoch FROM now() - e.created_at) * 1000)::bigint AS "age_ms!",
+                  w.id AS "endpoint_id?: WebhookEndpointId", w.url AS "url?",
+                  w.enabled_events AS "enabled_events?: EnabledEvents",
+                  w.secret AS "secret?", w.status AS "status?: EndpointStatus",
+                  extract(epoch FROM w.created_at)::bigint AS "endpoint_created?"
+             FROM events e
+             LEFT JOIN webhook_endpoints w
+               ON w.id = $2 AND w.account_id = e.account_id AND w.deleted_at IS NULL
+              AND w.status = 'enabled'
+            WHERE e.id = $1"#,
+        event_id as &EventId,
+        endpoint_id as &WebhookEndpointId,
+    )
+    .fetch_optional(executor)
+    .await?;
+    let Some(r) = row else { return Ok(None) };
+    let endpoint = match (r.endpoint_id, r.url, r.enabled_events, r.secret, r.status) {
+        (Some(id), Some(url), Some(enabled_events), Some(secret), Some(status)) => Some(Endpoint {
+            id,
+            account_id: r.account_id.clone(),
+            url,
+            enabled_events,
+            secret,
+            status,
+            created: r.endpoint_created.unwrap_or_default(),
+        }),
+        _ => None,
+    };
+    let event = Event::from(EventRow {
+        id: r.id,
+        account_id: r.account_id,
+        event_type: r.event_type,
+        object: r.object,
+        created: r.created,
+    });
+    Ok(Some((event, endpoint, r.age_ms)))
+}

@@ -1,0 +1,108 @@
+//! The HTTP client as a [`CardProcessor`]: each call's method and path, and the lookups that read
+//! a bounded number of Stripe's search and list pages.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde::Deserialize;
+
+use super::answer::unknown;
+use super::{CardProcessor, ProcessorClient, ProcessorError};
+use crate::types::{Charge, FrozenRequest, Refund, mask_token};
+
+/// Stripe's search result page.
+#[derive(Debug, Deserialize)]
+struct SearchPage<T> {
+    data: Vec<T>,
+    #[serde(default)]
+    has_more: bool,
+    #[serde(default)]
+    next_page: Option<String>,
+}
+
+/// Stripe's list page.
+#[derive(Debug, Deserialize)]
+struct ListPage<T> {
+    data: Vec<T>,
+    #[serde(default)]
+    has_more: bool,
+}
+
+/// Lookups read at most this many pages: a reconciliation looks for one object, and a runaway
+/// cursor must not hold a lease for ever.
+const MAX_PAGES: usize = 10;
+
+/// A value for a Stripe search query string literal.
+fn search_literal(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('\'', "\\'")
+}
+
+impl CardProcessor for ProcessorClient {
+    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+        tracing::debug!(key = %request.key, source = %request.field("source").map(mask_token).unwrap_or_default(), "creating a charge");
+        self.call(Method::POST, &request.path, Some(&request.form), Some(&request.key)).await
+    }
+
+    async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+        self.call(Method::POST, &request.path, Some(&request.form), Some(&request.key)).await
+    }
+
+    async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
+        self.call(Method::POST, &request.path, Some(&request.form), Some(&request.key)).await
+    }
+
+    async fn retrieve_charge(&self, charge_id: &str) -> Result<Charge, ProcessorError> {
+        self.call(Method::GET, &format!("/v1/charges/{charge_id}"), None, None).await
+    }
+
+    async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
+        let query = format!("metadata['payment_id']:'{}'", search_literal(payment_id));
+        let mut found = Vec::new();
+        let mut page: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let mut params = vec![("query", query.as_str()), ("limit", "100")];
+            if let Some(page) = &page {
+                params.push(("page", page));
+            }
+            let encoded = serde_urlencoded::to_string(&params)
+                .map_err(|err| unknown(format!("cannot encode a search: {err}")))?;
+            let result: SearchPage<Charge> = self
+                .call(Method::GET, &format!("/v1/charges/search?{encoded}"), None, None)
+                .await?;
+            found.extend(result.data);
+            match result.next_page {
+                Some(next) if result.has_more => page = Some(next),
+                _ => return Ok(found),
+            }
+        }
+        Err(unknown(format!("the search for {payment_id} has more than {MAX_PAGES} pages")))
+    }
+
+    async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
+        let mut found: Vec<Refund> = Vec::new();
+        for _ in 0..MAX_PAGES {
+            let mut params = vec![("charge", charge_id), ("limit", "100")];
+            if let Some(last) = found.last() {
+                params.push(("starting_after", &last.id));
+            }
+            let encoded = serde_urlencoded::to_string(&params)
+                .map_err(|err| unknown(format!("cannot encode a list: {err}")))?;
+            let result: ListPage<Refund> =
+                self.call(Method::GET, &format!("/v1/refunds?{encoded}"), None, None).await?;
+            let more = result.has_more && !result.data.is_empty();
+            found.extend(result.data);
+            if !more {
+                return Ok(found);
+            }
+        }
+        Err(unknown(format!("the refunds of {charge_id} fill more than {MAX_PAGES} pages")))
+    }
+
+    fn search_lag(&self) -> Duration {
+        self.config.search_lag
+    }
+
+    fn longest_call(&self) -> Duration {
+        self.config.longest_call()
+    }
+}

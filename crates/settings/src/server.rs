@@ -1,0 +1,54 @@
+//! `[http]` and `[rate_limit]`: the listener, the limits that bound what one connection or
+//! request may hold, and the rates an account and a client address may make requests at.
+
+use serde::Deserialize;
+
+/// `[http]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Address to listen on.
+    pub host: String,
+    /// Port to listen on; 0 picks a free one.
+    pub port: u16,
+    /// The base of links the API hands out; empty means `http://{host}:{port}`.
+    pub public_base_url: String,
+    /// Largest accepted request body.
+    pub body_limit_bytes: usize,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_grace_ms: u64,
+    /// Limit for a request's line and headers, counted from when the connection waits for a
+    /// request (so it also bounds an idle keep-alive connection).
+    pub header_read_timeout_ms: u64,
+    /// Largest request line and headers, in bytes; larger is `431` and the connection closes.
+    /// Bounds what a connection that is still sending its headers holds in memory.
+    pub max_header_bytes: u64,
+    /// Longest a write to the client may make no progress (the client stopped reading its
+    /// answers); past it the connection is closed.
+    pub write_timeout_ms: u64,
+    /// Longest pause between two pieces of a request body.
+    pub body_timeout_ms: u64,
+    /// Limit for a whole request, headers to answer.
+    pub request_timeout_ms: u64,
+    /// Open connections at most.
+    pub max_connections: u32,
+    /// Requests served at once at most; more are answered 503.
+    pub max_in_flight_requests: u32,
+}
+
+/// `[rate_limit]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSettings {
+    /// Sustained requests per second per account; 0 turns the limit off.
+    pub per_second: u32,
+    /// Requests an account may make at once.
+    pub burst: u32,
+    /// Lookups of API keys per second per client address (keys neither known to be live nor
+    /// found unknown lately); 0: no limit.
+    pub per_address_per_second: u32,
+    /// Such requests one address may make at once.
+    pub per_address_burst: u32,
+    /// How long an unknown API key is answered 401 without a lookup.
+    pub unknown_key_cache_ms: u64,
+}
