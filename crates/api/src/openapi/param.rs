@@ -154,8 +154,8 @@ fn page() -> Vec<Parameter> {
     let limit = ObjectBuilder::new()
         .schema_type(Type::Integer)
         .minimum(Some(1))
-        .maximum(Some(crate::routes::payments::LIST_LIMIT_MAX))
-        .default(Some(crate::routes::payments::LIST_LIMIT_DEFAULT.into()))
+        .maximum(Some(crate::routes::lists::LIST_LIMIT_MAX))
+        .default(Some(crate::routes::lists::LIST_LIMIT_DEFAULT.into()))
         .build();
     vec![
         query("limit", Schema::Object(limit), "How many objects, 1 to 100 (default 10)."),

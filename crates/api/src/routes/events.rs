@@ -17,7 +17,7 @@ use crate::error::ApiError;
 use crate::extract::{ApiPath, ApiQuery};
 use crate::idempotency::stored_response;
 use crate::openapi::{ApiKey, ApiRouter, EventList, OK, Problems, code, param};
-use crate::routes::payments::{List, ListParams, cursor_missing, raw_items};
+use crate::routes::lists::{List, ListParams, cursor_missing, raw_items};
 
 /// This module's routes: each handler's path and method are in its `#[utoipa::path]`.
 pub fn routes(api: ApiRouter) -> ApiRouter {

@@ -2,6 +2,7 @@
 
 pub mod events;
 pub mod health;
+pub mod lists;
 pub mod payments;
 pub mod problems;
 pub mod processor_webhooks;

@@ -15,9 +15,8 @@ use crate::error::ApiError;
 use crate::extract::{ApiPath, ApiQuery};
 use crate::idempotency::{IdempotentPost, stored_response};
 use crate::openapi::{ApiKey, ApiRouter, CREATED, Keyed, OK, Problems, RefundList, code, param};
-use crate::routes::payments::{
-    List, ListParams, cursor_missing, no_such_payment, payment_id, raw_items, require_payment,
-};
+use crate::routes::lists::{List, ListParams, cursor_missing, raw_items};
+use crate::routes::payments::{no_such_payment, payment_id, require_payment};
 
 /// This module's routes: each handler's path and method are in its `#[utoipa::path]`.
 pub fn routes(api: ApiRouter) -> ApiRouter {

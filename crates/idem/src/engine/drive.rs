@@ -164,10 +164,18 @@ pub async fn drive<O: Operation>(
             }
             Err(transient) => {
                 tracing::warn!(key_id = lease.key_id, recovery_point = at.name(), error = %transient, "operation interrupted; the key stays at its recovery point");
-                // A phase's writes run before its fence: a holder that lost the key can fail on
-                // them (a row the new holder wrote) before the fence would have told it. The key
-                // not being ours to give back says which it was.
-                if lease.release(&transient.to_string()).await == Some(false) {
+                // A phase's writes run before its fence: a holder that lost a stored key can fail
+                // on them (a row the new holder wrote) before the fence would have told it. The
+                // key not being ours to give back says which it was. (A new key that was never
+                // stored is not ours to give back either, and its failure is its own.)
+                let stored = lease.new.is_none();
+                let (engine, key_id) = (lease.engine.clone(), lease.key_id);
+                if lease.release(&transient.to_string()).await == Some(false) && stored {
+                    engine.observer.event(Event::LeaseLost);
+                    tracing::warn!(
+                        key_id,
+                        "lease lost: the key was taken over while this step ran"
+                    );
                     return Err(Interrupted::LeaseLost);
                 }
                 return Err(transient);

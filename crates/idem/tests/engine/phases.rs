@@ -197,3 +197,27 @@ impl Operation for Flaky<'_> {
         tx.commit_answer(StoredResponse::json(201, b"{}".to_vec())).await
     }
 }
+
+/// An operation whose first phase fails after a write.
+struct FailingFirstPhase;
+
+impl Operation for FailingFirstPhase {
+    type Point = Point;
+
+    async fn step(&mut self, lease: &mut Lease, _at: Point) -> Result<(), Interrupted> {
+        Insert { outcome: Outcome::Fail, ..Insert::order(lease.key_id()) }.run(lease).await
+    }
+}
+
+/// A new key was never stored, so it is not there to give back: its first phase's failure is
+/// answered as that failure, not as a lease lost to someone else (which a client is told to wait
+/// out and retry, for ever if the failure repeats).
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_new_key_whose_first_phase_fails_is_that_failure_not_a_lost_lease(pool: PgPool) {
+    let h = harness(pool).await;
+    let lease = h.acquire("k1").await;
+    let failed = drive(&mut FailingFirstPhase, lease).await;
+    assert!(matches!(failed, Err(Interrupted::Transient { .. })), "{failed:?}");
+    assert_eq!(h.orders().await, 0);
+    assert_eq!(h.events.count(Event::LeaseLost), 0);
+}

@@ -35,20 +35,14 @@
 //! answers this process stores, so that keys which are never retried take no memory.
 
 use std::collections::HashMap;
-use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::FutureExt as _;
-use futures::future::BoxFuture;
-use tokio::sync::{Notify, watch};
 use uuid::Uuid;
 
 use super::Engine;
 use crate::fingerprint::Fingerprint;
 use crate::response::StoredResponse;
-use crate::store;
 
 /// A finished key's answer, as a replay read it (borrowed: it is packed, not kept as is).
 #[derive(Debug, Clone, Copy)]
@@ -340,232 +334,10 @@ pub(crate) enum CachedAnswer {
     Mismatch { method: String, path: String },
 }
 
-/// The shared read of the credentials' version and the database clock.
-///
-/// Reads are numbered as they begin. A request notes how many had begun when it asked
-/// (`started`), so the first read that can serve it is the next one; it wakes the reader and
-/// waits for that read's result. The reader runs one read at a time, back to back while anyone
-/// waits: every request that arrived while a read was running shares the next one.
-#[derive(Default)]
-struct Fresh {
-    shared: Arc<Shared>,
-    seen: OnceLock<watch::Sender<Seen>>,
-}
-
-#[derive(Default)]
-struct Shared {
-    /// Reads begun. Incremented before the read's statement is sent, so a read numbered above
-    /// what a request saw began after the request arrived.
-    started: AtomicU64,
-    wanted: Notify,
-}
-
-/// The credentials' version and the database clock (microseconds since the Unix epoch).
-type Now = (Uuid, i64);
-
-/// The result of the read numbered `read`: `None` when it failed.
-#[derive(Debug, Clone, Copy, Default)]
-struct Seen {
-    read: u64,
-    fresh: Option<Now>,
-}
-
-/// What the reader's task runs: `read` for each read (the version and the clock, `None` when the
-/// read failed), until `stop` completes (the engine's pool closed).
-struct Reader {
-    read: Box<dyn Fn() -> BoxFuture<'static, Option<Now>> + Send + Sync>,
-    stop: BoxFuture<'static, ()>,
-}
-
-impl Fresh {
-    /// The credentials' version and the database clock, read after this call began; `None` when
-    /// that read failed or did not come within `bound`. The first call starts the reader's task
-    /// with `reader` (an engine that never replays, the worker's, never starts one).
-    async fn after_now(&self, reader: impl FnOnce() -> Reader, bound: Duration) -> Option<Now> {
-        let mut seen = self.seen.get_or_init(|| self.start(reader())).subscribe();
-        let wanted = self.shared.started.load(Ordering::SeqCst) + 1;
-        self.shared.wanted.notify_one();
-        let waited = tokio::time::timeout(bound, seen.wait_for(|seen| seen.read >= wanted)).await;
-        let seen = *waited.ok()?.ok()?;
-        seen.fresh
-    }
-
-    fn start(&self, reader: Reader) -> watch::Sender<Seen> {
-        let (sender, _) = watch::channel(Seen::default());
-        let (shared, results) = (self.shared.clone(), sender.clone());
-        let Reader { read: read_once, mut stop } = reader;
-        tokio::spawn(async move {
-            loop {
-                // A wake-up that came while a read ran is kept (one permit), so the next read
-                // starts at once.
-                tokio::select! {
-                    () = shared.wanted.notified() => {}
-                    () = &mut stop => return,
-                }
-                let read = shared.started.fetch_add(1, Ordering::SeqCst) + 1;
-                // A read that panics fails that read, not the task: the requests waiting read
-                // their keys, and the next read is tried.
-                let fresh = AssertUnwindSafe(read_once()).catch_unwind().await.ok().flatten();
-                results.send_replace(Seen { read, fresh });
-            }
-        });
-        sender
-    }
-}
-
-impl Engine {
-    /// The shared read's task runs this: [`Engine::read_fresh`], bounded as a request's wait for
-    /// it is (a read that outlasts every wait serves no one), until the pool is closed. The task
-    /// holds a clone of the engine until then.
-    fn fresh_reader(&self, bound: Duration) -> Reader {
-        let engine = self.clone();
-        let pool = self.pool.clone();
-        Reader {
-            read: Box::new(move || {
-                let engine = engine.clone();
-                Box::pin(async move {
-                    match tokio::time::timeout(bound, engine.read_fresh()).await {
-                        Ok(Ok(now)) => Some(now),
-                        Ok(Err(err)) => {
-                            tracing::debug!(error = %err, "the shared fresh read failed");
-                            None
-                        }
-                        Err(_) => None,
-                    }
-                })
-            }),
-            stop: Box::pin(async move { pool.close_event().await }),
-        }
-    }
-
-    /// One read of the credentials' version and the database clock, on a claim connection.
-    async fn read_fresh(&self) -> Result<Now, crate::IdemError> {
-        let Some(kept) = self.claim_connections() else { return store::fresh(&self.pool).await };
-        let mut lent = kept.lend().await?;
-        let read = store::fresh(lent.connection()).await;
-        // A connection the server ended is closed here; the requests waiting fall back to
-        // reading their keys, which send again on another connection.
-        lent.give_back(match &read {
-            Err(crate::IdemError::Database(err)) => Some(err),
-            _ => None,
-        });
-        read
-    }
-}
-
+mod fresh;
 #[cfg(test)]
-mod tests {
-    use tokio::sync::{mpsc, oneshot};
+mod tests;
 
-    use super::*;
-
-    /// A reader whose reads each wait for the test to give them a version.
-    fn reader(begun: mpsc::UnboundedSender<oneshot::Sender<u128>>) -> impl FnOnce() -> Reader {
-        move || Reader {
-            read: Box::new(move || {
-                let begun = begun.clone();
-                Box::pin(async move {
-                    let (answer, version) = oneshot::channel();
-                    let _ = begun.send(answer);
-                    version.await.ok().map(|v| (Uuid::from_u128(v), 0))
-                })
-            }),
-            stop: Box::pin(std::future::pending()),
-        }
-    }
-
-    fn unused() -> Reader {
-        unreachable!("the reader is started by the first request")
-    }
-
-    #[tokio::test]
-    async fn a_read_that_began_before_a_request_does_not_serve_it_and_the_next_is_shared() {
-        let (begun_tx, mut begun) = mpsc::unbounded_channel();
-        let fresh = Arc::new(Fresh::default());
-        let bound = Duration::from_secs(10);
-        let first = tokio::spawn({
-            let fresh = fresh.clone();
-            async move { fresh.after_now(reader(begun_tx), bound).await }
-        });
-        let read_1 = begun.recv().await.unwrap();
-        // Two requests arrive while the first read runs: it may have read before they arrived.
-        let later: Vec<_> = (0..2)
-            .map(|_| {
-                let fresh = fresh.clone();
-                tokio::spawn(async move { fresh.after_now(unused, bound).await })
-            })
-            .collect();
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        read_1.send(1).unwrap();
-        assert_eq!(first.await.unwrap(), Some((Uuid::from_u128(1), 0)));
-        // One more read serves both.
-        let read_2 = begun.recv().await.unwrap();
-        read_2.send(2).unwrap();
-        for request in later {
-            assert_eq!(request.await.unwrap(), Some((Uuid::from_u128(2), 0)));
-        }
-        tokio::task::yield_now().await;
-        assert!(begun.try_recv().is_err(), "a third read began with nobody waiting");
-    }
-
-    #[tokio::test]
-    async fn a_read_that_failed_or_never_came_serves_nothing() {
-        let (begun_tx, mut begun) = mpsc::unbounded_channel();
-        let fresh = Arc::new(Fresh::default());
-        let waiting = tokio::spawn({
-            let fresh = fresh.clone();
-            async move { fresh.after_now(reader(begun_tx), Duration::from_secs(10)).await }
-        });
-        drop(begun.recv().await.unwrap()); // the read fails
-        assert_eq!(waiting.await.unwrap(), None);
-        let timed_out = fresh.after_now(unused, Duration::from_millis(50)).await;
-        assert_eq!(timed_out, None);
-    }
-
-    fn answer(response: &StoredResponse) -> Answer<'_> {
-        Answer {
-            fingerprint: Fingerprint::from_bytes(&[0; 32]).expect("32 bytes"),
-            method: "POST",
-            path: "/v1/payments",
-            response,
-            completed_at_us: 0,
-        }
-    }
-
-    #[test]
-    fn a_packed_answer_gives_back_what_it_was_made_of() {
-        let response = StoredResponse::json(200, b"xxx".to_vec())
-            .with_header("location", "/v1/payments/pay_1");
-        let line = Some(("POST".to_owned(), "/v1/payments".to_owned()));
-        let packed = Packed::of(answer(&response)).expect("a small answer packs");
-        assert_eq!(packed.response().as_ref(), Some(&response));
-        assert_eq!(packed.request_line(), line);
-        let bare = StoredResponse { status: 204, headers: vec![], body: vec![] };
-        let packed = Packed::of(answer(&bare)).expect("an empty answer packs");
-        assert_eq!(packed.response().as_ref(), Some(&bare));
-        assert_eq!(packed.request_line(), line);
-        // Offsets that do not describe the bytes read as nothing, never as an empty answer.
-        let broken = Packed { ends: vec![1, 99, 100].into_boxed_slice(), ..packed };
-        assert_eq!(broken.response(), None);
-        assert_eq!(broken.request_line(), None);
-    }
-
-    #[test]
-    fn the_copies_stay_within_their_budget_and_a_copy_used_lately_stays() {
-        let answers = ReplayCache::new(64 << 10, Duration::from_secs(3600));
-        let response = StoredResponse::json(200, vec![b'x'; 1000]);
-        answers.keep("acct_1", "used", answer(&response), 0);
-        for n in 0..1000 {
-            answers.keep("acct_1", &n.to_string(), answer(&response), 0);
-            assert!(answers.get(&name("acct_1", "used")).is_some(), "after {n}");
-        }
-        let kept = answers.kept.lock().unwrap();
-        let bytes: usize =
-            kept.current.iter().chain(&kept.previous).map(|(name, answer)| answer.size(name)).sum();
-        assert!(bytes <= 64 << 10, "{bytes} bytes kept");
-        assert!(!kept.current.contains_key(&name("acct_1", "0")), "the oldest copies go");
-        assert!(kept.current.len() + kept.previous.len() >= 30, "most of the budget is used");
-    }
-}
+use fresh::Fresh;
+#[cfg(test)]
+use fresh::Reader;
