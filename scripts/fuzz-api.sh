@@ -47,6 +47,11 @@ wait_for() {
   say "$1 did not answer"; return 1
 }
 
+# Made afresh each run: it holds only what the last run left, and one migrated by an earlier build
+# would make `migrate` refuse to start.
+PSQL=$(command -v psql || ls /usr/lib/postgresql/*/bin/psql 2>/dev/null | sort -V | tail -n 1)
+"$PSQL" "${DATABASE_URL%/*}/postgres" -XAq \
+  -c "DROP DATABASE IF EXISTS \"${FUZZ_DATABASE:-payments_fuzz}\"" >/dev/null
 "$BIN/payments-api" migrate
 KEY=$("$BIN/payments-api" accounts create --name fuzz)
 SIM_PORT=$(free_port)
