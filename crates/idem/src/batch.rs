@@ -4,7 +4,7 @@
 //! A phase that is one statement (`Lease::phase_in_one`) costs Postgres about as much for what
 //! every statement costs (opening its tables and indexes, reading their checks, the commit) as
 //! for the rows it writes (BENCHMARKS.md, "Session 16"). A [`Batcher`] lets phases of one kind
-//! share that: a phase hands it its row and its fence ([`OneStatement::run_batched`]), and one
+//! share that: a phase hands it its row and its fence ([`Lease::phase_in_batch`]), and one
 //! task sends the rows that arrived while the statement before them ran as one statement of the
 //! operation's ([`Batch::send`]). There is no timer: a phase that arrives alone goes at once, in a
 //! batch of one; under load a batch holds what queued during the one before it, up to
@@ -32,7 +32,7 @@
 //! The task's connection is checked with a round trip after a second idle, and closed after a
 //! batch that failed; the next batch connects again.
 //!
-//! [`OneStatement::run_batched`]: crate::OneStatement::run_batched
+//! [`Lease::phase_in_batch`]: crate::Lease::phase_in_batch
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -56,10 +56,10 @@ pub trait Batch: Send + Sync + 'static {
     /// `idem_commit_fence` with each row's fence, and answers, for each row in order, the key id
     /// its fence returned, or `None` where its own check did not hold and it wrote nothing (the
     /// statement of one such phase would have answered no row). Called on the batcher's task, on
-    /// its connection; like [`OneStatement::run`] it sends that one statement and reads its
-    /// answer to the end, and changes nothing of the session.
+    /// its connection; like the statement of [`Lease::phase_in_one`] it sends that one statement
+    /// and reads its answer to the end, and changes nothing of the session.
     ///
-    /// [`OneStatement::run`]: crate::OneStatement::run
+    /// [`Lease::phase_in_one`]: crate::Lease::phase_in_one
     fn send(
         &self,
         connection: &mut PgConnection,

@@ -135,9 +135,8 @@ mod response;
 mod store;
 
 pub use engine::{
-    Claim, ClaimArgs, ClaimsInFirstPhase, Due, Engine, EngineConfig, FINISHED, FencedTx, First,
-    FirstRun, FirstStatement, Interrupted, Lease, OneStatement, Open, Operation, Read, Reaped,
-    RecoveryPoint, Request, STARTED, Step, TransientKind, drive,
+    Claim, ClaimArgs, Due, Engine, EngineConfig, FINISHED, FencedTx, First, Interrupted, Lease,
+    Open, Operation, Read, Reaped, RecoveryPoint, Request, STARTED, Step, TransientKind, drive,
 };
 pub use error::{IdemError, PhaseError, is_retryable};
 pub use failpoint::failpoint;

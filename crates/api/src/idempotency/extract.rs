@@ -6,7 +6,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method};
 use axum::response::Response;
-use idem::{ClaimsInFirstPhase, Fingerprint, IdempotencyKey, RequestParts};
+use idem::{Fingerprint, IdempotencyKey, RequestParts};
 use payments_domain::AccountId;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -159,17 +159,6 @@ impl<T> IdempotentPost<T> {
         self.refused_if_dead(state, answer)
     }
 
-    /// As [`IdempotentPost::run`], for an operation whose first phase claims the key
-    /// ([`Runner::run_first`](super::Runner::run_first)).
-    pub async fn run_first<O: StartedOperation + ClaimsInFirstPhase>(
-        &self,
-        state: &AppState,
-        operation: O,
-    ) -> Result<Response, ApiError> {
-        let answer = self.keyed().run_first(state, operation).await;
-        self.refused_if_dead(state, answer)
-    }
-
     fn keyed(&self) -> Keyed<'_, T> {
         Keyed {
             account: self.account(),
@@ -218,16 +207,6 @@ impl<T> Keyed<'_, T> {
         operation: O,
     ) -> Result<Response, ApiError> {
         state.runner.run(self.request(&operation)?, operation).await
-    }
-
-    /// As [`Keyed::run`], for an operation whose first phase claims the key
-    /// ([`Runner::run_first`](super::Runner::run_first)).
-    pub async fn run_first<O: StartedOperation + ClaimsInFirstPhase>(
-        &self,
-        state: &AppState,
-        operation: O,
-    ) -> Result<Response, ApiError> {
-        state.runner.run_first(self.request(&operation)?, operation).await
     }
 
     /// The request as the engine claims it, for `operation`.

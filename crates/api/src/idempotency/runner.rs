@@ -4,10 +4,7 @@
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
-use idem::{
-    Claim, ClaimsInFirstPhase, Engine, First, IdempotencyKey, Interrupted, Operation, PhaseError,
-    Read, StoredResponse, TransientKind,
-};
+use idem::{Claim, Engine, IdempotencyKey, Interrupted, Operation, StoredResponse, TransientKind};
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
@@ -34,62 +31,12 @@ impl Runner {
         &self.engine
     }
 
-    /// Claims the key and answers: a replay, a refusal, or the operation's own answer. The
-    /// claim's read runs here; taking the key and the operation run on a task that outlives the
-    /// request.
+    /// Claims the key and answers: a replay, a refusal, or the operation's own answer. A replay
+    /// kept in memory is answered here, on the request's own task (it writes nothing, so a client
+    /// that hangs up meanwhile leaves nothing behind, and a replay needs no task of its own); the
+    /// claim ([`Operation::claim`]: a read, or on the fast path the first phase) and the operation
+    /// run on a task that outlives the request, which owns a copy of the request.
     pub async fn run<O: Operation + 'static>(
-        &self,
-        request: idem::Request,
-        mut operation: O,
-    ) -> Result<Response, ApiError> {
-        // The claim's read runs on the request's own task: it writes nothing, so a client that
-        // hangs up meanwhile leaves nothing behind, and a replay or a refusal is answered without
-        // a task of its own. A key this request may take is taken on the task, which owns a copy
-        // of the request.
-        let open = match self.engine.read_claim(&request).await {
-            Ok(Read::Decided(claim)) => return claimed(claim, &request.key),
-            Ok(Read::Open(open)) => open,
-            Err(err) if err.timed_out() => return Err(claim_timed_out()),
-            Err(err) => return Err(ApiError::internal(&err)),
-        };
-        let key = request.key.clone();
-        let engine = self.engine.clone();
-        let task = self.tasks.spawn(
-            async move {
-                let mut open = Some(open);
-                // A new key's first phase can find that another request stored the key first;
-                // claiming again then reads it (stored now, so at most once more).
-                for _ in 0..2 {
-                    let taken = match open.take() {
-                        Some(open) => engine.take(open, &request).await?,
-                        None => None,
-                    };
-                    // Taken by another request between the read and the take: claim again.
-                    let claim = match taken {
-                        Some(claim) => claim,
-                        None => engine.claim(&request).await?,
-                    };
-                    let lease = match claim {
-                        Claim::Acquired(lease) => lease,
-                        other => return Ok(Ran::Claimed(other)),
-                    };
-                    match idem::drive(&mut operation, lease).await {
-                        Err(Interrupted::Superseded) => {}
-                        driven => return Ok(Ran::Driven(driven)),
-                    }
-                }
-                Err(idem::IdemError::Contended)
-            }
-            .in_current_span(),
-        );
-        answered(task.await, &key)
-    }
-
-    /// As [`Runner::run`], for an operation whose first phase claims the key: a replay kept in
-    /// memory is answered here, on the request's own task, like the claim's read; otherwise the
-    /// claim and the first phase are one statement ([`Engine::claim_first`]), which writes, so it
-    /// runs on the operation's task with the rest.
-    pub async fn run_first<O: ClaimsInFirstPhase + 'static>(
         &self,
         request: idem::Request,
         mut operation: O,
@@ -101,32 +48,17 @@ impl Runner {
         let engine = self.engine.clone();
         let task = self.tasks.spawn(
             async move {
-                // Claimed again, once, when another request took an unfinished key between the
-                // read and the take; missed twice (each taker gave the key back at once), the
-                // key is in use: `409`, which the client retries.
+                // A new key's first phase can find that another request stored the key first;
+                // claiming again then reads it (stored now, so at most once more).
                 for _ in 0..2 {
-                    let first = {
-                        let mut first = operation.first(&request.request_id);
-                        engine.claim_first(&request, &mut first).await
+                    let lease = match operation.claim(&engine, &request).await? {
+                        Claim::Acquired(lease) => lease,
+                        other => return Ok(Ran::Claimed(other)),
                     };
-                    let lease = match first {
-                        Ok(First::Ran(lease, made)) => {
-                            operation.ran_first(made);
-                            lease
-                        }
-                        Ok(First::Decided(claim)) => return Ok(Ran::Claimed(claim)),
-                        Ok(First::Open(open)) => match engine.take(open, &request).await? {
-                            Some(Claim::Acquired(lease)) => lease,
-                            Some(claim) => return Ok(Ran::Claimed(claim)),
-                            None => continue,
-                        },
-                        // Before any lease, as a claim's: a wait given up is a 503.
-                        Err(PhaseError::Database(err)) => {
-                            return Err(idem::IdemError::Database(err));
-                        }
-                        Err(err) => return Ok(Ran::Driven(Err(Interrupted::from(err)))),
-                    };
-                    return Ok(Ran::Driven(idem::drive(&mut operation, lease).await));
+                    match idem::drive(&mut operation, lease).await {
+                        Err(Interrupted::Superseded) => {}
+                        driven => return Ok(Ran::Driven(driven)),
+                    }
                 }
                 Err(idem::IdemError::Contended)
             }
@@ -148,6 +80,9 @@ fn answered(
         // Other requests kept taking the key and giving it back: it is in use, and a retry with
         // the same key gets its answer, as the 409's `Retry-After` promises.
         Ok(Err(idem::IdemError::Contended)) => Err(in_use()),
+        // Another process holds the key now (or this one began to stop as it stored it): the
+        // holder answers, and a retry gets its answer.
+        Ok(Err(idem::IdemError::LeaseLost)) => Err(in_use()),
         Ok(Err(err)) if err.timed_out() => Err(claim_timed_out()),
         Ok(Err(err)) => Err(ApiError::internal(&err)),
         Err(join_error) => Err(ApiError::internal(&join_error)),

@@ -72,12 +72,7 @@ pub async fn create(
     let request = post.admit(&state, post.body.value.validate()).await?;
     let params = CreatePaymentParams { account_id: post.account().clone(), request };
     let operation = CreatePayment::new(state.operations.clone(), params);
-    // On the fast path the first phase claims the key in the same statement.
-    if state.operations.fast_path {
-        post.run_first(&state, operation).await
-    } else {
-        post.run(&state, operation).await
-    }
+    post.run(&state, operation).await
 }
 
 /// The payment a path names, if the path holds a payment's id; else the 404 for it.

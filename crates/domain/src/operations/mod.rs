@@ -35,7 +35,7 @@
 //! charge, or one whose call got no answer, first asks whether an event reported the charge its
 //! downstream key made, and adopts it in its own fenced phase without calling or searching.
 
-use idem::{Interrupted, Lease, PhaseError, TransientKind};
+use idem::{IdemError, Interrupted, Lease, PhaseError, TransientKind};
 use provider::ProcessorError;
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
@@ -170,6 +170,18 @@ impl From<DomainError> for PhaseError<DomainError> {
             // Database errors go to the engine as such, so it can retry serialization failures.
             DomainError::Database(err) => PhaseError::Database(err),
             other => PhaseError::Operation(other),
+        }
+    }
+}
+
+/// A domain error in a claim's first phase (`Engine::claim_first`): a database error as the
+/// engine classifies it, a record of the wrong shape as a corrupt one.
+impl From<DomainError> for IdemError {
+    fn from(err: DomainError) -> Self {
+        match err {
+            DomainError::Database(err) => IdemError::Database(err),
+            DomainError::Corrupt(what) => IdemError::Corrupt(what),
+            other => IdemError::Database(sqlx::Error::Protocol(other.to_string())),
         }
     }
 }

@@ -264,7 +264,6 @@ pub use fast_path::{Written, insert_claiming, update_fenced};
 pub use list::{Cursor, list};
 pub(crate) use list::{finish_page, in_walk_order};
 pub use patch::{Patched, PaymentPatch, apply, missing_problem, stale_problem};
-pub(crate) use request::null_as_empty;
 pub use request::{
     CreatePaymentRequest, Lines, NewPayment, has_control, validate_description, validate_metadata,
     validate_metadata_entry,

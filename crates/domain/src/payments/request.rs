@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 use crate::DomainError;
 use crate::money::{AMOUNT_MAX, Amount, Currency, SUPPORTED_CURRENCIES};
@@ -89,8 +89,7 @@ impl CreatePaymentRequest {
 }
 
 /// A payment to create: the request as [`CreatePaymentRequest::validate`] parsed it, and as the
-/// key stores it for the completer (the members and their JSON are the request's, so that a key
-/// stored by an earlier release, which stored the request itself, reads back).
+/// key stores it for the completer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewPayment {
     /// In the currency's minor unit.
@@ -104,18 +103,10 @@ pub struct NewPayment {
     /// Free text.
     pub description: Option<String>,
     /// String pairs (none when the request had none).
-    #[serde(default, deserialize_with = "null_as_empty")]
+    #[serde(default)]
     pub metadata: BTreeMap<String, String>,
     /// Where the receipt goes once the payment succeeds.
     pub receipt_email: Option<String>,
-}
-
-/// Metadata stored as `null` (a request without any, as an earlier release stored it) as no
-/// pairs.
-pub(crate) fn null_as_empty<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<BTreeMap<String, String>, D::Error> {
-    Ok(Option::<BTreeMap<String, String>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 /// `description` is at most 1,000 characters, of text that may span lines.

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::DomainError;
 use crate::ids::{AccountId, PaymentId, RefundId};
 use crate::money::{AMOUNT_MAX, Amount, Currency};
-use crate::payments::{null_as_empty, validate_metadata};
+use crate::payments::validate_metadata;
 use crate::stored::text_enum;
 
 text_enum! {
@@ -76,8 +76,7 @@ impl CreateRefundRequest {
 }
 
 /// A refund to make: the request as [`CreateRefundRequest::validate`] parsed it, and as the key
-/// stores it for the completer (the members and their JSON are the request's, so that a key
-/// stored by an earlier release, which stored the request itself, reads back).
+/// stores it for the completer.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NewRefund {
     /// Default: what remains refundable.
@@ -85,7 +84,7 @@ pub struct NewRefund {
     /// Why.
     pub reason: Option<RefundReason>,
     /// String pairs (none when the request had none).
-    #[serde(default, deserialize_with = "null_as_empty")]
+    #[serde(default)]
     pub metadata: BTreeMap<String, String>,
 }
 

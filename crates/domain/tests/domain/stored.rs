@@ -269,7 +269,7 @@ where
 }
 
 #[test]
-fn the_input_an_earlier_release_stored_with_a_key_reads_back_typed() {
+fn the_input_stored_with_a_key_reads_back_typed() {
     use payments_domain::operations::CreateEndpointParams;
     use payments_domain::operations::UpdateParams;
     use payments_domain::operations::{
@@ -278,12 +278,11 @@ fn the_input_an_earlier_release_stored_with_a_key_reads_back_typed() {
     use payments_domain::webhooks::EnabledEvents;
     use serde_json::json;
 
-    // As the release before typed inputs stored them: the request as sent, `null`s included.
+    // As a key stores them: optional members `null`, or absent.
     let create: CreatePaymentParams = stored_input(json!({
         "account_id": "acct_1",
         "request": {"amount": 500, "currency": "usd", "payment_method": "pm_card_visa",
-                    "capture_method": "manual", "description": null, "metadata": null,
-                    "receipt_email": null},
+                    "capture_method": "manual", "description": null, "receipt_email": null},
     }));
     assert_eq!((create.request.amount.get(), create.request.currency.as_str()), (500, "usd"));
     assert_eq!(create.request.capture_method, CaptureMethod::Manual);

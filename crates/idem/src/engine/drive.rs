@@ -6,8 +6,9 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use super::claim::{Claim, Request};
 use super::lease::Lease;
-use super::{DB_RETRY, RecoveryPoint};
+use super::{DB_RETRY, Engine, RecoveryPoint};
 use crate::error::{IdemError, PhaseError};
 use crate::observe::Event;
 use crate::response::StoredResponse;
@@ -69,7 +70,6 @@ impl<E: fmt::Display> From<PhaseError<E>> for Interrupted {
         match err {
             PhaseError::LeaseLost => Self::LeaseLost,
             PhaseError::Superseded => Self::Superseded,
-            // A fast-path phase has had its retries already (`Lease::phase_in_one`).
             PhaseError::Database(err) => Self::Transient {
                 kind: TransientKind::Internal,
                 detail: format!("database: {err}"),
@@ -106,6 +106,18 @@ pub trait Operation: Send + Sync {
         lease: &mut Lease,
         at: Self::Point,
     ) -> impl Future<Output = Result<(), Interrupted>> + Send;
+
+    /// Claims the key for `request`, to be driven from where it is: by a read, and a takeover
+    /// when the key is free ([`Engine::claim`]). An operation on the fast path may claim it in
+    /// its first phase instead ([`Engine::claim_first`]), and keep what that phase wrote for its
+    /// next step.
+    fn claim(
+        &mut self,
+        engine: &Engine,
+        request: &Request,
+    ) -> impl Future<Output = Result<Claim, IdemError>> + Send {
+        engine.claim(request)
+    }
 }
 
 /// Drives `operation` from the lease's recovery point to a final response. A step whose phase

@@ -117,7 +117,7 @@ impl Lease {
             })
             .await?;
         stored?;
-        self.stored::<IdemError>().await.map_err(Interrupted::from)
+        self.stored().await.map_err(Interrupted::from)
     }
 
     /// Right before a foreign call: makes sure this lease still holds the key at its recovery

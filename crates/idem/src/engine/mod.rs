@@ -37,7 +37,7 @@ use crate::observe::{Event, Observer};
 pub use claim::{Claim, Open, Read, Request};
 pub use completer::Due;
 pub use drive::{Interrupted, Operation, TransientKind, drive};
-pub use fast_path::{ClaimArgs, ClaimsInFirstPhase, First, FirstRun, FirstStatement, OneStatement};
+pub use fast_path::{ClaimArgs, First};
 use held_leases::Held;
 pub use lease::Lease;
 pub use phase::{FencedTx, Step};

@@ -23,7 +23,7 @@ use tracing::Instrument;
 use super::held_leases::Granting;
 use super::lease::Lease;
 use super::{FINISHED, Interrupted, LEASE_LOST, RecoveryPoint, TransientKind};
-use crate::error::{PhaseError, conflicted, stored_meanwhile};
+use crate::error::{IdemError, PhaseError, conflicted, stored_meanwhile};
 use crate::observe::Event;
 use crate::response::StoredResponse;
 use crate::store::{self, FenceRecord, NewKeyRecord};
@@ -168,7 +168,7 @@ impl FencedTx<'_> {
             return Err(lease.failed(err, &span));
         }
         lease.moved(&step, &span);
-        lease.stored::<Interrupted>().await.map_err(Interrupted::from)
+        lease.stored().await.map_err(Interrupted::from)
     }
 }
 
@@ -224,7 +224,7 @@ impl Lease {
 
     /// After a commit that may have stored a new key: the key is stored from now on. The database
     /// granted the lease with it, so a process stopping meanwhile gives it back at once.
-    pub(super) async fn stored<E>(&mut self) -> Result<(), PhaseError<E>> {
+    pub(super) async fn stored(&mut self) -> Result<(), IdemError> {
         if self.new.take().is_none() {
             return Ok(());
         }
@@ -232,7 +232,7 @@ impl Lease {
         crate::failpoint(|| "idem.claim.inserted".to_owned()).await;
         if self.finished.is_none() && self.engine.is_closed() {
             self.engine.give_back(self.key_id, self.token, "the server was stopping").await;
-            return Err(PhaseError::LeaseLost);
+            return Err(IdemError::LeaseLost);
         }
         Ok(())
     }

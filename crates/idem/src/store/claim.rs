@@ -53,7 +53,7 @@ pub(crate) enum Seen {
 
 /// What `idem_claim` answers (docs/schema.sql): the claim's read, or a
 /// key stored by the statement that called it. An operation's first phase that claims its key
-/// (`FirstStatement`) selects it as one column and hands it back to the engine unopened. sqlx
+/// (`Engine::claim_first`) selects it as one column and hands it back to the engine unopened. sqlx
 /// decodes the fields in the order they are declared: the order of the type's attributes.
 #[derive(Debug, Clone, sqlx::Type)]
 #[sqlx(type_name = "idem_claimed")]

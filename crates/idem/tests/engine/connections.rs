@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Claim, Engine, EngineConfig, FenceRecord, OneStatement, Operation, PhaseError, Step};
+use idem::{Claim, Engine, EngineConfig, Lease, Operation, PhaseError, Step};
 use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 
@@ -101,35 +101,22 @@ async fn a_claim_gives_up_connecting_after_the_pools_acquire_timeout() {
 }
 
 /// A one-statement phase that reports the server session it ran on, after `pause` in the server.
-struct ShipSlowly {
-    pause: Duration,
-}
-
-impl OneStatement for ShipSlowly {
-    type Point = Point;
-    type Error = String;
-    type Output = i32;
-
-    fn step(&self) -> Step<Point> {
-        Step::Next(Point::Shipped)
-    }
-
-    async fn run(
-        &mut self,
-        connection: &mut PgConnection,
-        fence: &FenceRecord,
-    ) -> Result<(i64, i32), PhaseError<String>> {
-        let (key_id, pid) = sqlx::query_as(
-            "WITH pause AS (SELECT pg_sleep($2)), \
-                  fence AS (SELECT idem_commit_fence($1) AS key_id FROM pause) \
-             SELECT key_id, pg_backend_pid() FROM fence",
-        )
-        .bind(fence)
-        .bind(self.pause.as_secs_f64())
-        .fetch_one(connection)
-        .await?;
-        Ok((key_id, pid))
-    }
+async fn ship_slowly(lease: &mut Lease, pause: Duration) -> Result<i32, PhaseError<String>> {
+    let step = Step::Next(Point::Shipped);
+    lease
+        .phase_in_one(step, async |connection, fence| {
+            let (key_id, pid) = sqlx::query_as(
+                "WITH pause AS (SELECT pg_sleep($2)), \
+                      fence AS (SELECT idem_commit_fence($1) AS key_id FROM pause) \
+                 SELECT key_id, pg_backend_pid() FROM fence",
+            )
+            .bind(fence)
+            .bind(pause.as_secs_f64())
+            .fetch_one(connection)
+            .await?;
+            Ok((key_id, pid))
+        })
+        .await
 }
 
 impl Harness {
@@ -149,7 +136,7 @@ impl Harness {
     async fn ship_in_one(&self, key_value: &str) -> i32 {
         let mut lease = self.acquire(key_value).await;
         self.operation().step(&mut lease, Point::Started).await.unwrap();
-        lease.phase_in_one(ShipSlowly { pause: Duration::ZERO }).await.unwrap()
+        ship_slowly(&mut lease, Duration::ZERO).await.unwrap()
     }
 }
 
@@ -169,7 +156,7 @@ async fn one_statement_phases_reuse_a_kept_connection(pool: PgPool) {
     h.operation().step(&mut lease, Point::Started).await.unwrap();
     let cut = tokio::time::timeout(
         Duration::from_millis(100),
-        lease.phase_in_one(ShipSlowly { pause: Duration::from_millis(500) }),
+        ship_slowly(&mut lease, Duration::from_millis(500)),
     )
     .await;
     assert!(cut.is_err(), "the phase was cut off");

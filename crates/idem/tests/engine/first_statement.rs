@@ -1,12 +1,11 @@
 //! `claim_first`: a claim that runs the operation's first phase in the statement that stores its
-//! key (`InsertInClaim`), and what happens when that statement's answer or connection is lost.
+//! key (`InsertInClaim::send`), and what happens when that statement's answer or connection is lost.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    Claim, ClaimArgs, Claimed, EngineConfig, Event, First, FirstStatement, Interrupted, PhaseError,
-    Request, Step,
+    Claim, ClaimArgs, Claimed, EngineConfig, Event, First, IdemError, Interrupted, Request, Step,
 };
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -50,21 +49,14 @@ async fn insert_in_claim(
     .await
 }
 
-impl FirstStatement for InsertInClaim {
-    type Point = Point;
-    type Error = String;
-    type Output = i64;
-
-    fn step(&self) -> Step<Point> {
-        Step::Next(Point::OrderCreated)
-    }
-
-    async fn run(
-        &mut self,
+impl InsertInClaim {
+    /// The statement, as `claim_first` sends it: it leaves the key at `order_created`.
+    async fn send(
+        &self,
         connection: &mut PgConnection,
         claim: ClaimArgs<'_>,
-    ) -> Result<(Claimed, Option<i64>), PhaseError<String>> {
-        let lost = || PhaseError::Database(sqlx::Error::Protocol("connection lost".into()));
+    ) -> Result<(Claimed, Option<i64>), IdemError> {
+        let lost = || IdemError::Database(sqlx::Error::Protocol("connection lost".into()));
         if let Some(pool) = self.orphaned_on.clone() {
             let (account, key, fence) =
                 (claim.account.to_owned(), claim.key.to_owned(), claim.fence.clone());
@@ -97,8 +89,19 @@ impl Harness {
         let key = key(key_value);
         let credential = credential.map(Into::into);
         let request = Request { credential, ..order_claim("acct_1", &key, body) };
-        let mut first = InsertInClaim::NOW;
-        self.engine.claim_first(&request, &mut first).await.unwrap()
+        self.claim_first_by(&request, &InsertInClaim::NOW).await.unwrap()
+    }
+
+    /// One sending of `first` for `request` (`Engine::claim_first_once`).
+    async fn claim_first_by(
+        &self,
+        request: &Request,
+        first: &InsertInClaim,
+    ) -> Result<First<i64>, IdemError> {
+        let step = Step::Next(Point::OrderCreated);
+        self.engine
+            .claim_first_once(request, &step, &async |c, claim| first.send(c, claim).await)
+            .await
     }
 
     async fn claim_first(&self, key_value: &str) -> First<i64> {
@@ -204,15 +207,14 @@ async fn a_claim_with_its_first_phase_takes_nothing_while_the_process_stops(pool
         tokio::spawn(async move {
             let (key, body) = (key("slow"), json!({"item": "book"}));
             let request = order_claim("acct_1", &key, &body);
-            let mut first =
-                InsertInClaim { pause: Duration::from_millis(300), ..InsertInClaim::NOW };
-            h.engine.claim_first(&request, &mut first).await
+            let first = InsertInClaim { pause: Duration::from_millis(300), ..InsertInClaim::NOW };
+            h.claim_first_by(&request, &first).await
         })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     h.engine.release_held("stopping").await;
     assert!(running.is_finished(), "release_held returned while a first phase was on its way");
-    assert!(matches!(running.await.unwrap(), Err(PhaseError::LeaseLost)));
+    assert!(matches!(running.await.unwrap(), Err(IdemError::LeaseLost)));
     let free: (bool, String) = sqlx::query_as(
         "SELECT owner_token IS NULL AND locked_until IS NULL, recovery_point \
          FROM idempotency_keys WHERE idempotency_key = 'slow'",
@@ -239,9 +241,9 @@ async fn a_first_statement_whose_answer_is_lost_gives_its_key_back(pool: PgPool)
     let h = harness(pool).await;
     let (key, body) = (key("lost"), json!({"item": "book"}));
     let request = order_claim("acct_1", &key, &body);
-    let mut first = InsertInClaim { lose_answer: true, ..InsertInClaim::NOW };
-    let lost = h.engine.claim_first(&request, &mut first).await;
-    assert!(matches!(lost, Err(PhaseError::Database(_))), "{lost:?}");
+    let first = InsertInClaim { lose_answer: true, ..InsertInClaim::NOW };
+    let lost = h.claim_first_by(&request, &first).await;
+    assert!(matches!(lost, Err(IdemError::Database(_))), "{lost:?}");
     let free: (bool, String) = sqlx::query_as(
         "SELECT owner_token IS NULL AND locked_until IS NULL, recovery_point \
          FROM idempotency_keys WHERE idempotency_key = 'lost'",
@@ -265,9 +267,9 @@ async fn a_first_statement_orphaned_in_the_server_gives_its_key_back_once_it_end
     let h = harness_with(pool, config).await;
     let (key, body) = (key("orphan"), json!({"item": "book"}));
     let request = order_claim("acct_1", &key, &body);
-    let mut first = InsertInClaim { orphaned_on: Some(h.pool.clone()), ..InsertInClaim::NOW };
-    let lost = h.engine.claim_first(&request, &mut first).await;
-    assert!(matches!(lost, Err(PhaseError::Database(_))), "{lost:?}");
+    let first = InsertInClaim { orphaned_on: Some(h.pool.clone()), ..InsertInClaim::NOW };
+    let lost = h.claim_first_by(&request, &first).await;
+    assert!(matches!(lost, Err(IdemError::Database(_))), "{lost:?}");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let free: (bool, String) = sqlx::query_as(
         "SELECT owner_token IS NULL AND locked_until IS NULL, recovery_point \
@@ -299,10 +301,10 @@ async fn a_claim_with_its_first_phase_waits_no_longer_than_a_claim(pool: PgPool)
         other => panic!("expected the replay, got {other:?}"),
     }
     let (key, body) = (key("blocked"), json!({"item": "book"}));
-    let mut first = InsertInClaim::NOW;
-    let blocked = h.engine.claim_first(&order_claim("acct_1", &key, &body), &mut first).await;
+    let first = InsertInClaim::NOW;
+    let blocked = h.claim_first_by(&order_claim("acct_1", &key, &body), &first).await;
     assert!(
-        matches!(&blocked, Err(PhaseError::Database(err)) if err.as_database_error()
+        matches!(&blocked, Err(IdemError::Database(err)) if err.as_database_error()
             .and_then(|db| db.code())
             .is_some_and(|code| code == "55P03" || code == "57014")),
         "{blocked:?}"

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use idem::batch::{Batch, Batcher};
-use idem::{Claim, FenceRecord, Lease, OneStatement, Operation, PhaseError, Step, StoredResponse};
+use idem::{Claim, FenceRecord, Lease, Operation, PhaseError, Step, StoredResponse};
 use payments_testkit::{WAIT, eventually};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
@@ -14,35 +14,25 @@ use crate::helpers::{Harness, Point, harness};
 
 /// A one-statement phase: the operation's statement sets the order's shipment, if there is one,
 /// and calls `idem_commit_fence($fence)` beside it, so both commit together or not at all.
-struct ShipInOne {
-    step: Step<Point>,
+async fn ship_in_one(lease: &mut Lease, step: Step<Point>) -> Result<(), PhaseError<String>> {
+    lease.phase_in_one(step, async |connection, fence| ship(connection, fence).await).await
 }
 
-impl OneStatement for ShipInOne {
-    type Point = Point;
-    type Error = String;
-    type Output = ();
-
-    fn step(&self) -> Step<Point> {
-        self.step.clone()
-    }
-
-    async fn run(
-        &mut self,
-        connection: &mut PgConnection,
-        fence: &FenceRecord,
-    ) -> Result<(i64, ()), PhaseError<String>> {
-        let key_id = sqlx::query_scalar(
-            "WITH fence AS (SELECT idem_commit_fence($1) AS key_id), \
-                  shipped AS (UPDATE orders SET shipment = 'in one' FROM fence \
-                               WHERE orders.key_id = fence.key_id) \
-             SELECT key_id FROM fence",
-        )
-        .bind(fence)
-        .fetch_one(connection)
-        .await?;
-        Ok((key_id, ()))
-    }
+/// The statement of [`ship_in_one`].
+async fn ship(
+    connection: &mut PgConnection,
+    fence: &FenceRecord,
+) -> Result<(i64, ()), PhaseError<String>> {
+    let key_id = sqlx::query_scalar(
+        "WITH fence AS (SELECT idem_commit_fence($1) AS key_id), \
+              shipped AS (UPDATE orders SET shipment = 'in one' FROM fence \
+                           WHERE orders.key_id = fence.key_id) \
+         SELECT key_id FROM fence",
+    )
+    .bind(fence)
+    .fetch_one(connection)
+    .await?;
+    Ok((key_id, ()))
 }
 
 /// A stored key moved by one-statement phases (`idem_commit_fence`, which calls the typed moves
@@ -55,12 +45,12 @@ async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {
     h.operation().step(&mut lease, Point::Started).await.unwrap();
     assert_eq!(h.recovery_point("single").await, "order_created");
 
-    lease.phase_in_one(ShipInOne { step: Step::Next(Point::Shipped) }).await.unwrap();
+    ship_in_one(&mut lease, Step::Next(Point::Shipped)).await.unwrap();
     assert_eq!(h.recovery_point("single").await, "shipped");
     assert_eq!(h.shipment("single").await.as_deref(), Some("in one"), "the statement's own write");
     assert_eq!(lease.point::<Point>().unwrap(), Point::Shipped);
     let answer = StoredResponse::json(201, b"{\"shipped\":true}".to_vec());
-    lease.phase_in_one(ShipInOne { step: Step::Finish(answer.clone()) }).await.unwrap();
+    ship_in_one(&mut lease, Step::Finish(answer.clone())).await.unwrap();
     assert!(matches!(h.claim("single").await, Claim::Replay(stored) if stored == answer));
 
     // Another key, whose holder stalls past its lease while a retry takes it over.
@@ -68,7 +58,7 @@ async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {
     h.operation().step(&mut stalled, Point::Started).await.unwrap();
     h.expire_lease("stalled").await;
     let _taken = h.acquire("stalled").await;
-    let late = stalled.phase_in_one(ShipInOne { step: Step::Next(Point::Shipped) }).await;
+    let late = ship_in_one(&mut stalled, Step::Next(Point::Shipped)).await;
     assert!(matches!(late, Err(PhaseError::LeaseLost)), "{late:?}");
     assert_eq!(h.recovery_point("stalled").await, "order_created");
     let shipment = h.shipment("stalled").await;
@@ -119,34 +109,19 @@ impl Batch for ShipmentBatch {
     }
 }
 
-/// `ShipInOne`, batched: alone it ships "in one", in a batch "in a batch". Counts the phases that
-/// handed the batcher their row.
-struct ShipInBatch {
+/// [`ship_in_one`], batched: in a batch it ships "in a batch", alone "in one". Counts the phases
+/// that handed the batcher their row.
+async fn ship_batched(
+    mut lease: Lease,
     batcher: Batcher<ShipmentBatch>,
     handed: Arc<AtomicUsize>,
-}
-
-impl OneStatement for ShipInBatch {
-    type Point = Point;
-    type Error = String;
-    type Output = ();
-
-    fn step(&self) -> Step<Point> {
-        Step::Next(Point::Shipped)
+) -> Result<(), PhaseError<String>> {
+    let step = Step::Next(Point::Shipped);
+    handed.fetch_add(1, Ordering::SeqCst);
+    if lease.phase_in_batch(&step, &batcher, "in a batch".to_owned()).await? {
+        return Ok(());
     }
-
-    async fn run(
-        &mut self,
-        connection: &mut PgConnection,
-        fence: &FenceRecord,
-    ) -> Result<(i64, ()), PhaseError<String>> {
-        ShipInOne { step: self.step() }.run(connection, fence).await
-    }
-
-    async fn run_batched(&mut self, fence: &FenceRecord) -> Option<(i64, ())> {
-        self.handed.fetch_add(1, Ordering::SeqCst);
-        self.batcher.send("in a batch".to_owned(), fence).await.map(|key_id| (key_id, ()))
-    }
+    ship_in_one(&mut lease, step).await
 }
 
 /// `count` keys, each with its order created and its lease held, and a batcher of shipments.
@@ -175,9 +150,8 @@ async fn one_statement_phases_that_arrive_together_share_a_batch(pool: PgPool) {
     shipments.hold_first.store(true, Ordering::SeqCst);
     let handed = Arc::new(AtomicUsize::new(0));
     let mut phases = Vec::new();
-    for (i, (_, mut lease)) in leases.into_iter().enumerate() {
-        let statement = ShipInBatch { batcher: batcher.clone(), handed: handed.clone() };
-        phases.push(tokio::spawn(async move { lease.phase_in_one(statement).await }));
+    for (i, (_, lease)) in leases.into_iter().enumerate() {
+        phases.push(tokio::spawn(ship_batched(lease, batcher.clone(), handed.clone())));
         if i == 0 {
             // The first phase's batch is under way (and waits) before the others arrive.
             let first_batch = || async { shipments.sizes.lock().unwrap().len() == 1 };
@@ -207,16 +181,14 @@ async fn a_phase_does_not_queue_behind_a_batch_that_is_stuck(pool: PgPool) {
     shipments.hold_first.store(true, Ordering::SeqCst);
     let handed = Arc::new(AtomicUsize::new(0));
     let mut leases = leases.into_iter();
-    let (_, mut held) = leases.next().unwrap();
-    let statement = ShipInBatch { batcher: batcher.clone(), handed: handed.clone() };
-    let first = tokio::spawn(async move { held.phase_in_one(statement).await });
+    let (_, held) = leases.next().unwrap();
+    let first = tokio::spawn(ship_batched(held, batcher.clone(), handed.clone()));
     let first_batch = || async { shipments.sizes.lock().unwrap().len() == 1 };
     eventually("the first batch to be under way", WAIT, first_batch).await;
     tokio::time::sleep(idem::batch::STUCK).await;
 
-    let (key, mut late) = leases.next().unwrap();
-    let statement = ShipInBatch { batcher: batcher.clone(), handed: handed.clone() };
-    late.phase_in_one(statement).await.unwrap();
+    let (key, late) = leases.next().unwrap();
+    ship_batched(late, batcher.clone(), handed.clone()).await.unwrap();
     assert_eq!(h.shipment(&key).await.as_deref(), Some("in one"), "it went alone");
     assert_eq!(shipments.sizes.lock().unwrap().len(), 1, "no second batch");
 
@@ -238,9 +210,9 @@ async fn a_batch_with_a_lost_lease_sends_its_phases_alone(pool: PgPool) {
     // Spawned together, on this test's one thread: all three hand their rows over before the
     // batcher's task first runs, so they are one batch.
     let mut phases = Vec::new();
-    for (key, mut lease) in leases {
-        let statement = ShipInBatch { batcher: batcher.clone(), handed: handed.clone() };
-        phases.push((key, tokio::spawn(async move { lease.phase_in_one(statement).await })));
+    for (key, lease) in leases {
+        let phase = tokio::spawn(ship_batched(lease, batcher.clone(), handed.clone()));
+        phases.push((key, phase));
     }
     for (key, phase) in phases {
         let done = phase.await.unwrap();
@@ -264,10 +236,7 @@ async fn a_batch_with_a_lost_lease_sends_its_phases_alone(pool: PgPool) {
 async fn a_null_plan_is_stored_as_no_plan(pool: PgPool) {
     let h = harness(pool).await;
     let mut lease = h.acquire("null-plan").await;
-    lease
-        .phase_in_one(ShipInOne { step: Step::Call(Point::OrderCreated, Value::Null) })
-        .await
-        .unwrap();
+    ship_in_one(&mut lease, Step::Call(Point::OrderCreated, Value::Null)).await.unwrap();
     assert_eq!(h.recovery_point("null-plan").await, "order_created");
     let plan: Option<Value> = sqlx::query_scalar(
         "SELECT planned_call FROM idempotency_keys WHERE idempotency_key = 'null-plan'",

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use idem::{Interrupted, Lease, Operation, StoredResponse};
+use idem::{Claim, Engine, IdemError, Interrupted, Lease, Operation, Request, StoredResponse};
 use provider::{
     CardProcessor, Charge, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError,
 };
@@ -33,8 +33,6 @@ use crate::processor_events::ExtraCharge;
 
 mod fast_path;
 mod lookups;
-
-pub use fast_path::InsertPayment;
 
 /// The stored name of a payment creation.
 pub const CREATE_PAYMENT: &str = "payments.create";
@@ -129,7 +127,7 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
         match at {
             // The payment, `processing`, with its audit record, and the charge frozen at
             // `payment_created`. (On the fast path this phase ran in the claim, as one statement:
-            // `fast_path::InsertPayment`.)
+            // `fast_path::claim_with_payment`.)
             CreatePoint::Started => {
                 let id = PaymentId::generate();
                 let (account_id, request) = (&self.params.account_id, &self.params.request);
@@ -168,6 +166,14 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
             }
         }
         Ok(())
+    }
+
+    /// On the fast path the claim is the first phase, one statement (`fast_path.rs`).
+    async fn claim(&mut self, engine: &Engine, request: &Request) -> Result<Claim, IdemError> {
+        if self.ctx.fast_path {
+            return fast_path::claim_with_payment(self, engine, request).await;
+        }
+        engine.claim(request).await
     }
 }
 
@@ -248,9 +254,8 @@ impl<P: CardProcessor> CreatePayment<P> {
             && learnt.reconciled.is_none()
             && learnt.key.generation_number() == 1
         {
-            let row = (payment, version);
-            let (key, ctx) = (learnt.key, &self.ctx);
-            if fast_path::charged_in_one(ctx, lease, row, charge, key, info).await? {
+            let (row, batches) = ((payment, version), self.ctx.charged.as_ref());
+            if fast_path::charged_in_one(batches, lease, row, charge, learnt.key, info).await? {
                 return Ok(());
             }
         }

@@ -1,5 +1,5 @@
-//! An operation's first phase as one statement that also claims its key ([`FirstStatement`],
-//! [`Engine::claim_first`]): for a new key, the claim's read and the first phase are one
+//! An operation's first phase as one statement that also claims its key
+//! ([`Engine::claim_first`]): for a new key, the claim's read and the first phase are one
 //! statement and one transaction, so a new key costs no read of its own.
 
 use std::time::Duration;
@@ -11,14 +11,14 @@ use uuid::Uuid;
 use super::super::claim::{Claim, Open, Opening, Read, Request};
 use super::super::lease::Lease;
 use super::super::phase::Step;
-use super::super::{DB_RETRY, Engine, Operation, RecoveryPoint};
-use crate::error::{IdemError, PhaseError, gave_up, is_retryable, stored_meanwhile};
+use super::super::{DB_RETRY, Engine, RecoveryPoint};
+use crate::error::{IdemError, is_retryable, stored_meanwhile};
 use crate::observe::Event;
 use crate::store::{self, Claimed, Claiming, FenceRecord};
-use std::fmt;
-use std::future::Future;
-/// What the first statement of an operation binds to claim its key (`FirstStatement`): its first
-/// CTE is `SELECT idem_claim($a, $k, $c, $f) AS claimed`, with these four values in this order.
+
+/// What an operation's first statement binds to claim its key ([`Engine::claim_first`]): its
+/// first CTE is `SELECT idem_claim($a, $k, $c, $f) AS claimed`, with these four values in this
+/// order.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimArgs<'a> {
     /// The key's account.
@@ -32,69 +32,10 @@ pub struct ClaimArgs<'a> {
     pub fence: &'a FenceRecord,
 }
 
-/// An operation's first phase as one statement that also claims its key: for a new key the claim's
-/// read and the first phase are one statement and one transaction ([`Engine::claim_first`]). Like
-/// a one-statement phase it commits on its own, its step is decided before it runs, it may run
-/// more than once, and it is sent on a side connection under the same rules. (A key stored
-/// before runs its first phase on the reference road.)
-///
-/// [`Engine::claim_first`]: crate::Engine::claim_first
-pub trait FirstStatement: Send {
-    /// The operation's recovery points.
-    type Point: RecoveryPoint;
-    /// The operation's own error.
-    type Error: Send;
-    /// What the statement returns when it stored the key (the rows it wrote).
-    type Output: Send;
-
-    /// Where the statement leaves the key.
-    fn step(&self) -> Step<Self::Point>;
-
-    /// Sends one statement whose first CTE calls `idem_claim` with `claim`'s values (`SELECT
-    /// idem_claim($a, $k, $c, $f) AS claimed`), which makes its writes only from that CTE `WHERE
-    /// (claimed).stored`, and returns the `idem_claimed` record it got, unopened, beside its rows
-    /// (`None` when it stored nothing: then it wrote nothing).
-    fn run(
-        &mut self,
-        connection: &mut PgConnection,
-        claim: ClaimArgs<'_>,
-    ) -> impl Future<Output = Result<FirstRun<Self::Output>, PhaseError<Self::Error>>> + Send;
-}
-
-/// What a [`FirstStatement`] returns: the `idem_claimed` record, unopened, and the rows it wrote
-/// when it stored the key.
-pub type FirstRun<T> = (Claimed, Option<T>);
-
-/// An operation whose first phase is a [`FirstStatement`]: a request claims its key with that
-/// phase ([`Engine::claim_first`]), so that a new key costs no read of its own.
-///
-/// [`Engine::claim_first`]: crate::Engine::claim_first
-pub trait ClaimsInFirstPhase: Operation {
-    /// What the first phase returns.
-    type FirstOutput: Send;
-    /// The operation's own error.
-    type FirstError: Send + fmt::Display;
-    /// The first phase.
-    type First<'a>: FirstStatement<Point = Self::Point, Output = Self::FirstOutput, Error = Self::FirstError>
-    where
-        Self: 'a;
-
-    /// The first phase, for a request with id `request_id`.
-    fn first<'a>(&'a mut self, request_id: &'a str) -> Self::First<'a>;
-
-    /// The first phase ran in the claim and returned `output`: what `step` needs next.
-    fn ran_first(&mut self, output: Self::FirstOutput);
-}
-
-pub(super) const UNMADE: IdemError =
+const UNMADE: IdemError =
     IdemError::Corrupt("a first statement that stored its key returned no rows");
 
-/// An inconsistency in what the database answered, as a phase's error.
-pub(super) fn corrupt<E>(err: IdemError) -> PhaseError<E> {
-    PhaseError::Database(sqlx::Error::Protocol(err.to_string()))
-}
-
-/// What a claim that runs the first phase found ([`Engine::claim_first`]).
+/// What one sending of an operation's first statement found ([`Engine::claim_first_once`]).
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // matched at once by the caller, as `Claim`
 pub enum First<T> {
@@ -108,22 +49,52 @@ pub enum First<T> {
     Ran(Lease, T),
 }
 
-/// An engine error as a phase's.
-fn phase_error<E>(err: IdemError) -> PhaseError<E> {
-    match err {
-        IdemError::Database(err) => PhaseError::Database(err),
-        IdemError::LeaseLost => PhaseError::LeaseLost,
-        other => corrupt(other),
-    }
-}
-
 impl Engine {
-    /// A claim whose read is the operation's first phase: one statement that reads the key and,
-    /// when the key is new, stores it with the phase's writes, so that a new key costs two
-    /// statements in all where [`Engine::claim`] and the phase cost three, and a replay, a
-    /// mismatch or a key in use still cost one. Answers a replay or a refusal (`Decided`), an
-    /// unfinished key to take over ([`Engine::take`], then drive it from its recovery point), or
-    /// the lease of the new key at the phase's point with what the phase returned.
+    /// A claim whose read is the operation's first phase, which ends with `step`: one statement
+    /// (`send`) that reads the key and, when the key is new, stores it with the phase's writes,
+    /// so that a new key costs two statements in all where [`Engine::claim`] and the phase cost
+    /// three, and a replay, a mismatch or a key in use still cost one. Answers the claim, and
+    /// what `send` returned when it stored the key (the lease is then at `step`'s point).
+    ///
+    /// `send` sends one statement whose first CTE calls `idem_claim` with the [`ClaimArgs`] it
+    /// is given (`SELECT idem_claim($a, $k, $c, $f) AS claimed`), which makes its writes only
+    /// from that CTE `WHERE (claimed).stored`, and returns the `idem_claimed` record it got,
+    /// unopened, beside its rows (`None` when it stored nothing: then it wrote nothing). It may
+    /// run more than once, so it decides the same way each time; it runs on a claim connection,
+    /// under the rules of [`Lease::phase_in_one`]'s statement.
+    ///
+    /// An unfinished key found open is taken over ([`Engine::take`]) and answered as
+    /// `Claim::Acquired` at its own recovery point, with no rows. Taken by another request
+    /// between the statement and the take, the key is claimed again, once; missed twice (each
+    /// taker gave the key back at once), it is [`IdemError::Contended`].
+    pub async fn claim_first<P, T>(
+        &self,
+        request: &Request,
+        step: Step<P>,
+        send: impl AsyncFnOnce(
+            &mut PgConnection,
+            ClaimArgs<'_>,
+        ) -> Result<(Claimed, Option<T>), IdemError>
+        + Clone,
+    ) -> Result<(Claim, Option<T>), IdemError>
+    where
+        P: RecoveryPoint,
+    {
+        for _ in 0..2 {
+            let open = match self.claim_first_once(request, &step, &send).await? {
+                First::Ran(lease, made) => return Ok((Claim::Acquired(lease), Some(made))),
+                First::Decided(claim) => return Ok((claim, None)),
+                First::Open(open) => open,
+            };
+            if let Some(claim) = self.take(open, request).await? {
+                return Ok((claim, None));
+            }
+        }
+        Err(IdemError::Contended)
+    }
+
+    /// One sending of the first statement of [`Engine::claim_first`], which leaves an unfinished
+    /// key found open to the caller.
     ///
     /// Answers kept in memory are not consulted here: ask [`Engine::cached_answer`] first (it
     /// writes nothing, so it may run where a client's hang-up cuts it off; this may not).
@@ -133,33 +104,52 @@ impl Engine {
     /// waits bounded by `claim_timeout`; a wait given up on is followed by a plain read, which may
     /// still answer a replay or a refusal. A process that is stopping takes no key (it answers what
     /// a plain read decides, `InUse` for a key it would take), and gives back a key stored while it
-    /// began to stop (`PhaseError::LeaseLost`); a key stored by a statement whose answer was lost
+    /// began to stop ([`IdemError::LeaseLost`]); a key stored by a statement whose answer was lost
     /// is given back at once.
-    pub async fn claim_first<S: FirstStatement>(
+    pub async fn claim_first_once<P, T>(
         &self,
         request: &Request,
-        statement: &mut S,
-    ) -> Result<First<S::Output>, PhaseError<S::Error>> {
+        step: &Step<P>,
+        send: &(
+             impl AsyncFnOnce(
+            &mut PgConnection,
+            ClaimArgs<'_>,
+        ) -> Result<(Claimed, Option<T>), IdemError>
+             + Clone
+         ),
+    ) -> Result<First<T>, IdemError>
+    where
+        P: RecoveryPoint,
+    {
         let span = tracing::debug_span!("idem.claim", operation = &*request.operation);
-        self.claim_first_once(request, statement).instrument(span).await
+        self.send_first_claiming(request, step, send).instrument(span).await
     }
 
-    async fn claim_first_once<S: FirstStatement>(
+    async fn send_first_claiming<P, T>(
         &self,
         request: &Request,
-        statement: &mut S,
-    ) -> Result<First<S::Output>, PhaseError<S::Error>> {
+        step: &Step<P>,
+        send: &(
+             impl AsyncFnOnce(
+            &mut PgConnection,
+            ClaimArgs<'_>,
+        ) -> Result<(Claimed, Option<T>), IdemError>
+             + Clone
+         ),
+    ) -> Result<First<T>, IdemError>
+    where
+        P: RecoveryPoint,
+    {
         // Counted until the lease is recorded as held (or given back), as a takeover's. A process
         // that is stopping takes no key, but still answers what a read of it decides.
         let Some(_granting) = self.granting() else {
-            return match self.read_key(request).await.map_err(phase_error)? {
+            return match self.read_key(request).await? {
                 Read::Decided(claim) => Ok(First::Decided(claim)),
                 Read::Open(_) => Ok(First::Decided(Claim::InUse)),
             };
         };
         let mut lease = self.new_lease(request, 0);
-        let step = statement.step();
-        let fence = lease.fence_of(&step, true)?.without_id();
+        let fence = lease.fence_of(step, true)?.without_id();
         let claim = ClaimArgs {
             account: &request.account_id,
             key: request.key.as_str(),
@@ -168,8 +158,8 @@ impl Engine {
         };
         let mut tries = 0;
         let sent = loop {
-            match self.send_first(statement, claim).await {
-                Err(PhaseError::Database(err))
+            match self.send_first(send, claim).await {
+                Err(IdemError::Database(err))
                     if is_retryable(&err) && tries < self.config.db_retries =>
                 {
                     tries += 1;
@@ -187,43 +177,43 @@ impl Engine {
             // The statement waited longer than a claim may (a lock on a table it writes, held by
             // a migration, say) and stored nothing. A read takes no such lock: it may still
             // answer a replay or a refusal; a key to take waits for a retry.
-            Err(PhaseError::Database(err)) if gave_up(&err) => {
-                return match self.read_key(request).await.map_err(phase_error)? {
+            Err(err) if err.timed_out() => {
+                return match self.read_key(request).await? {
                     Read::Decided(claim) => Ok(First::Decided(claim)),
-                    Read::Open(_) => Err(PhaseError::Database(err)),
+                    Read::Open(_) => Err(err),
                 };
             }
             Err(err) => return Err(self.unheld(request, &lease, err).await),
         };
         let claiming = match claimed.claiming() {
             Ok(claiming) => claiming,
-            Err(err) => return Err(self.unheld(request, &lease, corrupt(err)).await),
+            Err(err) => return Err(self.unheld(request, &lease, err).await),
         };
         let (id, version) = match claiming {
             Claiming::Stored { id, version } => (id, version),
             Claiming::Read(read) => {
-                return match self.decide(request, read).map_err(corrupt)? {
+                return match self.decide(request, read)? {
                     Read::Decided(claim) => Ok(First::Decided(claim)),
                     // The statement stores a key it finds absent; it reserves no id.
-                    Read::Open(Open(Opening::New(_))) => Err(corrupt(IdemError::Corrupt(
+                    Read::Open(Open(Opening::New(_))) => Err(IdemError::Corrupt(
                         "a first statement that found its key absent and stored nothing",
-                    ))),
+                    )),
                     Read::Open(open) => Ok(First::Open(open)),
                 };
             }
         };
         lease.key_id = id;
         if !self.hold_granted(id, lease.token).await {
-            return Err(PhaseError::LeaseLost);
+            return Err(IdemError::LeaseLost);
         }
         let Some(made) = made else {
-            return Err(self.unheld(request, &lease, corrupt(UNMADE)).await);
+            return Err(self.unheld(request, &lease, UNMADE).await);
         };
         if let (Some(digest), Some(version)) = (request.credential.as_deref(), version) {
             self.replay_cache.credential_seen(digest, Some((&request.account_id, version)));
         }
         self.observer.event(Event::Claimed);
-        lease.moved(&step, &lease.phase_span());
+        lease.moved(step, &lease.phase_span());
         lease.stored().await?;
         // Right after the first phase committed, as `drive` after every other phase: the crash
         // tests stop the process here.
@@ -237,13 +227,8 @@ impl Engine {
     /// the server answered needs nothing: the statement rolled back. When nothing is found, the
     /// statement may still be running in the server with its client gone: it is looked for once
     /// more when it must have ended (its waits are bounded by `claim_timeout`). Answers `err`.
-    async fn unheld<E>(
-        &self,
-        request: &Request,
-        lease: &Lease,
-        err: PhaseError<E>,
-    ) -> PhaseError<E> {
-        if matches!(&err, PhaseError::Database(db) if db.as_database_error().is_some()) {
+    async fn unheld(&self, request: &Request, lease: &Lease, err: IdemError) -> IdemError {
+        if matches!(&err, IdemError::Database(db) if db.as_database_error().is_some()) {
             return err;
         }
         let (account, key) = (request.account_id.to_owned(), request.key.as_str().to_owned());
@@ -258,7 +243,6 @@ impl Engine {
         }
         err
     }
-
     /// Gives back the key `token` holds, found by its account and key: whether one was found.
     async fn give_back_unheld(&self, account: &str, key: &str, token: Uuid) -> bool {
         let reason = "the claim's first phase ended without an answer";
@@ -281,19 +265,25 @@ impl Engine {
 
     /// Sends a first statement once, on a kept claim connection (its statement and lock waits
     /// bounded by `claim_timeout`, as a claim's read) or a pooled one.
-    async fn send_first<S: FirstStatement>(
+    async fn send_first<T>(
         &self,
-        statement: &mut S,
+        send: &(
+             impl AsyncFnOnce(
+            &mut PgConnection,
+            ClaimArgs<'_>,
+        ) -> Result<(Claimed, Option<T>), IdemError>
+             + Clone
+         ),
         claim: ClaimArgs<'_>,
-    ) -> Result<(Claimed, Option<S::Output>), PhaseError<S::Error>> {
+    ) -> Result<(Claimed, Option<T>), IdemError> {
         let Some(kept) = self.claim_connections() else {
             let mut pooled = self.pool.acquire().await?;
-            return statement.run(&mut pooled, claim).await;
+            return (send.clone())(&mut pooled, claim).await;
         };
         let mut lent = kept.lend().await?;
-        let sent = statement.run(lent.connection(), claim).await;
+        let sent = (send.clone())(lent.connection(), claim).await;
         lent.give_back(match &sent {
-            Err(PhaseError::Database(err)) => Some(err),
+            Err(IdemError::Database(err)) => Some(err),
             _ => None,
         });
         sent

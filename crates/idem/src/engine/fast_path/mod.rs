@@ -8,5 +8,4 @@
 pub(super) mod first_statement;
 pub(super) mod one_statement;
 
-pub use first_statement::{ClaimArgs, ClaimsInFirstPhase, First, FirstRun, FirstStatement};
-pub use one_statement::OneStatement;
+pub use first_statement::{ClaimArgs, First};
