@@ -22,6 +22,17 @@ pub struct AuditEvent<'a> {
     pub detail: Value,
 }
 
+/// What an audit record is about: an account's object, and what happened to it.
+#[derive(Debug, Clone, Copy)]
+pub struct Subject<'a> {
+    /// The account.
+    pub account_id: &'a str,
+    /// `pay_…`, `re_…`
+    pub object_id: &'a str,
+    /// E.g. `payment.reconciled`.
+    pub action: &'a str,
+}
+
 /// Records an event.
 pub async fn record(conn: &mut PgConnection, event: &AuditEvent<'_>) -> Result<(), DomainError> {
     sqlx::query!(

@@ -41,7 +41,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
 use crate::DomainError;
-use crate::audit::{self, AuditEvent};
+use crate::audit::{self, AuditEvent, Subject};
 use crate::ids::{AccountId, PaymentId};
 use crate::payments::{self, Payment};
 
@@ -218,14 +218,15 @@ async fn record(
 }
 
 /// Records, in the phase that acts on it, what reconciliation found (`None`: the call answered
-/// for itself). `object` is the account, the object's id and the action.
+/// for itself).
 async fn record_reconciled(
     tx: &mut PgConnection,
-    (account_id, object_id, action): (&str, &str, &str),
+    subject: Subject<'_>,
     lease: &LeaseInfo,
     found: Option<&Value>,
 ) -> Result<(), DomainError> {
     let Some(detail) = found else { return Ok(()) };
+    let Subject { account_id, object_id, action } = subject;
     record(tx, account_id, object_id, action, lease, detail.clone()).await
 }
 

@@ -12,9 +12,11 @@ use sqlx::PgConnection;
 
 use super::{LeaseInfo, record};
 use crate::DomainError;
+use crate::audit::Subject;
 use crate::ids::PaymentId;
 use crate::payments::{Payment, PaymentStatus};
 use crate::processor_events::{self, ExtraCharge};
+use crate::refunds::Refund;
 
 /// A frozen request as the key stores it.
 pub(super) fn plan_of(request: &FrozenRequest) -> Value {
@@ -98,7 +100,7 @@ async fn next_generation<P: RecoveryPoint>(
     lease: &mut Lease,
     at: P,
     request: &FrozenRequest,
-    (account_id, object_id, action): (&str, &str, &str),
+    subject: Subject<'_>,
     what: &str,
     cause: &ProcessorError,
 ) -> Result<(), Interrupted> {
@@ -109,6 +111,7 @@ async fn next_generation<P: RecoveryPoint>(
         "previous_key": request.key.as_str(), "downstream_key": next.key.as_str(),
     });
     let mut tx = lease.begin().await?;
+    let Subject { account_id, object_id, action } = subject;
     record(&mut tx, account_id, object_id, action, &info, detail).await?;
     tx.commit_call(at, &next).await?;
     count_reconciliation(what, "next_generation");
@@ -178,13 +181,13 @@ impl Found for provider::Refund {
 /// After a lookup for a call whose answer we cannot have (`cause`): what it found, adopted as if
 /// the call had returned it, with the audit detail of the adoption; or `None` once nothing was
 /// found and the call has moved to its key's next generation (the step is over: the engine runs
-/// it again, and it sends the call under the new key). `object` is the audit record's account,
-/// object and action.
+/// it again, and it sends the call under the new key). `subject` is what its audit record is
+/// about.
 pub(super) async fn adopt_or_move_on<P: RecoveryPoint, T: Found>(
     lease: &mut Lease,
     at: P,
     request: &FrozenRequest,
-    object: (&str, &str, &str),
+    subject: Subject<'_>,
     what: &str,
     cause: &ProcessorError,
     found: Reconciled<T>,
@@ -196,7 +199,7 @@ pub(super) async fn adopt_or_move_on<P: RecoveryPoint, T: Found>(
             Ok(Some((found, detail)))
         }
         Reconciled::NextGeneration => {
-            next_generation(lease, at, request, object, what, cause).await?;
+            next_generation(lease, at, request, subject, what, cause).await?;
             Ok(None)
         }
     }
@@ -236,5 +239,19 @@ pub(super) async fn audit_other_charge(
 pub(super) fn report_extra(payment_id: &PaymentId, extra: Option<&ExtraCharge>) {
     if let Some(extra) = extra {
         processor_events::report_extra_charge(payment_id, extra, "phase");
+    }
+}
+
+impl Payment {
+    /// What the audit record of a reconciliation of this payment is about.
+    pub(super) fn reconciled(&self) -> Subject<'_> {
+        Subject { account_id: &self.account_id, object_id: &self.id, action: "payment.reconciled" }
+    }
+}
+
+impl Refund {
+    /// What the audit record of a reconciliation of this refund is about.
+    pub(super) fn reconciled(&self) -> Subject<'_> {
+        Subject { account_id: &self.account_id, object_id: &self.id, action: "refund.reconciled" }
     }
 }

@@ -131,9 +131,16 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                 let (outcome, reconciled) = match outcome {
                     Err(err) if err.class() == ErrorClass::Reconcile => {
                         let found = self.reconcile(lease, &refund, &charge_id).await?;
-                        let object = (&*refund.account_id, &*refund.id, "refund.reconciled");
-                        match adopt_or_move_on(lease, at, &request, object, "refund", &err, found)
-                            .await?
+                        match adopt_or_move_on(
+                            lease,
+                            at,
+                            &request,
+                            refund.reconciled(),
+                            "refund",
+                            &err,
+                            found,
+                        )
+                        .await?
                         {
                             Some((found, detail)) => (Ok(found), Some(detail)),
                             None => return Ok(()),
@@ -231,8 +238,7 @@ async fn settle(
     info: &LeaseInfo,
     base: &str,
 ) -> Result<StoredResponse, DomainError> {
-    let object = (&*refund.account_id, &*refund.id, "refund.reconciled");
-    record_reconciled(tx, object, info, learnt.reconciled).await?;
+    record_reconciled(tx, refund.reconciled(), info, learnt.reconciled).await?;
     match outcome {
         Err(Refused { err, problem }) => {
             let code = failure_code(err);

@@ -35,7 +35,7 @@ pub async fn insert_claiming(
     new: &NewPayment,
     claim: idem::ClaimArgs<'_>,
 ) -> Result<(idem::Claimed, Option<(Payment, RowVersion)>), DomainError> {
-    let row = sqlx::query!(
+    let row = payment_rows_if_any!(
         r#"
         WITH claim AS (
             SELECT idem_claim($11, $12, $13, $14) AS claimed
@@ -53,17 +53,9 @@ pub async fn insert_claiming(
                    jsonb_build_object('amount', amount, 'currency', currency)
               FROM payment
         )
-        SELECT claim.claimed AS "claimed!: idem::Claimed",
-               p.id AS "id?: PaymentId", p.account_id AS "account_id?: AccountId",
-               p.idempotency_key_id, p.amount AS "amount?: Amount",
-               p.currency AS "currency?: Currency", p.status AS "status?: PaymentStatus",
-               p.capture_method AS "capture_method?: CaptureMethod",
-               p.amount_captured AS "amount_captured?", p.amount_refunded AS "amount_refunded?",
-               p.payment_method AS "payment_method?", p.description,
-               p.metadata AS "metadata?: Json<BTreeMap<String, String>>", p.receipt_email,
-               p.processor_charge_id, p.failure_code, p.failure_message,
-               p.cancellation_reason AS "cancellation_reason: CancellationReason",
-               extract(epoch FROM p.created_at)::bigint AS "created?", p.row_version
+        SELECT claim.claimed AS "claimed!: idem::Claimed","#,
+        r#"
+               p.row_version
           FROM claim LEFT JOIN payment p ON true
         "#,
         id as &PaymentId,
@@ -83,34 +75,17 @@ pub async fn insert_claiming(
     )
     .fetch_one(executor)
     .await?;
-    let Some(id) = row.id else { return Ok((row.claimed, None)) };
-    let missing = || DomainError::Corrupt("a payment just inserted with a NULL column");
-    let payment = PaymentRow {
-        id,
-        account_id: row.account_id.ok_or_else(missing)?,
-        idempotency_key_id: row.idempotency_key_id,
-        amount: row.amount.ok_or_else(missing)?,
-        currency: row.currency.ok_or_else(missing)?,
-        status: row.status.ok_or_else(missing)?,
-        capture_method: row.capture_method.ok_or_else(missing)?,
-        amount_captured: row.amount_captured.ok_or_else(missing)?,
-        amount_refunded: row.amount_refunded.ok_or_else(missing)?,
-        payment_method: row.payment_method.ok_or_else(missing)?,
-        description: row.description,
-        metadata: row.metadata.ok_or_else(missing)?,
-        receipt_email: row.receipt_email,
-        processor_charge_id: row.processor_charge_id,
-        failure_code: row.failure_code,
-        failure_message: row.failure_message,
-        cancellation_reason: row.cancellation_reason,
-        created: row.created.ok_or_else(missing)?,
-        row_version: row.row_version,
-    };
+    let (claimed, stored, version) = (row.claimed, row.id.is_some(), row.row_version);
+    if !stored {
+        return Ok((claimed, None));
+    }
+    let payment = payment_if_any!(row)
+        .ok_or(DomainError::Corrupt("a payment just inserted with a NULL column"))?;
     if payment.idempotency_key_id.is_none() {
         return Err(DomainError::Corrupt("a fenced payment without its key"));
     }
-    let version = payment.row_version.ok_or(DomainError::Corrupt("a row without xmin"))?;
-    Ok((row.claimed, Some((payment.into(), RowVersion(version)))))
+    let version = version.ok_or(DomainError::Corrupt("a row without xmin"))?;
+    Ok((claimed, Some((payment.into(), RowVersion(version)))))
 }
 
 /// What a phase of one statement writes beside the payment's changes.

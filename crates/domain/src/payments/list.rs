@@ -47,24 +47,15 @@ pub async fn list(
     // (no `ORDER BY CASE`, which would sort the whole account). The cursor's position is given
     // as scalar subqueries, so that it becomes the index scan's start rather than a join filter
     // over every newer row. Going backwards reads ascending and is turned around below.
-    let rows = sqlx::query!(
+    let rows = payment_rows_if_any!(
         r#"
         WITH cursor AS (
             SELECT created_at, seq FROM payments
              WHERE account_id = $1 AND id = coalesce($3, $4)
         )
         SELECT p.seq AS "seq?",
-               (extract(epoch FROM p.created_at) * 1000000)::bigint AS "created_us?",
-               p.id AS "id?: PaymentId", p.account_id AS "account_id?: AccountId",
-               p.idempotency_key_id, p.amount AS "amount?: Amount",
-               p.currency AS "currency?: Currency", p.status AS "status?: PaymentStatus",
-               p.capture_method AS "capture_method?: CaptureMethod",
-               p.amount_captured AS "amount_captured?", p.amount_refunded AS "amount_refunded?",
-               p.payment_method AS "payment_method?", p.description,
-               p.metadata AS "metadata?: Json<BTreeMap<String, String>>",
-               p.receipt_email, p.processor_charge_id, p.failure_code, p.failure_message,
-               p.cancellation_reason AS "cancellation_reason?: CancellationReason",
-               extract(epoch FROM p.created_at)::bigint AS "created?",
+               (extract(epoch FROM p.created_at) * 1000000)::bigint AS "created_us?","#,
+        r#"
                (coalesce($3, $4) IS NULL OR EXISTS (SELECT 1 FROM cursor)) AS "cursor_found!"
           FROM (SELECT 1) one
           LEFT JOIN LATERAL (
@@ -101,40 +92,12 @@ pub async fn list(
     let mut payments = Vec::with_capacity(rows.len());
     let mut positions = Vec::with_capacity(rows.len());
     for r in rows {
-        let (
-            Some(id),
-            Some(account_id),
-            Some(amount),
-            Some(currency),
-            Some(status),
-            Some(capture_method),
-            Some(metadata),
-        ) = (r.id, r.account_id, r.amount, r.currency, r.status, r.capture_method, r.metadata)
-        else {
-            continue; // the LEFT JOIN's empty row: no payments on this page
-        };
-        positions.push((r.created_us.unwrap_or_default(), r.seq.unwrap_or_default()));
-        payments.push(Payment::from(PaymentRow {
-            id,
-            account_id,
-            idempotency_key_id: r.idempotency_key_id,
-            amount,
-            currency,
-            status,
-            capture_method,
-            amount_captured: r.amount_captured.unwrap_or_default(),
-            amount_refunded: r.amount_refunded.unwrap_or_default(),
-            payment_method: r.payment_method.unwrap_or_default(),
-            description: r.description,
-            metadata,
-            receipt_email: r.receipt_email,
-            processor_charge_id: r.processor_charge_id,
-            failure_code: r.failure_code,
-            failure_message: r.failure_message,
-            cancellation_reason: r.cancellation_reason,
-            created: r.created.unwrap_or_default(),
-            row_version: None,
-        }));
+        let position = (r.created_us.unwrap_or_default(), r.seq.unwrap_or_default());
+        // The LEFT JOIN's empty row is no payment: a page without payments.
+        if let Some(payment) = payment_if_any!(r) {
+            positions.push(position);
+            payments.push(Payment::from(payment));
+        }
     }
     let payments = in_walk_order(payments, positions, before.is_some());
     Ok(Some(finish_page(payments, limit, before.is_some())))

@@ -251,6 +251,101 @@ impl From<PaymentRow> for Payment {
     }
 }
 
+/// A statement that reads whole payments as [`PaymentRow`]s, compile-time checked as any
+/// `query_as!`: `$with` (the statement's own `WITH …`, or `""`), then the one list of a
+/// payment's columns, then `$from` (the row's version, `FROM` and the rest). The rows it reads are
+/// named without a prefix.
+macro_rules! payment_rows {
+    ($with:literal, $from:literal, $($args:tt)*) => {
+        sqlx::query_as!(
+            PaymentRow,
+            $with
+                + r#"
+        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
+               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
+               capture_method AS "capture_method: _", amount_captured, amount_refunded,
+               payment_method, description, metadata AS "metadata: _", receipt_email,
+               processor_charge_id, failure_code, failure_message,
+               cancellation_reason AS "cancellation_reason: _",
+               extract(epoch FROM created_at)::bigint AS "created!","#
+                + $from,
+            $($args)*
+        )
+    };
+}
+
+/// As [`payment_rows`], for a statement whose payment `p` may be absent (the right side of a
+/// `LEFT JOIN`): `$head` (up to and with its own first columns), every column of `p` as an
+/// `Option`, then `$tail` (its last columns, `FROM` and the rest), as an anonymous record.
+macro_rules! payment_rows_if_any {
+    ($head:literal, $tail:literal, $($args:tt)*) => {
+        sqlx::query!(
+            $head
+                + r#"
+               p.id AS "id?: PaymentId", p.account_id AS "account_id?: AccountId",
+               p.idempotency_key_id, p.amount AS "amount?: Amount",
+               p.currency AS "currency?: Currency", p.status AS "status?: PaymentStatus",
+               p.capture_method AS "capture_method?: CaptureMethod",
+               p.amount_captured AS "amount_captured?", p.amount_refunded AS "amount_refunded?",
+               p.payment_method AS "payment_method?", p.description,
+               p.metadata AS "metadata?: Json<BTreeMap<String, String>>", p.receipt_email,
+               p.processor_charge_id, p.failure_code, p.failure_message,
+               p.cancellation_reason AS "cancellation_reason?: CancellationReason",
+               extract(epoch FROM p.created_at)::bigint AS "created?","#
+                + $tail,
+            $($args)*
+        )
+    };
+}
+
+/// The payment of a record [`payment_rows_if_any`] read, as a [`PaymentRow`] (without its
+/// version): `None` when `p` was absent (or, for a caller to call corrupt, a column it always has
+/// was `NULL`).
+macro_rules! payment_if_any {
+    ($r:ident) => {{
+        match (
+            $r.id,
+            $r.account_id,
+            $r.amount,
+            $r.currency,
+            $r.status,
+            $r.capture_method,
+            $r.metadata,
+        ) {
+            (
+                Some(id),
+                Some(account_id),
+                Some(amount),
+                Some(currency),
+                Some(status),
+                Some(capture_method),
+                Some(metadata),
+            ) => Some(PaymentRow {
+                id,
+                account_id,
+                idempotency_key_id: $r.idempotency_key_id,
+                amount,
+                currency,
+                status,
+                capture_method,
+                amount_captured: $r.amount_captured.unwrap_or_default(),
+                amount_refunded: $r.amount_refunded.unwrap_or_default(),
+                payment_method: $r.payment_method.unwrap_or_default(),
+                description: $r.description,
+                metadata,
+                receipt_email: $r.receipt_email,
+                processor_charge_id: $r.processor_charge_id,
+                failure_code: $r.failure_code,
+                failure_message: $r.failure_message,
+                cancellation_reason: $r.cancellation_reason,
+                created: $r.created.unwrap_or_default(),
+                row_version: None,
+            }),
+            _ => None,
+        }
+    }};
+}
+
 pub mod batch;
 mod fast_path;
 mod list;

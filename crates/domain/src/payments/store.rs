@@ -24,8 +24,7 @@ pub async fn insert(
     request_id: &str,
     new: &NewPayment,
 ) -> Result<(Payment, RowVersion), DomainError> {
-    let row = sqlx::query_as!(
-        PaymentRow,
+    let row = payment_rows!(
         r#"
         WITH payment AS (
             INSERT INTO payments (id, account_id, idempotency_key_id, amount, currency, status,
@@ -40,13 +39,8 @@ pub async fn insert(
                    jsonb_build_object('amount', amount, 'currency', currency)
               FROM payment
         )
-        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
-               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
-               capture_method AS "capture_method: _", amount_captured, amount_refunded,
-               payment_method, description, metadata AS "metadata: _", receipt_email,
-               processor_charge_id, failure_code, failure_message,
-               cancellation_reason AS "cancellation_reason: _",
-               extract(epoch FROM created_at)::bigint AS "created!",
+        "#,
+        r#"
                row_version
           FROM payment
         "#,
@@ -74,16 +68,9 @@ pub async fn find(
     account_id: &AccountId,
     id: &PaymentId,
 ) -> Result<Option<Payment>, DomainError> {
-    let row = sqlx::query_as!(
-        PaymentRow,
+    let row = payment_rows!(
+        "",
         r#"
-        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
-               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
-               capture_method AS "capture_method: _", amount_captured, amount_refunded,
-               payment_method, description, metadata AS "metadata: _", receipt_email,
-               processor_charge_id, failure_code, failure_message,
-               cancellation_reason AS "cancellation_reason: _",
-               extract(epoch FROM created_at)::bigint AS "created!",
                xmin::text::bigint AS row_version
           FROM payments WHERE account_id = $1 AND id = $2
         "#,
@@ -100,16 +87,9 @@ pub async fn find_by_key(
     executor: impl PgExecutor<'_>,
     key_id: i64,
 ) -> Result<Option<Payment>, DomainError> {
-    let row = sqlx::query_as!(
-        PaymentRow,
+    let row = payment_rows!(
+        "",
         r#"
-        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
-               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
-               capture_method AS "capture_method: _", amount_captured, amount_refunded,
-               payment_method, description, metadata AS "metadata: _", receipt_email,
-               processor_charge_id, failure_code, failure_message,
-               cancellation_reason AS "cancellation_reason: _",
-               extract(epoch FROM created_at)::bigint AS "created!",
                xmin::text::bigint AS row_version
           FROM payments WHERE idempotency_key_id = $1
         "#,
@@ -160,16 +140,9 @@ pub async fn lock(
     account_id: &AccountId,
     id: &PaymentId,
 ) -> Result<Option<Payment>, DomainError> {
-    let row = sqlx::query_as!(
-        PaymentRow,
+    let row = payment_rows!(
+        "",
         r#"
-        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
-               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
-               capture_method AS "capture_method: _", amount_captured, amount_refunded,
-               payment_method, description, metadata AS "metadata: _", receipt_email,
-               processor_charge_id, failure_code, failure_message,
-               cancellation_reason AS "cancellation_reason: _",
-               extract(epoch FROM created_at)::bigint AS "created!",
                xmin::text::bigint AS row_version
           FROM payments WHERE account_id = $1 AND id = $2
            FOR UPDATE
@@ -214,8 +187,7 @@ pub async fn update(
     audit: Option<&AuditEvent<'_>>,
 ) -> Result<Payment, DomainError> {
     // The `SET` is `update_fenced`'s too (and `Changes::apply`'s): change the three together.
-    let row = sqlx::query_as!(
-        PaymentRow,
+    let row = payment_rows!(
         r#"
         WITH updated AS (
         UPDATE payments
@@ -236,13 +208,8 @@ pub async fn update(
                                       idempotency_key_id, detail)
             SELECT account_id, id, $12, $13, $14, $15 FROM updated WHERE $12::text IS NOT NULL
         )
-        SELECT id AS "id: _", account_id AS "account_id: _", idempotency_key_id,
-               amount AS "amount: _", currency AS "currency: _", status AS "status: _",
-               capture_method AS "capture_method: _", amount_captured, amount_refunded,
-               payment_method, description, metadata AS "metadata: _", receipt_email,
-               processor_charge_id, failure_code, failure_message,
-               cancellation_reason AS "cancellation_reason: _",
-               extract(epoch FROM created_at)::bigint AS "created!",
+        "#,
+        r#"
                row_version
           FROM updated
         "#,

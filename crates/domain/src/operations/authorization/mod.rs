@@ -21,7 +21,7 @@ use sqlx::PgConnection;
 
 use self::action::Acted;
 use crate::DomainError;
-use crate::audit;
+use crate::audit::{self, Subject};
 use crate::events;
 use crate::ids::{AccountId, PaymentId};
 use crate::jobs::Work;
@@ -235,8 +235,12 @@ impl<'a, P: CardProcessor> Authorization<'a, P> {
                 ),
             });
         };
-        let object = (self.account_id.as_str(), self.payment_id.as_str(), "payment.reconciled");
-        adopt_or_move_on(lease, at, request, object, what, cause, found).await
+        let subject = Subject {
+            account_id: self.account_id,
+            object_id: self.payment_id,
+            action: "payment.reconciled",
+        };
+        adopt_or_move_on(lease, at, request, subject, what, cause, found).await
     }
 
     /// The last phase: the payment records what the call did (`succeeded` with the amount
@@ -251,8 +255,7 @@ impl<'a, P: CardProcessor> Authorization<'a, P> {
         info: &LeaseInfo,
     ) -> Result<StoredResponse, DomainError> {
         let names = self.action.names();
-        let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
-        record_reconciled(tx, object, info, learnt.reconciled).await?;
+        record_reconciled(tx, payment.reconciled(), info, learnt.reconciled).await?;
         let acted = match outcome {
             Ok(acted) => acted,
             Err(refused) => {

@@ -224,9 +224,16 @@ impl<P: CardProcessor> CreatePayment<P> {
             }
             ErrorClass::Reconcile => {
                 let found = self.reconcile(lease, payment, &request.key, &err).await?;
-                let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
-                let adopted =
-                    adopt_or_move_on(lease, at, request, object, "charge", &err, found).await?;
+                let adopted = adopt_or_move_on(
+                    lease,
+                    at,
+                    request,
+                    payment.reconciled(),
+                    "charge",
+                    &err,
+                    found,
+                )
+                .await?;
                 Ok(adopted.map(|(charge, detail)| Answered {
                     charge: Ok(charge),
                     reconciled: Some(detail),
@@ -300,8 +307,7 @@ async fn charged(
     learnt: Learnt<'_>,
     info: &LeaseInfo,
 ) -> Result<(StoredResponse, Option<ExtraCharge>), DomainError> {
-    let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
-    record_reconciled(tx, object, info, learnt.reconciled).await?;
+    record_reconciled(tx, payment.reconciled(), info, learnt.reconciled).await?;
     let recorded = Recorded::of(charge, learnt.key);
     let audit = recorded.audit(payment, info);
     let payment = payments::update(tx, &payment.id, &recorded.changes, Some(&audit)).await?;
@@ -360,8 +366,7 @@ async fn failed(
     info: &LeaseInfo,
     base: &str,
 ) -> Result<(StoredResponse, Option<ExtraCharge>), DomainError> {
-    let object = (&*payment.account_id, &*payment.id, "payment.reconciled");
-    record_reconciled(tx, object, info, learnt.reconciled).await?;
+    record_reconciled(tx, payment.reconciled(), info, learnt.reconciled).await?;
     let Refused { err, problem } = refused;
     let charge_id = match err {
         ProcessorError::Declined { charge_id, .. } => charge_id.as_deref(),
