@@ -2,15 +2,17 @@
 //!
 //! `IdempotentPost` takes a money-moving POST apart in the contract's order; `RequiredKey` parses
 //! the `Idempotency-Key` header (400 when missing or malformed). `Runner::run` fingerprints the
-//! request and answers a replay kept in memory at once (with `Idempotent-Replayed: true`); else,
-//! on a task of its own, it claims the key, which replays the stored answer, refuses (409 with
-//! `Retry-After`, 422), or grants the lease, and runs the operation. axum drops a handler's future
-//! when the client hangs up: a claim cut off after the database granted its lease would leave the
-//! key leased to nobody until the lease expired, and an operation cut off halfway likewise. The
-//! task claims the key, and finishes the phase it is in, whatever the client does; graceful
-//! shutdown waits for it, and gives back at their recovery points the leases of tasks it cannot
-//! wait for. How the key is claimed is the operation's (`Operation::claim`): a read, or, for a new
-//! payment on the fast path, its first phase, which stores the key with the phase's writes.
+//! request and reads the key's claim, which either replays the stored answer (with
+//! `Idempotent-Replayed: true`), refuses (409 with `Retry-After`, 422), or finds the key open to
+//! this request; then, on a task of its own, it takes the key and runs the operation. axum drops a
+//! handler's future when the client hangs up: the claim's read writes nothing, so it may be cut
+//! off, but a takeover cut off after the database granted its lease would leave the key leased to
+//! nobody until the lease expired, and an operation cut off halfway likewise. The task takes the
+//! key, and finishes the phase it is in, whatever the client does; graceful shutdown waits for
+//! it, and gives back at their recovery points the leases of tasks it cannot wait for. An
+//! operation whose first phase claims its key (a new payment, on the fast path:
+//! `Operation::claims_in_first_phase`) is answered on the request's task only from the answers
+//! kept in memory; its claim, which may store the key with the phase's writes, runs on the task.
 
 use axum::http::HeaderName;
 use payments_domain::operations::PaymentOperation;

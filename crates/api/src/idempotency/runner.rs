@@ -4,7 +4,9 @@
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
-use idem::{Claim, Engine, IdempotencyKey, Interrupted, Operation, StoredResponse, TransientKind};
+use idem::{
+    Claim, Engine, IdempotencyKey, Interrupted, Operation, Read, StoredResponse, TransientKind,
+};
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
@@ -31,18 +33,30 @@ impl Runner {
         &self.engine
     }
 
-    /// Claims the key and answers: a replay, a refusal, or the operation's own answer. A replay
-    /// kept in memory is answered here, on the request's own task (it writes nothing, so a client
-    /// that hangs up meanwhile leaves nothing behind, and a replay needs no task of its own); the
-    /// claim ([`Operation::claim`]: a read, or on the fast path the first phase) and the operation
-    /// run on a task that outlives the request, which owns a copy of the request.
+    /// Claims the key and answers: a replay, a refusal, or the operation's own answer. What
+    /// decides without writing runs on the request's own task, where a client that hangs up cuts
+    /// it off and leaves nothing behind, and a replay or a refusal needs no task of its own: the
+    /// claim's read ([`Engine::read_claim`]), or for an operation that claims its key in its
+    /// first phase, which writes, the answers kept in memory. Taking the key
+    /// ([`Operation::claim`], or [`Engine::take`] of the key the read found open) and driving the
+    /// operation run on a task that outlives the request, which owns a copy of the request.
     pub async fn run<O: Operation + 'static>(
         &self,
         request: idem::Request,
         mut operation: O,
     ) -> Result<Response, ApiError> {
-        if let Some(claim) = self.engine.cached_answer(&request).await {
-            return claimed(claim, &request.key);
+        let mut open = None;
+        if operation.claims_in_first_phase() {
+            if let Some(claim) = self.engine.cached_answer(&request).await {
+                return claimed(claim, &request.key);
+            }
+        } else {
+            match self.engine.read_claim(&request).await {
+                Ok(Read::Decided(claim)) => return claimed(claim, &request.key),
+                Ok(Read::Open(read)) => open = Some(read),
+                Err(err) if err.timed_out() => return Err(claim_timed_out()),
+                Err(err) => return Err(ApiError::internal(&err)),
+            }
         }
         let key = request.key.clone();
         let engine = self.engine.clone();
@@ -51,7 +65,17 @@ impl Runner {
                 // A new key's first phase can find that another request stored the key first;
                 // claiming again then reads it (stored now, so at most once more).
                 for _ in 0..2 {
-                    let lease = match operation.claim(&engine, &request).await? {
+                    let taken = match open.take() {
+                        Some(open) => engine.take(open, &request).await?,
+                        None => None,
+                    };
+                    // Not taken (taken by another request between the read and the take, or
+                    // not read yet): claim it.
+                    let claim = match taken {
+                        Some(claim) => claim,
+                        None => operation.claim(&engine, &request).await?,
+                    };
+                    let lease = match claim {
                         Claim::Acquired(lease) => lease,
                         other => return Ok(Ran::Claimed(other)),
                     };
@@ -190,6 +214,13 @@ pub fn stored_response(stored: StoredResponse, replayed: bool) -> Response {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_lost_while_claiming_is_in_use_not_a_server_error() {
+        let key = IdempotencyKey::parse(b"k-lost").unwrap();
+        let answer = answered(Ok(Err(idem::IdemError::LeaseLost)), &key).unwrap_err();
+        assert_eq!(answer.code(), ProblemCode::IdempotencyKeyInUse);
+    }
 
     #[test]
     fn a_key_other_requests_keep_taking_is_in_use_not_a_server_error() {

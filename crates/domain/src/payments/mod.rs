@@ -299,27 +299,30 @@ macro_rules! payment_rows_if_any {
 }
 
 /// The payment of a record [`payment_rows_if_any`] read, as a [`PaymentRow`] (without its
-/// version): `None` when `p` was absent (or, for a caller to call corrupt, a column it always has
-/// was `NULL`).
+/// version): `None` when `p` was absent, or when a column every payment has was `NULL` (which a
+/// caller that knows `p` is there calls corrupt).
 macro_rules! payment_if_any {
     ($r:ident) => {{
         match (
-            $r.id,
-            $r.account_id,
-            $r.amount,
-            $r.currency,
-            $r.status,
-            $r.capture_method,
-            $r.metadata,
+            ($r.id, $r.account_id, $r.amount, $r.currency, $r.status, $r.capture_method),
+            ($r.amount_captured, $r.amount_refunded, $r.payment_method, $r.metadata, $r.created),
         ) {
             (
-                Some(id),
-                Some(account_id),
-                Some(amount),
-                Some(currency),
-                Some(status),
-                Some(capture_method),
-                Some(metadata),
+                (
+                    Some(id),
+                    Some(account_id),
+                    Some(amount),
+                    Some(currency),
+                    Some(status),
+                    Some(capture_method),
+                ),
+                (
+                    Some(amount_captured),
+                    Some(amount_refunded),
+                    Some(payment_method),
+                    Some(metadata),
+                    Some(created),
+                ),
             ) => Some(PaymentRow {
                 id,
                 account_id,
@@ -328,9 +331,9 @@ macro_rules! payment_if_any {
                 currency,
                 status,
                 capture_method,
-                amount_captured: $r.amount_captured.unwrap_or_default(),
-                amount_refunded: $r.amount_refunded.unwrap_or_default(),
-                payment_method: $r.payment_method.unwrap_or_default(),
+                amount_captured,
+                amount_refunded,
+                payment_method,
                 description: $r.description,
                 metadata,
                 receipt_email: $r.receipt_email,
@@ -338,7 +341,7 @@ macro_rules! payment_if_any {
                 failure_code: $r.failure_code,
                 failure_message: $r.failure_message,
                 cancellation_reason: $r.cancellation_reason,
-                created: $r.created.unwrap_or_default(),
+                created,
                 row_version: None,
             }),
             _ => None,

@@ -70,6 +70,8 @@ impl<E: fmt::Display> From<PhaseError<E>> for Interrupted {
         match err {
             PhaseError::LeaseLost => Self::LeaseLost,
             PhaseError::Superseded => Self::Superseded,
+            // A phase sent as one statement has had its retries already (`Lease::phase_in_one`):
+            // what is left is a failure, not a conflict for `drive` to run again.
             PhaseError::Database(err) => Self::Transient {
                 kind: TransientKind::Internal,
                 detail: format!("database: {err}"),
@@ -109,14 +111,23 @@ pub trait Operation: Send + Sync {
 
     /// Claims the key for `request`, to be driven from where it is: by a read, and a takeover
     /// when the key is free ([`Engine::claim`]). An operation on the fast path may claim it in
-    /// its first phase instead ([`Engine::claim_first`]), and keep what that phase wrote for its
-    /// next step.
+    /// its first phase instead ([`Engine::claim_first`]), keep what that phase wrote for its next
+    /// step, and say so with [`Operation::claims_in_first_phase`].
     fn claim(
         &mut self,
         engine: &Engine,
         request: &Request,
     ) -> impl Future<Output = Result<Claim, IdemError>> + Send {
         engine.claim(request)
+    }
+
+    /// Whether [`Operation::claim`] writes before it decides (the fast path's first phase): then
+    /// a caller asks only the answers kept in memory before it claims where a hang-up cannot cut
+    /// the claim off. Otherwise it may read the claim first where it can be cut off
+    /// ([`Engine::read_claim`], which writes nothing) and take the key it found open
+    /// ([`Engine::take`]) where it cannot: a replay, a refusal cost no task of their own.
+    fn claims_in_first_phase(&self) -> bool {
+        false
     }
 }
 

@@ -362,3 +362,31 @@ async fn a_key_stored_before_its_first_phase_is_taken_over_and_driven_from_it(po
     assert_eq!(h.orders().await, 1);
     assert_eq!(h.recovery_point("k1").await, "finished");
 }
+
+/// `claim_first` whole: a key its statement finds open is taken over in the same call, at the
+/// key's own point and with no rows of the first phase; a new key is stored with its rows.
+#[sqlx::test(migrations = "../../migrations")]
+async fn claim_first_takes_over_a_key_it_finds_open_and_stores_a_new_one(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut stored = h.acquire("open").await;
+    stored.before_call().await.unwrap();
+    h.expire_lease("open").await;
+    let first = InsertInClaim::NOW;
+    let body = json!({"item": "book"});
+    for (value, point, rows) in
+        [("open", Point::Started, None), ("new", Point::OrderCreated, Some(1))]
+    {
+        let key = key(value);
+        let request = order_claim("acct_1", &key, &body);
+        let step = Step::Next(Point::OrderCreated);
+        let (claim, made) = h
+            .engine
+            .claim_first(&request, step, async |c, claim| first.send(c, claim).await)
+            .await
+            .unwrap();
+        let Claim::Acquired(lease) = claim else { panic!("{value}: acquired, got {claim:?}") };
+        assert_eq!(lease.point::<Point>().unwrap(), point, "{value}");
+        assert_eq!(made.is_some(), rows.is_some(), "{value}");
+        assert_eq!(h.orders().await, rows.unwrap_or(0), "{value}");
+    }
+}

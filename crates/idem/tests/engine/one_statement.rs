@@ -118,8 +118,11 @@ async fn ship_batched(
 ) -> Result<(), PhaseError<String>> {
     let step = Step::Next(Point::Shipped);
     handed.fetch_add(1, Ordering::SeqCst);
-    if lease.phase_in_batch(&step, &batcher, "in a batch".to_owned()).await? {
-        return Ok(());
+    match lease.phase_in_batch(&step, &batcher, "in a batch".to_owned()).await {
+        Ok(true) => return Ok(()),
+        Ok(false) => {}
+        Err(PhaseError::LeaseLost) => return Err(PhaseError::LeaseLost),
+        Err(other) => panic!("{other:?}"),
     }
     ship_in_one(&mut lease, step).await
 }

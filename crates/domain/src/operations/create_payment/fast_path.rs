@@ -66,7 +66,7 @@ pub(super) async fn charged_in_one(
     let step = Step::<CreatePoint>::Finish(payment_answer(201, &charged, true));
     if let Some(batches) = batches
         && let Some(row) = payments::batch::ChargedRow::new(id, version, changes, &written)
-        && lease.phase_in_batch::<_, _, InOne>(&step, batches, row).await?
+        && lease.phase_in_batch(&step, batches, row).await?
     {
         return Ok(true);
     }

@@ -175,6 +175,10 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
         }
         engine.claim(request).await
     }
+
+    fn claims_in_first_phase(&self) -> bool {
+        self.ctx.fast_path
+    }
 }
 
 /// What the charge call came to: the charge (paid or declined) or the processor's error, and

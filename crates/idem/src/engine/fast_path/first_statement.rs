@@ -35,7 +35,7 @@ pub struct ClaimArgs<'a> {
 const UNMADE: IdemError =
     IdemError::Corrupt("a first statement that stored its key returned no rows");
 
-/// What one sending of an operation's first statement found ([`Engine::claim_first_once`]).
+/// What one sending of an operation's first statement found (`Engine::claim_first_once`).
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // matched at once by the caller, as `Claim`
 pub enum First<T> {
@@ -63,10 +63,21 @@ impl Engine {
     /// run more than once, so it decides the same way each time; it runs on a claim connection,
     /// under the rules of [`Lease::phase_in_one`]'s statement.
     ///
-    /// An unfinished key found open is taken over ([`Engine::take`]) and answered as
-    /// `Claim::Acquired` at its own recovery point, with no rows. Taken by another request
-    /// between the statement and the take, the key is claimed again, once; missed twice (each
-    /// taker gave the key back at once), it is [`IdemError::Contended`].
+    /// An unfinished key found open is taken over ([`Engine::take`]), with no rows: its lease at
+    /// the key's own recovery point, or what the take decided (in use, a person's). Taken by
+    /// another request between the statement and the take, the key is claimed again, once;
+    /// missed twice (each taker gave the key back at once), it is [`IdemError::Contended`].
+    ///
+    /// Answers kept in memory are not consulted here: ask [`Engine::cached_answer`] first (it
+    /// writes nothing, so it may run where a client's hang-up cuts it off; this may not).
+    ///
+    /// A request that stores the same key meanwhile makes the statement fail on the unique index;
+    /// it is sent again and reads that key. The statement runs on the claim's connections, its
+    /// waits bounded by `claim_timeout`; a wait given up on is followed by a plain read, which may
+    /// still answer a replay or a refusal. A process that is stopping takes no key (it answers what
+    /// a plain read decides, `InUse` for a key it would take), and gives back a key stored while it
+    /// began to stop ([`IdemError::LeaseLost`]); a key stored by a statement whose answer was lost
+    /// is given back at once.
     pub async fn claim_first<P, T>(
         &self,
         request: &Request,
@@ -94,18 +105,8 @@ impl Engine {
     }
 
     /// One sending of the first statement of [`Engine::claim_first`], which leaves an unfinished
-    /// key found open to the caller.
-    ///
-    /// Answers kept in memory are not consulted here: ask [`Engine::cached_answer`] first (it
-    /// writes nothing, so it may run where a client's hang-up cuts it off; this may not).
-    ///
-    /// A request that stores the same key meanwhile makes the statement fail on the unique index;
-    /// it is sent again and reads that key. The statement runs on the claim's connections, its
-    /// waits bounded by `claim_timeout`; a wait given up on is followed by a plain read, which may
-    /// still answer a replay or a refusal. A process that is stopping takes no key (it answers what
-    /// a plain read decides, `InUse` for a key it would take), and gives back a key stored while it
-    /// began to stop ([`IdemError::LeaseLost`]); a key stored by a statement whose answer was lost
-    /// is given back at once.
+    /// key found open to the caller (`First::Open`). For the engine's tests.
+    #[doc(hidden)]
     pub async fn claim_first_once<P, T>(
         &self,
         request: &Request,

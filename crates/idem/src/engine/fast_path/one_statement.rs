@@ -3,6 +3,8 @@
 //! transaction's four, on a side connection (`connections.rs`); or as a row of a batch of such
 //! statements ([`Lease::phase_in_batch`], `crate::batch`).
 
+use std::convert::Infallible;
+
 use sqlx::PgConnection;
 use tracing::Instrument;
 
@@ -72,13 +74,14 @@ impl Lease {
     /// batch of `batcher`. `Ok(true)` when the batch wrote it; `Ok(false)` when the row must go
     /// alone, with `phase_in_one`: the batch failed, wrote nothing for the row (its own check did
     /// not hold), or lost its answer (then `phase_in_one` finds its own rows moved on, as at a
-    /// version check, or the fence the lease gone, as when its own answer is lost).
-    pub async fn phase_in_batch<P, B, E>(
+    /// version check, or the fence the lease gone, as when its own answer is lost). A row is
+    /// offered to a batch once: a conflict is retried by `phase_in_one`, alone.
+    pub async fn phase_in_batch<P, B>(
         &mut self,
         step: &Step<P>,
         batcher: &Batcher<B>,
         row: B::Row,
-    ) -> Result<bool, PhaseError<E>>
+    ) -> Result<bool, PhaseError<Infallible>>
     where
         P: RecoveryPoint,
         B: Batch,
