@@ -36,7 +36,7 @@ pub async fn insert_claiming(
     claim: idem::ClaimArgs<'_>,
 ) -> Result<(idem::Claimed, Option<(Payment, RowVersion)>), DomainError> {
     let row = payment_rows_if_any!(
-        r#"
+        [r#"
         WITH claim AS (
             SELECT idem_claim($11, $12, $13, $14) AS claimed
         ), payment AS (
@@ -53,11 +53,11 @@ pub async fn insert_claiming(
                    jsonb_build_object('amount', amount, 'currency', currency)
               FROM payment
         )
-        SELECT claim.claimed AS "claimed!: idem::Claimed","#,
-        r#"
+        SELECT claim.claimed AS "claimed!: idem::Claimed","#],
+        [r#"
                p.row_version
           FROM claim LEFT JOIN payment p ON true
-        "#,
+        "#],
         id as &PaymentId,
         account_id as &AccountId,
         new.amount as Amount,

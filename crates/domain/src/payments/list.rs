@@ -31,6 +31,63 @@ impl<Id> Cursor<Id> {
     }
 }
 
+/// A page of a list in creation order, by keyset, as one statement: the one walk that the
+/// lists of `$table`'s rows of one `$scope` ($1) share (payments of an account, refunds of a
+/// payment). `$rows` is a macro like `payment_rows_if_any!` that puts its table's columns of the
+/// page's row `p`, each optional, between the walk's head and tail. `$2` is the limit, `$3` the
+/// cursor to start after, `$4` the one to end before (at most one is set).
+///
+/// The cursor's position, whether it exists, and the page (one extra row tells whether there is
+/// more), ordered by (created_at, seq). Each direction is its own branch, a walk of ($scope,
+/// created_at DESC, seq DESC) from the cursor that stops at `limit + 1` rows; the branches not
+/// asked for are switched off by a one-time filter on the parameters (no `ORDER BY CASE`, which
+/// would sort the whole scope). The cursor's position is given as scalar subqueries, so that it
+/// becomes the index scan's start rather than a join filter over every newer row. Going
+/// backwards reads ascending; [`in_walk_order`] and [`finish_page`] put the rows in order.
+macro_rules! keyset_page {
+    ($rows:ident, $table:literal, $scope:literal, $($args:tt)*) => {
+        $rows!(
+            [
+                r#"
+        WITH cursor AS (
+            SELECT created_at, seq FROM "#, $table, r#" WHERE "#, $scope, r#" = $1
+               AND id = coalesce($3, $4)
+        )
+        SELECT p.seq AS "seq?",
+               (extract(epoch FROM p.created_at) * 1000000)::bigint AS "created_us?","#
+            ],
+            [
+                r#"
+               (coalesce($3, $4) IS NULL OR EXISTS (SELECT 1 FROM cursor)) AS "cursor_found!"
+          FROM (SELECT 1) one
+          LEFT JOIN LATERAL (
+              (SELECT * FROM "#, $table, r#"
+                WHERE $3::text IS NULL AND $4::text IS NULL AND "#, $scope, r#" = $1
+                ORDER BY created_at DESC, seq DESC
+                LIMIT $2::bigint + 1)
+              UNION ALL
+              (SELECT q.* FROM "#, $table, r#" q
+                WHERE $3::text IS NOT NULL AND q."#, $scope, r#" = $1
+                  AND (q.created_at, q.seq)
+                      < ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
+                ORDER BY q.created_at DESC, q.seq DESC
+                LIMIT $2::bigint + 1)
+              UNION ALL
+              (SELECT q.* FROM "#, $table, r#" q
+                WHERE $4::text IS NOT NULL AND q."#, $scope, r#" = $1
+                  AND (q.created_at, q.seq)
+                      > ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
+                ORDER BY q.created_at, q.seq
+                LIMIT $2::bigint + 1)
+          ) p ON true
+        "#
+            ],
+            $($args)*
+        )
+    };
+}
+pub(crate) use keyset_page;
+
 /// A page of the account's payments, newest first, and whether more lie beyond it. `None` when
 /// the cursor names no payment of the account.
 pub async fn list(
@@ -40,45 +97,11 @@ pub async fn list(
     cursor: Option<&Cursor<PaymentId>>,
 ) -> Result<Option<(Vec<Payment>, bool)>, DomainError> {
     let (after, before) = Cursor::sides(cursor);
-    // One statement: the cursor's position, whether it exists, and the page (one extra row tells
-    // whether there is more), ordered by (created_at, seq). Each direction is its own branch, a
-    // walk of (account_id, created_at DESC, seq DESC) from the cursor that stops at `limit + 1`
-    // rows; the branches not asked for are switched off by a one-time filter on the parameters
-    // (no `ORDER BY CASE`, which would sort the whole account). The cursor's position is given
-    // as scalar subqueries, so that it becomes the index scan's start rather than a join filter
-    // over every newer row. Going backwards reads ascending and is turned around below.
-    let rows = payment_rows_if_any!(
-        r#"
-        WITH cursor AS (
-            SELECT created_at, seq FROM payments
-             WHERE account_id = $1 AND id = coalesce($3, $4)
-        )
-        SELECT p.seq AS "seq?",
-               (extract(epoch FROM p.created_at) * 1000000)::bigint AS "created_us?","#,
-        r#"
-               (coalesce($3, $4) IS NULL OR EXISTS (SELECT 1 FROM cursor)) AS "cursor_found!"
-          FROM (SELECT 1) one
-          LEFT JOIN LATERAL (
-              (SELECT * FROM payments
-                WHERE $3::text IS NULL AND $4::text IS NULL AND account_id = $1
-                ORDER BY created_at DESC, seq DESC
-                LIMIT $2::bigint + 1)
-              UNION ALL
-              (SELECT q.* FROM payments q
-                WHERE $3::text IS NOT NULL AND q.account_id = $1
-                  AND (q.created_at, q.seq)
-                      < ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
-                ORDER BY q.created_at DESC, q.seq DESC
-                LIMIT $2::bigint + 1)
-              UNION ALL
-              (SELECT q.* FROM payments q
-                WHERE $4::text IS NOT NULL AND q.account_id = $1
-                  AND (q.created_at, q.seq)
-                      > ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
-                ORDER BY q.created_at, q.seq
-                LIMIT $2::bigint + 1)
-          ) p ON true
-        "#,
+    // One statement: the walk of `keyset_page!` over the account's payments.
+    let rows = keyset_page!(
+        payment_rows_if_any,
+        "payments",
+        "account_id",
         account_id as &AccountId,
         limit,
         after as Option<&PaymentId>,

@@ -275,13 +275,13 @@ macro_rules! payment_rows {
 }
 
 /// As [`payment_rows`], for a statement whose payment `p` may be absent (the right side of a
-/// `LEFT JOIN`): `$head` (up to and with its own first columns), every column of `p` as an
-/// `Option`, then `$tail` (its last columns, `FROM` and the rest), as an anonymous record.
+/// `LEFT JOIN`): the pieces of `$head` (up to and with its own first columns), every column of
+/// `p` as an `Option`, then the pieces of `$tail` (its last columns, `FROM` and the rest), as an
+/// anonymous record. A list's page is `keyset_page!(payment_rows_if_any, …)`.
 macro_rules! payment_rows_if_any {
-    ($head:literal, $tail:literal, $($args:tt)*) => {
+    ([$($head:literal),*], [$($tail:literal),*], $($args:tt)*) => {
         sqlx::query!(
-            $head
-                + r#"
+            $($head +)* r#"
                p.id AS "id?: PaymentId", p.account_id AS "account_id?: AccountId",
                p.idempotency_key_id, p.amount AS "amount?: Amount",
                p.currency AS "currency?: Currency", p.status AS "status?: PaymentStatus",
@@ -291,8 +291,7 @@ macro_rules! payment_rows_if_any {
                p.metadata AS "metadata?: Json<BTreeMap<String, String>>", p.receipt_email,
                p.processor_charge_id, p.failure_code, p.failure_message,
                p.cancellation_reason AS "cancellation_reason?: CancellationReason",
-               extract(epoch FROM p.created_at)::bigint AS "created?","#
-                + $tail,
+               extract(epoch FROM p.created_at)::bigint AS "created?","# $(+ $tail)*,
             $($args)*
         )
     };
@@ -359,6 +358,7 @@ mod store;
 mod tests;
 
 pub use fast_path::{Written, insert_claiming, update_fenced};
+pub(crate) use list::keyset_page;
 pub use list::{Cursor, list};
 pub(crate) use list::{finish_page, in_walk_order};
 pub use patch::{Patched, PaymentPatch, apply, missing_problem, stale_problem};

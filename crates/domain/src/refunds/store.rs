@@ -9,7 +9,7 @@ use super::{PendingRefund, Refund, RefundReason, RefundStatus};
 use crate::DomainError;
 use crate::ids::{AccountId, PaymentId, RefundId};
 use crate::money::{Amount, Currency};
-use crate::payments::{Cursor, finish_page, in_walk_order};
+use crate::payments::{Cursor, finish_page, in_walk_order, keyset_page};
 
 /// A row of `refunds` as the queries below read it: every column decoded to its type, so an
 /// unknown status, reason or currency is a decode error there.
@@ -147,6 +147,23 @@ pub async fn find_by_key(
     Ok(row.map(Refund::from))
 }
 
+/// As `payment_rows_if_any!`, for the refund `p` of a list's page (`keyset_page!`): the pieces of
+/// `$head`, every column of `p` as an `Option`, then the pieces of `$tail`.
+macro_rules! refund_rows_if_any {
+    ([$($head:literal),*], [$($tail:literal),*], $($args:tt)*) => {
+        sqlx::query!(
+            $($head +)* r#"
+               p.id AS "id?: RefundId", p.account_id AS "account_id?: AccountId",
+               p.payment_id AS "payment_id?: PaymentId", p.amount AS "amount?: Amount",
+               p.currency AS "currency?: Currency", p.status AS "status?: RefundStatus",
+               p.reason AS "reason?: RefundReason",
+               p.metadata AS "metadata?: Json<BTreeMap<String, String>>", p.processor_refund_id,
+               extract(epoch FROM p.created_at)::bigint AS "created?","# $(+ $tail)*,
+            $($args)*
+        )
+    };
+}
+
 /// A page of a payment's refunds, newest first. `None` when the cursor names no refund of it.
 pub async fn list(
     executor: impl PgExecutor<'_>,
@@ -155,42 +172,11 @@ pub async fn list(
     cursor: Option<&Cursor<RefundId>>,
 ) -> Result<Option<(Vec<Refund>, bool)>, DomainError> {
     let (after, before) = Cursor::sides(cursor);
-    let rows = sqlx::query!(
-        r#"
-        WITH cursor AS (
-            SELECT created_at, seq FROM refunds WHERE payment_id = $1 AND id = coalesce($3, $4)
-        )
-        SELECT r.seq AS "seq?",
-               (extract(epoch FROM r.created_at) * 1000000)::bigint AS "created_us?",
-               r.id AS "id?: RefundId", r.account_id AS "account_id?: AccountId",
-               r.payment_id AS "payment_id?: PaymentId", r.amount AS "amount?: Amount",
-               r.currency AS "currency?: Currency", r.status AS "status?: RefundStatus",
-               r.reason AS "reason?: RefundReason",
-               r.metadata AS "metadata?: Json<BTreeMap<String, String>>", r.processor_refund_id,
-               extract(epoch FROM r.created_at)::bigint AS "created?",
-               (coalesce($3, $4) IS NULL OR EXISTS (SELECT 1 FROM cursor)) AS "cursor_found!"
-          FROM (SELECT 1) one
-          LEFT JOIN LATERAL (
-              (SELECT * FROM refunds
-                WHERE $3::text IS NULL AND $4::text IS NULL AND payment_id = $1
-                ORDER BY created_at DESC, seq DESC
-                LIMIT $2::bigint + 1)
-              UNION ALL
-              (SELECT q.* FROM refunds q
-                WHERE $3::text IS NOT NULL AND q.payment_id = $1
-                  AND (q.created_at, q.seq)
-                      < ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
-                ORDER BY q.created_at DESC, q.seq DESC
-                LIMIT $2::bigint + 1)
-              UNION ALL
-              (SELECT q.* FROM refunds q
-                WHERE $4::text IS NOT NULL AND q.payment_id = $1
-                  AND (q.created_at, q.seq)
-                      > ((SELECT created_at FROM cursor), (SELECT seq FROM cursor))
-                ORDER BY q.created_at, q.seq
-                LIMIT $2::bigint + 1)
-          ) r ON true
-        "#,
+    // One statement: the walk of `keyset_page!` over the payment's refunds.
+    let rows = keyset_page!(
+        refund_rows_if_any,
+        "refunds",
+        "payment_id",
         payment_id as &PaymentId,
         limit,
         after as Option<&RefundId>,
