@@ -1,7 +1,7 @@
 //! The endpoints' SQL: register one under the account's bound, read, list, disable or delete
 //! them, and read what a delivery job needs.
 
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::{Acquire as _, PgConnection, PgExecutor};
 
 use super::{EnabledEvents, Endpoint, EndpointStatus, MAX_ENDPOINTS_PER_ACCOUNT};
 use crate::DomainError;
@@ -19,15 +19,22 @@ pub async fn create(
 ) -> Result<Endpoint, DomainError> {
     let id = WebhookEndpointId::generate();
     let secret = ids::with_random_suffix("whsec", 32);
-    // The count and the insert in one statement, under the account's row lock, so that two
-    // concurrent creations cannot both pass the bound.
+    // The account's row lock first, in a statement of its own, then the count and the insert: a
+    // statement reads what committed before it began, so a count in the statement that waited
+    // for the lock would miss an endpoint a concurrent creation committed meanwhile, and both
+    // would pass the bound. In a transaction of their own (a savepoint in a phase's), so that
+    // the lock holds until the insert is committed.
+    let mut tx = conn.begin().await?;
+    sqlx::query!("SELECT id FROM accounts WHERE id = $1 FOR UPDATE", account_id as &AccountId)
+        .fetch_optional(&mut *tx)
+        .await?;
     let endpoint = sqlx::query_as!(
         Endpoint,
         r#"
-        WITH owner AS (SELECT id FROM accounts WHERE id = $2 FOR UPDATE)
         INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret)
-        SELECT $1, owner.id, $3, $4, $5 FROM owner
-         WHERE (SELECT count(*) FROM webhook_endpoints
+        SELECT $1, accounts.id, $3, $4, $5 FROM accounts
+         WHERE accounts.id = $2
+           AND (SELECT count(*) FROM webhook_endpoints
                  WHERE account_id = $2 AND deleted_at IS NULL) < $6
         RETURNING id AS "id: _", account_id AS "account_id: _", url,
                   enabled_events AS "enabled_events: _", secret, status AS "status: _",
@@ -40,7 +47,7 @@ pub async fn create(
         secret,
         MAX_ENDPOINTS_PER_ACCOUNT,
     )
-    .fetch_optional(conn)
+    .fetch_optional(&mut *tx)
     .await?
     .ok_or_else(|| DomainError::Invalid {
         param: "url",
@@ -48,6 +55,7 @@ pub async fn create(
             "An account has at most {MAX_ENDPOINTS_PER_ACCOUNT} webhook endpoints; delete one first."
         ),
     })?;
+    tx.commit().await?;
     Ok(endpoint)
 }
 
