@@ -450,6 +450,16 @@ async fn a_patch_with_a_key_is_replayed_and_never_undoes_a_later_change(pool: Pg
     let again = app.send(again).await;
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.status(), 412);
+    // The client re-reads the payment, as the 412 tells it to, and retries under the same key
+    // with the right If-Match: that is another request, refused as such, not the stored 412.
+    let current = app.get(&path, &key).await.headers()["etag"].clone();
+    let corrected = keyed(r#"{"description":"x"}"#, "application/json", "p2")
+        .header("if-match", current.clone());
+    assert_final(app.send(corrected).await, 422, "idempotency_key_reused").await;
+    // Under a new key it applies.
+    let fresh =
+        keyed(r#"{"description":"x"}"#, "application/json", "p2b").header("if-match", current);
+    assert_eq!(app.send(fresh).await.status(), 200);
 
     // An unknown payment stores nothing for the key.
     let missing = app.http.patch(app.url("/v1/payments/pay_nothere")).bearer_auth(&key);

@@ -1,7 +1,7 @@
 //! The request fingerprint: what makes two requests with one key "the same request".
 //!
 //! SHA-256 over the method, the path, the query string, the media type's essence, the
-//! `Payments-Version` header when present, and the canonical JSON body (object members sorted,
+//! `Payments-Version` and `If-Match` headers when present, and the canonical JSON body (object members sorted,
 //! no insignificant whitespace). Each part is framed with a tag and its length, so no two
 //! different requests can be spliced into the same byte stream.
 
@@ -25,6 +25,9 @@ pub struct RequestParts<'a> {
     pub media_type: &'a str,
     /// The `Payments-Version` header, when sent.
     pub version: Option<&'a str>,
+    /// The `If-Match` header, when sent: a retry that corrects a stale precondition under the
+    /// same key is another request, not the one whose `412` is stored.
+    pub if_match: Option<&'a str>,
     /// The parsed JSON body.
     pub body: &'a Value,
 }
@@ -39,6 +42,9 @@ impl Fingerprint {
         frame(&mut hasher, b'T', parts.media_type.to_ascii_lowercase().as_bytes());
         if let Some(version) = parts.version {
             frame(&mut hasher, b'V', version.as_bytes());
+        }
+        if let Some(if_match) = parts.if_match {
+            frame(&mut hasher, b'I', if_match.as_bytes());
         }
         frame(&mut hasher, b'B', &canonical_json(parts.body));
         Self(hasher.finalize().into())
@@ -92,7 +98,16 @@ mod tests {
         version: Option<&str>,
         body: &Value,
     ) -> Fingerprint {
-        Fingerprint::of(&RequestParts { method, path, query, media_type: media, version, body })
+        let media_type = media;
+        Fingerprint::of(&RequestParts {
+            method,
+            path,
+            query,
+            media_type,
+            version,
+            if_match: None,
+            body,
+        })
     }
 
     fn base(body: &Value) -> Fingerprint {
@@ -131,6 +146,26 @@ mod tests {
         assert_ne!(
             reference,
             fingerprint("POST", "/v1/payments", "", "application/json", Some("2026-01-01"), &body)
+        );
+        let conditional = |if_match| {
+            let (method, path, query, media_type) =
+                ("POST", "/v1/payments", "", "application/json");
+            Fingerprint::of(&RequestParts {
+                method,
+                path,
+                query,
+                media_type,
+                version: None,
+                if_match,
+                body: &body,
+            })
+        };
+        assert_ne!(reference, conditional(Some("\"etag-1\"")));
+        assert_ne!(conditional(Some("\"etag-1\"")), conditional(Some("\"etag-2\"")));
+        assert_ne!(
+            conditional(Some("2026-01-01")),
+            fingerprint("POST", "/v1/payments", "", "application/json", Some("2026-01-01"), &body),
+            "a version and an If-Match of the same text are different requests"
         );
         assert_ne!(reference, base(&json!({"amount": 501})));
         assert_ne!(reference, base(&json!({"amount": "500"})));

@@ -109,6 +109,7 @@ impl Harness {
             query: "",
             media_type: "application/json",
             version: None,
+            if_match: None,
             body: params,
         });
         self.engine

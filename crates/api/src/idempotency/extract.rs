@@ -4,7 +4,7 @@
 
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, Method};
+use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::response::Response;
 use idem::{Fingerprint, IdempotencyKey, RequestParts};
 use payments_domain::AccountId;
@@ -67,6 +67,8 @@ pub struct RequestMeta {
     pub query: String,
     /// `Payments-Version`, when sent.
     pub version: Option<String>,
+    /// `If-Match`, when sent: a keyed PATCH's precondition, part of its fingerprint.
+    pub if_match: Option<String>,
     /// The request's id.
     pub request_id: RequestId,
 }
@@ -78,28 +80,26 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestMeta {
         let request_id = parts.extensions.get::<RequestId>().cloned().ok_or_else(|| {
             ApiError::internal(&std::io::Error::other("the edge did not assign a request id"))
         })?;
-        let version = match parts.headers.get(&PAYMENTS_VERSION) {
-            None => None,
-            Some(value) => Some(
-                value
-                    .to_str()
-                    .map_err(|_| {
-                        ApiError::invalid_request(
-                            "Payments-Version",
-                            "The Payments-Version header is not visible ASCII.",
-                        )
-                    })?
-                    .to_owned(),
-            ),
-        };
+        let version = ascii_header(parts, &PAYMENTS_VERSION, "Payments-Version")?;
+        let if_match = ascii_header(parts, &header::IF_MATCH, "If-Match")?;
         Ok(Self {
             method: parts.method.clone(),
             path: parts.uri.path().to_owned(),
             query: parts.uri.query().unwrap_or_default().to_owned(),
             version,
+            if_match,
             request_id,
         })
     }
+}
+
+/// A header's value when sent, which must be visible ASCII to be part of a fingerprint.
+fn ascii_header(parts: &Parts, name: &HeaderName, label: &str) -> Result<Option<String>, ApiError> {
+    let Some(value) = parts.headers.get(name) else { return Ok(None) };
+    let text = value.to_str().map_err(|_| {
+        ApiError::invalid_request(label, format!("The {label} header is not visible ASCII."))
+    })?;
+    Ok(Some(text.to_owned()))
 }
 
 /// A money-moving POST up to its claim: the caller, the request line, the key and the body, each
@@ -228,6 +228,7 @@ impl<T> Keyed<'_, T> {
             query: &self.meta.query,
             media_type: self.body.media_type.essence(),
             version: self.meta.version.as_deref(),
+            if_match: self.meta.if_match.as_deref(),
             body: &body,
         });
         Ok(idem::Request {

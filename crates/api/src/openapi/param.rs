@@ -105,7 +105,7 @@ params! {
     PatchKey => vec![idempotency_key(
         Required::False,
         "Optional. When sent, the request is claimed, stored and replayed exactly like a POST \
-         (the same key with another body or media type is `422`), so that a retry after \
+         (the same key with another body, media type or If-Match is `422`), so that a retry after \
          someone else's change does not undo it; kept at least {retention_hours} hours. \
          Without it the patch is applied as sent (use If-Match against lost updates).",
     )];

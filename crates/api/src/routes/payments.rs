@@ -6,7 +6,6 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderMap, header};
 use axum::response::Response;
 use payments_domain::ids::PaymentId;
 use payments_domain::money::Amount;
@@ -173,17 +172,15 @@ pub use payments_domain::payments::PaymentPatch;
         )>,
     )
 )]
-#[allow(clippy::too_many_arguments)] // one extractor per part of the request, in checking order
 pub async fn update(
     State(state): State<AppState>,
     Authenticated(account): Authenticated,
     ApiPath(path): ApiPath<String>,
     meta: RequestMeta,
     OptionalKey(key): OptionalKey,
-    headers: HeaderMap,
     body: JsonBody<PaymentPatch>,
 ) -> Result<Response, ApiError> {
-    let if_match = headers.get(header::IF_MATCH).map(|v| v.to_str().unwrap_or_default().to_owned());
+    let if_match = meta.if_match.clone();
     body.value.validate()?;
     let id = payment_id(&path)?;
     let Some(key) = key else {

@@ -216,6 +216,7 @@ pub(crate) fn fingerprint(body: &Value) -> Fingerprint {
         query: "",
         media_type: "application/json",
         version: None,
+        if_match: None,
         body,
     })
 }
