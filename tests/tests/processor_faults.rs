@@ -1,13 +1,14 @@
 //! The payments API against wiremock as the processor, where every request the processor
 //! receives can be counted: one charge per payment, one downstream key across every retry.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use payments_tests::{TestApp, assert_problem, json};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
 fn charge(captured: bool) -> Value {
     json!({"id": "ch_wire", "object": "charge", "amount": 500, "currency": "usd",
@@ -237,4 +238,120 @@ async fn a_refund_the_processor_has_not_completed_is_referred_to_a_person_not_re
     .await
     .unwrap();
     assert!(flagged);
+}
+
+/// The processor answers the charge `paid=false`, `status: pending`: not a decline. The key
+/// waits at its call, never stores a refusal, and finishes with what the charge came to.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_charge_answered_pending_is_never_stored_as_a_decline(pool: PgPool) {
+    let processor = MockServer::start().await;
+    let mut pending = charge(false);
+    pending["paid"] = json!(false);
+    pending["status"] = json!("pending");
+    // Every create under the key answers the same, as Stripe replays a key's first answer.
+    let answer = |body: &Value| ResponseTemplate::new(200).set_body_json(body);
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(answer(&pending))
+        .mount(&processor)
+        .await;
+    // Looked up by its id: undecided the first time, then paid.
+    let charge_path = "/v1/charges/ch_wire";
+    Mock::given(method("GET"))
+        .and(path(charge_path))
+        .respond_with(answer(&pending))
+        .up_to_n_times(1)
+        .mount(&processor)
+        .await;
+    Mock::given(method("GET"))
+        .and(path(charge_path))
+        .respond_with(answer(&charge(true)))
+        .mount(&processor)
+        .await;
+    let app = app_against(pool.clone(), &processor).await;
+    let (_, key) = app.create_account("shop").await;
+
+    let waiting = app.post("/v1/payments", &key, Some("k"), &visa()).await;
+    assert_eq!(waiting.headers()["retry-after"], "30");
+    assert_problem(waiting, 503, "processor_unavailable").await;
+    let status: String =
+        sqlx::query_scalar("SELECT status::text FROM payments").fetch_one(&pool).await.unwrap();
+    assert_eq!(status, "processing", "an undecided charge is not a decline");
+    let (point, released, stored) = key_state(&pool).await;
+    assert_eq!((point.as_str(), released, stored), ("payment_created", true, None));
+
+    let finished = app.post("/v1/payments", &key, Some("k"), &visa()).await;
+    assert_eq!(finished.status(), 201);
+    let payment = json(finished).await;
+    assert_eq!(payment["status"], "succeeded");
+    let keys = charge_keys(&processor).await;
+    assert_eq!(keys.len(), 2, "the retry called under the same key");
+    assert_eq!(keys[0], keys[1]);
+    let failed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE type = 'payment.failed'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(failed, 0);
+}
+
+/// The processor's search for a payment's charges: the payment's charge, `pending` for the first
+/// `undecided` searches and paid after.
+struct SearchFindsPending {
+    undecided: usize,
+    searches: AtomicUsize,
+}
+
+impl Respond for SearchFindsPending {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let query: String = request.url.query_pairs().map(|(_, v)| v.into_owned()).collect();
+        let start = query.find("pay_").expect("a search by payment id");
+        let payment_id: String =
+            query[start..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let mut found = charge(true);
+        found["metadata"] = json!({"payment_id": payment_id});
+        if self.searches.fetch_add(1, Ordering::SeqCst) < self.undecided {
+            found["paid"] = json!(false);
+            found["status"] = json!("pending");
+            found["amount_captured"] = json!(0);
+        }
+        ResponseTemplate::new(200)
+            .set_body_json(json!({"object": "search_result", "data": [found], "has_more": false}))
+    }
+}
+
+/// The charge's answer cannot tell (`idempotency_error`), and the search finds the charge
+/// `pending`: a charge exists, so the key neither stores a decline nor moves to its next
+/// generation; it waits, and the retry adopts the charge once it is paid.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_pending_charge_the_search_finds_is_waited_for_not_declined(pool: PgPool) {
+    let processor = MockServer::start().await;
+    let reused = json!({"error": {"type": "idempotency_error", "message": "Keys for idempotent \
+        requests can only be used with the same parameters they were first used with."}});
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(400).set_body_json(reused))
+        .mount(&processor)
+        .await;
+    let search = SearchFindsPending { undecided: 1, searches: AtomicUsize::new(0) };
+    Mock::given(method("GET"))
+        .and(path("/v1/charges/search"))
+        .respond_with(search)
+        .mount(&processor)
+        .await;
+    let app = app_against(pool.clone(), &processor).await;
+    let (_, key) = app.create_account("shop").await;
+
+    let waiting = app.post("/v1/payments", &key, Some("k"), &visa()).await;
+    assert_eq!(waiting.headers()["retry-after"], "30");
+    assert_problem(waiting, 503, "processor_unavailable").await;
+    let (point, released, stored) = key_state(&pool).await;
+    assert_eq!((point.as_str(), released, stored), ("payment_created", true, None));
+
+    let finished = app.post("/v1/payments", &key, Some("k"), &visa()).await;
+    assert_eq!(finished.status(), 201);
+    assert_eq!(json(finished).await["status"], "succeeded");
+    let keys = charge_keys(&processor).await;
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1], "never a next generation while a charge exists");
 }

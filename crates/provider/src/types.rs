@@ -19,7 +19,7 @@ pub struct Charge {
     pub captured: bool,
     /// Whether the authorization succeeded.
     pub paid: bool,
-    /// `succeeded` or `failed`.
+    /// `succeeded`, `pending` or `failed` ([`Charge::is_decided`]).
     pub status: String,
     /// Captured amount.
     pub amount_captured: i64,
@@ -43,6 +43,13 @@ pub struct Charge {
 }
 
 impl Charge {
+    /// Whether the processor has decided the charge: paid, or `failed`. A charge answered with
+    /// `paid=false` and any other status (Stripe's `pending`) is not a decline: its outcome
+    /// comes later, by its webhook or by looking it up.
+    pub fn is_decided(&self) -> bool {
+        self.paid || self.status == "failed"
+    }
+
     /// Why a failed charge was declined, as the `decline_code` of the 402 its creation answered:
     /// the `reason` of an issuer's decline (`insufficient_funds`, …). An issuer's decline without
     /// a reason is one that gave none, as a 402 without a `decline_code` is (`generic_decline`).

@@ -100,14 +100,15 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
 }
 
 /// The charge `event` reports as a success, if `payment` does not account for it: the payment
-/// records another charge, or its outcome is recorded (it is no longer `processing`) without any
-/// charge, so no phase will ever adopt this one (the key is finished: a refusal was recorded).
+/// records another charge, or records this one as declined (`failed`), or its outcome is
+/// recorded (it is no longer `processing`) without any charge, so no phase will ever adopt this
+/// one (the key is finished: a refusal was recorded).
 fn unaccounted(payment: &ChargeRecord, event: &ProcessorEvent) -> Option<ExtraCharge> {
     if event.event_type != ChargeEventType::Succeeded {
         return None;
     }
     let accounted = match &payment.charge_id {
-        Some(recorded) => *recorded == event.charge.id,
+        Some(recorded) => *recorded == event.charge.id && payment.status != PaymentStatus::Failed,
         None => payment.status == PaymentStatus::Processing,
     };
     (!accounted).then(|| ExtraCharge {
@@ -115,4 +116,51 @@ fn unaccounted(payment: &ChargeRecord, event: &ProcessorEvent) -> Option<ExtraCh
         downstream_key: event.downstream_key.clone(),
         recorded: payment.charge_id.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::ids::AccountId;
+
+    fn succeeded(charge_id: &str) -> ProcessorEvent {
+        let object = json!({"id": charge_id, "amount": 500, "currency": "usd", "captured": true,
+            "paid": true, "status": "succeeded", "amount_captured": 500, "amount_refunded": 0,
+            "refunded": false});
+        ProcessorEvent {
+            id: "evt_1".into(),
+            event_type: ChargeEventType::Succeeded,
+            created: 0,
+            charge: serde_json::from_value(object.clone()).unwrap(),
+            object,
+            downstream_key: Some("pay_1/charge".into()),
+        }
+    }
+
+    fn payment(charge_id: Option<&str>, status: PaymentStatus) -> ChargeRecord {
+        let account_id = AccountId::parse("acct_1").unwrap();
+        ChargeRecord { account_id, key_id: Some(1), charge_id: charge_id.map(Into::into), status }
+    }
+
+    #[test]
+    fn a_success_of_the_charge_a_payment_records_as_declined_is_for_a_person() {
+        let event = succeeded("ch_1");
+        assert_eq!(unaccounted(&payment(Some("ch_1"), PaymentStatus::Succeeded), &event), None);
+        assert_eq!(unaccounted(&payment(None, PaymentStatus::Processing), &event), None);
+        let extra = |recorded: Option<&str>| ExtraCharge {
+            charge_id: "ch_1".into(),
+            downstream_key: Some("pay_1/charge".into()),
+            recorded: recorded.map(Into::into),
+        };
+        let declined = payment(Some("ch_1"), PaymentStatus::Failed);
+        assert_eq!(unaccounted(&declined, &event), Some(extra(Some("ch_1"))));
+        let another = payment(Some("ch_0"), PaymentStatus::Succeeded);
+        assert_eq!(unaccounted(&another, &event), Some(extra(Some("ch_0"))));
+        let refused = payment(None, PaymentStatus::Failed);
+        assert_eq!(unaccounted(&refused, &event), Some(extra(None)));
+    }
 }

@@ -214,7 +214,13 @@ impl<P: CardProcessor> CreatePayment<P> {
         let outcome = self.ctx.processor.create_charge(request).await;
         idem::failpoint(|| format!("{CREATE_PAYMENT}.after_call")).await;
         let err = match outcome {
-            Ok(charge) => return Ok(Some(Answered { charge: Ok(charge), reconciled: None })),
+            Ok(charge) if charge.is_decided() => {
+                return Ok(Some(Answered { charge: Ok(charge), reconciled: None }));
+            }
+            Ok(undecided) => {
+                let (charge, detail) = self.decided(lease, &request.key, undecided).await?;
+                return Ok(Some(Answered { charge: Ok(charge), reconciled: Some(detail) }));
+            }
             Err(err) => err,
         };
         match err.class() {
