@@ -30,7 +30,12 @@
 //! after a phase's commit whose answer was lost without batches.
 //!
 //! The task's connection is checked with a round trip after a second idle, and closed after a
-//! batch that failed; the next batch connects again.
+//! batch that failed; the next batch connects again. A batch, from taking its connection to
+//! reading its answer, has a deadline ([`DEADLINE`]): the server cancels a statement that runs
+//! or waits for a lock that long (the session's `statement_timeout` and `lock_timeout`), and the
+//! task gives up on a connection that stops answering at all (a network that drops packets, a
+//! server that froze) shortly after. Its rows go alone, as after a lost answer; the connection
+//! is dropped, and the next batch connects again.
 //!
 //! [`Lease::phase_in_batch`]: crate::Lease::phase_in_batch
 
@@ -83,6 +88,7 @@ struct Shared<B: Batch> {
     queue: OnceLock<mpsc::UnboundedSender<Entry<B>>>,
     batch: Arc<B>,
     pool: PgPool,
+    deadline: Duration,
     /// When the batch in flight was sent, if one is.
     in_flight: Arc<Mutex<Option<Instant>>>,
     /// Whether the task was found ended (and said so).
@@ -103,11 +109,16 @@ impl<B: Batch> std::fmt::Debug for Batcher<B> {
 
 impl<B: Batch> Batcher<B> {
     /// Batches of `batch`, sent on a connection made with `pool`'s options, beside the pool's
-    /// own: one more session on the server while the task lives.
+    /// own: one more session on the server while the task lives. Each has [`DEADLINE`].
     pub fn new(pool: PgPool, batch: B) -> Self {
+        Self::with_deadline(pool, batch, DEADLINE)
+    }
+
+    /// [`Batcher::new`] with another deadline for each batch.
+    pub fn with_deadline(pool: PgPool, batch: B, deadline: Duration) -> Self {
         let in_flight = Arc::default();
         let (queue, batch, ended) = (OnceLock::new(), Arc::new(batch), AtomicBool::new(false));
-        let shared = Shared { queue, batch, pool, in_flight, ended };
+        let shared = Shared { queue, batch, pool, deadline, in_flight, ended };
         Self { shared: Arc::new(shared) }
     }
 
@@ -124,7 +135,8 @@ impl<B: Batch> Batcher<B> {
         let queue = self.shared.queue.get_or_init(|| {
             let (queue, rows) = mpsc::unbounded_channel();
             let (batch, pool) = (self.shared.batch.clone(), self.shared.pool.clone());
-            tokio::spawn(run(batch, pool, self.shared.in_flight.clone(), rows));
+            let (deadline, in_flight) = (self.shared.deadline, self.shared.in_flight.clone());
+            tokio::spawn(run(batch, pool, deadline, in_flight, rows));
             queue
         });
         let (answer, answered) = oneshot::channel();
@@ -147,6 +159,15 @@ impl<B: Batch> Batcher<B> {
 /// behind it. A batch takes milliseconds; one that waits this long waits for something else.
 pub const STUCK: Duration = Duration::from_secs(1);
 
+/// How long a batch may take, from its connection to its answer, before it is given up and its
+/// rows go alone: the batch connection's `statement_timeout` and `lock_timeout`, and, a second
+/// later, the task's own bound for a connection that stops answering.
+pub const DEADLINE: Duration = Duration::from_secs(5);
+
+/// How much longer than the server's bound the task waits for an answer: a statement the server
+/// cancelled answers within it.
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
+
 /// The batch-in-flight mark, whatever a panic elsewhere left it as.
 fn lock(in_flight: &Mutex<Option<Instant>>) -> std::sync::MutexGuard<'_, Option<Instant>> {
     in_flight.lock().unwrap_or_else(PoisonError::into_inner)
@@ -157,15 +178,19 @@ fn lock(in_flight: &Mutex<Option<Instant>>) -> std::sync::MutexGuard<'_, Option<
 /// no batch waits that long. The kept connections' `IDLE_RECHECK`.
 const IDLE_RECHECK: Duration = Duration::from_secs(1);
 
-/// A connection for batches: the pool's session settings (its `statement_timeout` included),
-/// with generic plans from the first execution. A batch's rows are its statement's parameters,
+/// A connection for batches: the pool's session settings, with statements and lock waits bound
+/// by `deadline`, and generic plans from the first execution. A batch's rows are its statement's parameters,
 /// so a custom plan, which Postgres keeps choosing when it is cheaper than the generic plan for
 /// the rows at hand (and for a few rows it always is), would plan the statement again for every
 /// batch: more than the batch saves. The generic plan walks the tables' keys for any number of
 /// rows.
-async fn connect(pool: &PgPool) -> Result<PgConnection, sqlx::Error> {
-    let options =
-        (*pool.connect_options()).clone().options([("plan_cache_mode", "force_generic_plan")]);
+async fn connect(pool: &PgPool, deadline: Duration) -> Result<PgConnection, sqlx::Error> {
+    let bound = format!("{}ms", deadline.as_millis().max(1));
+    let options = (*pool.connect_options()).clone().options([
+        ("plan_cache_mode", "force_generic_plan"),
+        ("statement_timeout", bound.as_str()),
+        ("lock_timeout", bound.as_str()),
+    ]);
     let timeout = pool.options().get_acquire_timeout();
     tokio::time::timeout(timeout, options.connect()).await.map_err(|_| sqlx::Error::PoolTimedOut)?
 }
@@ -176,6 +201,7 @@ async fn connect(pool: &PgPool) -> Result<PgConnection, sqlx::Error> {
 async fn run<B: Batch>(
     batch: Arc<B>,
     pool: PgPool,
+    deadline: Duration,
     in_flight: Arc<Mutex<Option<Instant>>>,
     mut rows: mpsc::UnboundedReceiver<Entry<B>>,
 ) {
@@ -190,27 +216,36 @@ async fn run<B: Batch>(
         let (sent, answers): (Vec<_>, Vec<_>) =
             entries.drain(..).map(|entry| ((entry.row, entry.fence), entry.answer)).unzip();
         *lock(&in_flight) = Some(Instant::now());
-        let held = match connection.take() {
-            Some((mut idle, answered)) if answered.elapsed() >= IDLE_RECHECK => {
-                match idle.ping().await {
-                    Ok(()) => Ok(idle),
-                    Err(_) => connect(&pool).await,
+        let (kept, pool, batch) = (connection.take(), &pool, &batch);
+        let sent_on = async move {
+            let mut held = match kept {
+                Some((mut idle, answered)) if answered.elapsed() >= IDLE_RECHECK => {
+                    match idle.ping().await {
+                        Ok(()) => idle,
+                        Err(_) => connect(pool, deadline).await?,
+                    }
                 }
-            }
-            Some((kept, _)) => Ok(kept),
-            None => connect(&pool).await,
+                Some((kept, _)) => kept,
+                None => connect(pool, deadline).await?,
+            };
+            let written = batch.send(&mut held, &sent).await?;
+            Ok::<_, sqlx::Error>((written, held))
         };
-        let written = match held {
-            Ok(mut held) => {
-                let written = batch.send(&mut held, &sent).await;
-                // A connection whose statement failed is closed (it may be the failure); the
-                // next batch connects again.
-                if written.is_ok() {
-                    connection = Some((held, Instant::now()));
-                }
-                written
+        // A connection whose statement failed, or that did not answer in time, is dropped (it
+        // may be the failure); the next batch connects again.
+        let written = match tokio::time::timeout(deadline + ANSWER_GRACE, sent_on).await {
+            Ok(Ok((written, held))) => {
+                connection = Some((held, Instant::now()));
+                Ok(written)
             }
-            Err(err) => Err(err),
+            Ok(Err(err)) => Err(err),
+            Err(_) => {
+                tracing::warn!(
+                    rows = answers.len(),
+                    "a batch did not answer in time: its rows go alone"
+                );
+                Err(sqlx::Error::PoolTimedOut)
+            }
         };
         *lock(&in_flight) = None;
         let written = match written {

@@ -67,11 +67,13 @@ async fn one_statement_phases_move_a_stored_key_fenced(pool: PgPool) {
 
 /// Shipments written in batches: one statement for every row, each order's shipment set where
 /// its key's fence moved it. Records the size of every batch; with `hold_first`, its first batch
-/// waits for `release` before it sends anything.
+/// waits for `release` before it sends anything; with `hang_first`, its first batch never
+/// answers, as on a connection that stopped answering.
 #[derive(Default)]
 struct Shipments {
     sizes: Mutex<Vec<usize>>,
     hold_first: std::sync::atomic::AtomicBool,
+    hang_first: std::sync::atomic::AtomicBool,
     release: tokio::sync::Notify,
 }
 
@@ -90,6 +92,9 @@ impl Batch for ShipmentBatch {
         shipments.sizes.lock().unwrap().push(rows.len());
         if shipments.hold_first.swap(false, Ordering::SeqCst) {
             shipments.release.notified().await;
+        }
+        if shipments.hang_first.swap(false, Ordering::SeqCst) {
+            std::future::pending::<()>().await;
         }
         let shipments: Vec<&str> = rows.iter().map(|(shipment, _)| shipment.as_str()).collect();
         let fences: Vec<FenceRecord> = rows.iter().map(|(_, fence)| fence.clone()).collect();
@@ -250,4 +255,29 @@ async fn a_null_plan_is_stored_as_no_plan(pool: PgPool) {
     assert_eq!(plan, None);
     // The holder that planned it sees what a resumed holder would read: no plan.
     assert_eq!(lease.before_call().await.unwrap(), None);
+}
+
+/// A batch whose connection stops answering is given up at the batcher's deadline: its phase
+/// goes alone instead of waiting for ever, and the next phase is batched again, on a new
+/// connection.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_batch_that_never_answers_is_given_up_and_batching_resumes(pool: PgPool) {
+    let h = harness(pool).await;
+    let (leases, shipments, _) = ready_to_ship(&h, 2).await;
+    let deadline = std::time::Duration::from_millis(200);
+    let batcher =
+        Batcher::with_deadline(h.pool.clone(), ShipmentBatch(shipments.clone()), deadline);
+    shipments.hang_first.store(true, Ordering::SeqCst);
+    let handed = Arc::new(AtomicUsize::new(0));
+    let mut leases = leases.into_iter();
+
+    let (key, hung) = leases.next().unwrap();
+    let alone = tokio::time::timeout(WAIT, ship_batched(hung, batcher.clone(), handed.clone()));
+    alone.await.expect("the phase did not wait for its batch for ever").unwrap();
+    assert_eq!(h.shipment(&key).await.as_deref(), Some("in one"), "it went alone");
+
+    let (key, next) = leases.next().unwrap();
+    ship_batched(next, batcher, handed).await.unwrap();
+    assert_eq!(h.shipment(&key).await.as_deref(), Some("in a batch"), "batching resumed");
+    assert_eq!(*shipments.sizes.lock().unwrap(), [1, 1]);
 }
