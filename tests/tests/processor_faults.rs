@@ -355,3 +355,63 @@ async fn a_pending_charge_the_search_finds_is_waited_for_not_declined(pool: PgPo
     assert_eq!(keys.len(), 2);
     assert_eq!(keys[0], keys[1], "never a next generation while a charge exists");
 }
+
+/// The charge call takes a while, and when it returns the payment's row is locked (a stuck
+/// transaction, say), so the last phase waits past the lease. A retry meanwhile must not take the
+/// key over: the last phase holds its key from its first statement, so the charged client gets
+/// its `201` (not a `409` for a lease lost while it waited), and the retry replays it.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_last_phase_that_waits_past_its_lease_is_not_taken_over(pool: PgPool) {
+    let processor = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(charge(true))
+                .set_delay(Duration::from_millis(1500)),
+        )
+        .mount(&processor)
+        .await;
+    let base = processor.uri();
+    let settings = [
+        ("PAYMENTS__PROCESSOR__BASE_URL", base.as_str()),
+        ("PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS", "5000"),
+        ("PAYMENTS__PROCESSOR__MAX_RETRIES", "0"),
+    ];
+    let app = TestApp::spawn_with(pool.clone(), pool.clone(), &settings).await;
+    let (_, key) = app.create_account("shop").await;
+    let send = || {
+        let request = app.http.post(app.url("/v1/payments")).bearer_auth(&key);
+        request.header("idempotency-key", "k").json(&visa()).send()
+    };
+    let first = tokio::spawn(send());
+
+    // While the call runs: the payment's row is locked, and the key's lease runs out.
+    let created = || async {
+        let payments: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM payments").fetch_one(&pool).await.unwrap();
+        payments == 1
+    };
+    payments_testkit::eventually("the first phase", Duration::from_secs(5), created).await;
+    let mut stuck = pool.begin().await.unwrap();
+    sqlx::query("SELECT FROM payments FOR UPDATE").execute(&mut *stuck).await.unwrap();
+    sqlx::query("UPDATE idempotency_keys SET locked_until = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // The call returns; the last phase's batch and then its statement alone give up on the
+    // lock, and its general phase holds the key and waits for the lock.
+    let tries = idem::batch::DEADLINE + idem::ONE_STATEMENT_TIMEOUT;
+    tokio::time::sleep(Duration::from_millis(2200) + tries).await;
+    let retry = tokio::spawn(send());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!retry.is_finished(), "the retry waits for the holder's phase");
+    stuck.commit().await.unwrap();
+
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), 201, "the charged client gets its answer");
+    let retry = retry.await.unwrap().unwrap();
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(charge_keys(&processor).await.len(), 1, "the retry did not call again");
+}

@@ -34,7 +34,7 @@
 //! reading its answer, has a deadline ([`DEADLINE`]): the server cancels a statement that runs
 //! or waits for a lock that long (the session's `statement_timeout` and `lock_timeout`), and the
 //! task gives up on a connection that stops answering at all (a network that drops packets, a
-//! server that froze) shortly after. Its rows go alone, as after a lost answer; the connection
+//! server that froze) shortly after ([`ANSWER_GRACE`]). Its rows go alone, as after a lost answer; the connection
 //! is dropped, and the next batch connects again.
 //!
 //! [`Lease::phase_in_batch`]: crate::Lease::phase_in_batch
@@ -160,13 +160,15 @@ impl<B: Batch> Batcher<B> {
 pub const STUCK: Duration = Duration::from_secs(1);
 
 /// How long a batch may take, from its connection to its answer, before it is given up and its
-/// rows go alone: the batch connection's `statement_timeout` and `lock_timeout`, and, a second
-/// later, the task's own bound for a connection that stops answering.
-pub const DEADLINE: Duration = Duration::from_secs(5);
+/// rows go alone: the batch connection's `statement_timeout` and `lock_timeout`, and, after
+/// [`ANSWER_GRACE`], the task's own bound for a connection that stops answering. As long as
+/// [`STUCK`]: a batch that waits that long waits for something else. Part of the lease's margin
+/// (`EngineConfig::check_lease_covers`).
+pub const DEADLINE: Duration = STUCK;
 
 /// How much longer than the server's bound the task waits for an answer: a statement the server
 /// cancelled answers within it.
-const ANSWER_GRACE: Duration = Duration::from_secs(1);
+pub const ANSWER_GRACE: Duration = Duration::from_millis(500);
 
 /// The batch-in-flight mark, whatever a panic elsewhere left it as.
 fn lock(in_flight: &Mutex<Option<Instant>>) -> std::sync::MutexGuard<'_, Option<Instant>> {

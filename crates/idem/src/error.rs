@@ -69,6 +69,14 @@ pub enum PhaseError<E> {
     Operation(E),
 }
 
+impl<E> PhaseError<E> {
+    /// Whether the phase gave up waiting, having written nothing: no connection within the
+    /// acquire timeout, or its statement stopped by `lock_timeout` or `statement_timeout`.
+    pub fn timed_out(&self) -> bool {
+        matches!(self, Self::Database(err) if gave_up(err))
+    }
+}
+
 /// Whether the database refused a transaction for a conflict with another one that is running: a
 /// serialization failure (40001) or a deadlock (40P01). It rolled back whole, and running it again
 /// may succeed. (A unique violation is not one: run again, it mostly fails again, unless it is the

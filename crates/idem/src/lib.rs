@@ -136,7 +136,8 @@ mod store;
 
 pub use engine::{
     Claim, ClaimArgs, Due, Engine, EngineConfig, FINISHED, FencedTx, First, Interrupted, Lease,
-    Open, Operation, Read, Reaped, RecoveryPoint, Request, STARTED, Step, TransientKind, drive,
+    ONE_STATEMENT_TIMEOUT, Open, Operation, Read, Reaped, RecoveryPoint, Request, STARTED, Step,
+    TransientKind, drive,
 };
 pub use error::{IdemError, PhaseError, is_retryable};
 pub use failpoint::failpoint;

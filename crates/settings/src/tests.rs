@@ -121,6 +121,18 @@ fn a_lease_shorter_than_the_longest_processor_call_is_refused() {
 }
 
 #[test]
+fn without_kept_phase_connections_the_lease_also_covers_a_statement_on_the_pool() {
+    let pooled = ("PAYMENTS__IDEMPOTENCY__PHASE_CONNECTIONS", "0");
+    let err = load(&[pooled]).unwrap_err().to_string();
+    assert!(err.contains("idempotency.lease_ms"), "{err}");
+    assert!(load(&[pooled, ("PAYMENTS__IDEMPOTENCY__LEASE_MS", "90000")]).is_ok());
+    let unbounded = ("PAYMENTS__DATABASE__STATEMENT_TIMEOUT_MS", "0");
+    let err = load(&[pooled, unbounded]).unwrap_err().to_string();
+    assert!(err.contains("database.statement_timeout_ms"), "{err}");
+    assert!(load(&[pooled, ("PAYMENTS__IDEMPOTENCY__FAST_PATH", "false")]).is_ok());
+}
+
+#[test]
 fn a_bad_processor_url_names_the_setting() {
     let err =
         load(&[("PAYMENTS__PROCESSOR__BASE_URL", "localhost:12111")]).unwrap_err().to_string();

@@ -75,6 +75,23 @@ impl Settings {
         self.engine_config()
             .check_lease_covers(longest)
             .map_err(|reason| invalid("idempotency.lease_ms", reason))?;
+        // Without kept connections, a new payment's last phase tries its one statement on the
+        // pool, bounded only by the pool's statement_timeout, before its general phase holds the
+        // key: the lease must cover that too.
+        if self.idempotency.fast_path && self.idempotency.phase_connections == 0 {
+            let statement = std::time::Duration::from_millis(self.database.statement_timeout_ms);
+            if statement.is_zero() {
+                return Err(invalid(
+                    "database.statement_timeout_ms",
+                    "must be set when idempotency.fast_path runs its phases on the pool \
+                     (idempotency.phase_connections = 0)"
+                        .into(),
+                ));
+            }
+            self.engine_config()
+                .check_lease_covers(longest + statement)
+                .map_err(|reason| invalid("idempotency.lease_ms", reason))?;
+        }
         // Stripe's own limits on metadata: a charge form the processor refuses would fail every
         // payment with a 400 that blames the client.
         let metadata = &self.processor.charge_metadata;

@@ -37,7 +37,7 @@ use crate::observe::{Event, Observer};
 pub use claim::{Claim, Open, Read, Request};
 pub use completer::Due;
 pub use drive::{Interrupted, Operation, TransientKind, drive};
-pub use fast_path::{ClaimArgs, First};
+pub use fast_path::{ClaimArgs, First, ONE_STATEMENT_TIMEOUT};
 use held_leases::Held;
 pub use lease::Lease;
 pub use phase::{FencedTx, Step};
@@ -114,10 +114,22 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// Checks, at start-up, that a lease outlives the longest foreign call (with its retries),
-    /// with five seconds to spare for the phase commits around it.
+    /// What a lease must cover beyond the longest foreign call: the last phase's start. A phase
+    /// holds its key from its first statement (`store::begin_holding`), so a lease that lasts
+    /// until the last phase begins covers it however long it then waits. Before a general phase
+    /// the last phase may try one statement (a row of a batch, bounded by [`batch::DEADLINE`]
+    /// and [`batch::ANSWER_GRACE`], then alone, bounded by [`ONE_STATEMENT_TIMEOUT`]); the rest
+    /// (2.5 s) is for a pooled connection (`database.acquire_timeout_ms`, 2 s by default) and
+    /// the round trips.
+    ///
+    /// [`batch::DEADLINE`]: crate::batch::DEADLINE
+    /// [`batch::ANSWER_GRACE`]: crate::batch::ANSWER_GRACE
+    pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
+
+    /// Checks, at start-up, that a lease outlives the longest foreign call (with its retries)
+    /// by [`EngineConfig::LEASE_MARGIN`].
     pub fn check_lease_covers(&self, longest_foreign_call: Duration) -> Result<(), String> {
-        let needed = longest_foreign_call + Duration::from_secs(5);
+        let needed = longest_foreign_call + Self::LEASE_MARGIN;
         if self.lease < needed {
             return Err(format!(
                 "the lease ({} ms) must be at least {} ms: the longest processor call with its \
@@ -223,7 +235,11 @@ impl Engine {
         let count = self.config.phase_connections;
         (count > 0).then(|| {
             self.phases.get_or_init(|| {
-                SideConnections::start(&self.pool, count, (*self.pool.connect_options()).clone())
+                let bound = format!("{}ms", fast_path::ONE_STATEMENT_TIMEOUT.as_millis());
+                let options = (*self.pool.connect_options())
+                    .clone()
+                    .options([("statement_timeout", bound.as_str())]);
+                SideConnections::start(&self.pool, count, options)
             })
         })
     }

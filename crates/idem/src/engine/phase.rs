@@ -3,7 +3,7 @@
 //! each of which moves the key in the same transaction:
 //!
 //! ```text
-//! let mut tx = lease.begin().await?;                 // BEGIN (and, for a new key, its insert)
+//! let mut tx = lease.begin().await?;                 // BEGIN, the key held (a new key: inserted)
 //! insert_refund(&mut tx, …).await?;                  // the operation's own writes
 //! tx.commit_call(Point::RefundCreated, &request)     // or commit_next(point), commit_answer(response)
 //! ```
@@ -11,7 +11,9 @@
 //! Each commit is fenced: it moves the key only `WHERE owner_token = ours AND recovery_point =
 //! where we started`, and if that moves no row the whole transaction rolls back
 //! ([`Interrupted::LeaseLost`]). A transaction dropped without a commit rolls back too, so an
-//! error anywhere in a phase leaves nothing behind.
+//! error anywhere in a phase leaves nothing behind. The phase holds its key's row from its first
+//! statement (`store::begin_holding`), so a phase that waits for a lock past its lease is not
+//! taken over meanwhile: the takeover waits for the phase, then finds the key moved on.
 
 use std::ops::{Deref, DerefMut};
 
@@ -73,7 +75,8 @@ impl std::fmt::Debug for FencedTx<'_> {
 }
 
 impl Lease {
-    /// Begins an atomic phase. A new key is stored first, in the same transaction, holding the
+    /// Begins an atomic phase. A stored key's row is held from here to the commit
+    /// (`store::begin_holding`). A new key is stored first, in the same transaction, holding the
     /// lease at its recovery point: a request with the same key then waits on the unique index
     /// before it writes anything, and the phase may write rows that refer to the key. If another
     /// request stored the key first, this fails with [`Interrupted::Superseded`].
@@ -86,7 +89,11 @@ impl Lease {
             Ok(granting) => granting,
             Err(err) => return Err(self.failed(err, &span)),
         };
-        let mut tx = self.engine.pool.begin().instrument(span.clone()).await?;
+        let begin = match self.new {
+            None => store::begin_holding(self.key_id, self.token).into(),
+            Some(_) => std::borrow::Cow::Borrowed("BEGIN"),
+        };
+        let mut tx = self.engine.pool.begin_with(begin).instrument(span.clone()).await?;
         if self.new.is_some() {
             let store_new = self.fence_to(&self.point, None, None, true)?;
             let stored = store::commit(&mut *tx, &store_new).instrument(span.clone()).await;

@@ -115,16 +115,24 @@ pub(crate) async fn release_unheld(
 /// (a webhook from the processor): `next_attempt_at` moves to now, and `woken_at` records the
 /// news. A lease held now is left alone: its holder finishes, or releases, and a release after a
 /// wake schedules the next attempt now instead of after its back-off. A finished key or one
-/// waiting for a person is not touched. True if the key was unfinished.
+/// waiting for a person is not touched. True if the key was woken.
 ///
-/// `woken_at` is read from the clock when the row is written, after any phase of the holder that
-/// held the row's lock has committed, so it is later than that phase's `last_run_at`.
+/// A key whose row is locked right now is skipped, not waited for: its holder is in a phase
+/// (`store::begin_holding`), or a claim or the completer is taking it, so someone is at work on
+/// it. Waiting would deadlock with a phase, which holds its key and then the payment, while the
+/// caller holds the payment. The news is recorded all the same, and the holder's next attempt
+/// finds it; only the shortcut past a back-off is lost, in that race.
+///
+/// `woken_at` is read from the clock when the row is written, which no phase holds then, so it is
+/// later than the last phase's `last_run_at`.
 pub async fn wake(executor: impl PgExecutor<'_>, key_id: i64) -> Result<bool, sqlx::Error> {
     let woken = sqlx::query!(
         r#"
         UPDATE idempotency_keys
            SET next_attempt_at = least(next_attempt_at, now()), woken_at = clock_timestamp()
-         WHERE id = $1 AND completed_at IS NULL AND needs_human_at IS NULL
+         WHERE id = (SELECT id FROM idempotency_keys
+                      WHERE id = $1 AND completed_at IS NULL AND needs_human_at IS NULL
+                        FOR NO KEY UPDATE SKIP LOCKED)
         "#,
         key_id,
     )

@@ -191,6 +191,20 @@ pub(crate) struct Fence<'a> {
     pub lease_ms: i64,
 }
 
+/// What begins a phase of a stored key: `BEGIN`, and the key's row locked if this lease still
+/// holds it (`FOR NO KEY UPDATE`), sent as one simple query, so it costs no round trip of its own.
+/// From the phase's first statement to its end, a takeover waits for it (and then finds the key
+/// moved on), however long the phase waits for its other locks after its lease ran out; rows
+/// that only refer to the key (`FOR KEY SHARE`) do not wait. A lease already lost locks nothing,
+/// and the phase's fenced commit refuses it as before. Both values are typed (an integer and a
+/// UUID): nothing a client sends reaches the text.
+pub(crate) fn begin_holding(key_id: i64, token: Uuid) -> String {
+    format!(
+        "BEGIN; SELECT FROM idempotency_keys WHERE id = {key_id} AND owner_token = '{token}' \
+         FOR NO KEY UPDATE"
+    )
+}
+
 /// Bounds, for the rest of the transaction, how long a statement runs and waits for a row lock
 /// (`SET LOCAL statement_timeout, lock_timeout`).
 pub(crate) async fn bound_waits(conn: &mut PgConnection, timeout_ms: i64) -> Result<(), IdemError> {

@@ -9,7 +9,7 @@ use idem::{
 };
 use sqlx::PgPool;
 
-use crate::helpers::{Insert, Outcome, Point, harness};
+use crate::helpers::{Insert, Outcome, Point, harness, key, order_claim};
 
 #[sqlx::test(migrations = "../../migrations")]
 async fn a_key_abandoned_at_every_recovery_point_resumes_and_ships_once(pool: PgPool) {
@@ -68,6 +68,38 @@ async fn a_late_commit_by_a_holder_that_lost_its_lease_is_rejected_and_leaves_no
 
     h.run(fast).await.unwrap();
     assert_eq!(h.orders().await, 1);
+}
+
+/// A phase holds its key from its first statement: a holder whose lease runs out while its phase
+/// waits (for another lock, say) is not taken over meanwhile. The retry waits for the phase, then
+/// replays the answer the phase stored, and the holder's commit stands.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_phase_that_outlives_its_lease_is_not_taken_over(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut lease = h.acquire("k1").await;
+    lease.renew().await.unwrap();
+    // The lease ran out before the phase began (a call that took the whole lease); a phase
+    // that waits for a lock past it is the same to a retry.
+    h.expire_lease("k1").await;
+    let key_id = lease.key_id();
+    let mut tx = lease.begin().await.unwrap();
+    let engine = h.engine.clone();
+    let retry = tokio::spawn(async move {
+        let request = order_claim("acct_1", &key("k1"), &serde_json::json!({"item": "book"}));
+        engine.claim(&request).await.unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!retry.is_finished(), "the retry waits for the phase instead of taking the key over");
+
+    sqlx::query("INSERT INTO orders (key_id) VALUES ($1)")
+        .bind(key_id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let answer = StoredResponse::json(201, b"{\"placed\":true}".to_vec());
+    tx.commit_answer(answer.clone()).await.expect("the holder's phase commits");
+    assert!(matches!(retry.await.unwrap(), Claim::Replay(stored) if stored == answer));
+    assert_eq!(h.events.count(Event::TookOver), 0);
 }
 
 #[sqlx::test(migrations = "../../migrations")]
@@ -169,6 +201,14 @@ fn the_lease_must_outlive_the_longest_foreign_call() {
     let config = EngineConfig { lease: Duration::from_secs(10), ..EngineConfig::default() };
     assert!(config.check_lease_covers(Duration::from_secs(5)).is_ok());
     assert!(config.check_lease_covers(Duration::from_millis(5001)).is_err());
+}
+
+/// The margin covers the last phase's tries before its general phase holds the key: a batch, the
+/// statement alone, and a pooled connection within the default acquire timeout (2 s).
+#[test]
+fn the_lease_margin_covers_the_one_statement_tries_of_a_last_phase() {
+    let tries = idem::batch::DEADLINE + idem::batch::ANSWER_GRACE + idem::ONE_STATEMENT_TIMEOUT;
+    assert!(tries + Duration::from_secs(2) <= EngineConfig::LEASE_MARGIN, "{tries:?}");
 }
 
 /// An operation of one phase that inserts an order; its first run fails as a serialization

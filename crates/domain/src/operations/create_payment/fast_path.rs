@@ -45,7 +45,8 @@ pub(super) async fn claim_with_payment<P: CardProcessor>(
 /// with the answer computed before, from the row at `version` ([`Changes::apply`]), as a row of
 /// the batch of new payments' last phases (`payments::batch`) when there is one, else alone
 /// (`payments::update_fenced`). `false` when it did not run (the row changed meanwhile: its
-/// description, say); the caller then runs the reference form.
+/// description, say; or its statement waited [`idem::ONE_STATEMENT_TIMEOUT`] for a lock); the
+/// caller then runs the reference form.
 ///
 /// [`Changes::apply`]: crate::payments::Changes::apply
 pub(super) async fn charged_in_one(
@@ -83,6 +84,9 @@ pub(super) async fn charged_in_one(
     match sent {
         Ok(()) => Ok(true),
         Err(PhaseError::Operation(InOne::Moved)) => Ok(false),
+        // It waited (for the payment's row lock, say) and wrote nothing: the reference form
+        // holds the key from its first statement, so it may wait past the lease untaken.
+        Err(err) if err.timed_out() => Ok(false),
         Err(err) => Err(err.into()),
     }
 }

@@ -9,3 +9,4 @@ pub(super) mod first_statement;
 pub(super) mod one_statement;
 
 pub use first_statement::{ClaimArgs, First};
+pub use one_statement::ONE_STATEMENT_TIMEOUT;

@@ -4,6 +4,7 @@
 //! statements ([`Lease::phase_in_batch`], `crate::batch`).
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use sqlx::PgConnection;
 use tracing::Instrument;
@@ -15,6 +16,14 @@ use crate::batch::{Batch, Batcher};
 use crate::error::{PhaseError, is_retryable};
 use crate::observe::Event;
 use crate::store::FenceRecord;
+
+/// The `statement_timeout` of the connections kept for one-statement phases: such a phase takes
+/// milliseconds, and one that waits this long waits for a lock. It fails
+/// ([`PhaseError::timed_out`]) having written nothing, and the operation runs its general phase
+/// instead, which holds its key from its first statement however long it then waits. Part of the
+/// lease's margin (`EngineConfig::check_lease_covers`). On the pool (no kept connections) the
+/// pool's own `statement_timeout` applies.
+pub const ONE_STATEMENT_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Lease {
     /// Runs one atomic phase that ends with `step` as a single statement, which commits on its
