@@ -207,3 +207,29 @@ fn the_fast_path_is_on_by_default_and_can_be_turned_off() {
     let reference = ("PAYMENTS__IDEMPOTENCY__FAST_PATH", "false");
     assert!(load(&[reference]).is_ok_and(|s| !s.idempotency.fast_path));
 }
+
+#[test]
+fn deny_ranges_are_read_from_the_environment_as_one_string_and_a_bad_one_is_named() {
+    assert!(load(&[]).unwrap().webhooks.deny_ranges.is_empty());
+    let settings =
+        load(&[("PAYMENTS__WEBHOOKS__DENY_RANGES", "203.0.113.0/24, 2001:db8::/32 198.51.100.7")])
+            .unwrap();
+    let ranges: Vec<String> =
+        settings.webhooks.deny_ranges.iter().map(ToString::to_string).collect();
+    assert_eq!(ranges, ["203.0.113.0/24", "2001:db8::/32", "198.51.100.7/32"]);
+    assert!(
+        load(&[("PAYMENTS__WEBHOOKS__DENY_RANGES", "")]).unwrap().webhooks.deny_ranges.is_empty()
+    );
+    let err = load(&[("PAYMENTS__WEBHOOKS__DENY_RANGES", "10.0.0.0/8, intranet")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("PAYMENTS__WEBHOOKS__DENY_RANGES") && err.contains("`intranet`"), "{err}");
+    // In a file, a list.
+    let from_file: Settings = Config::builder()
+        .add_source(File::from_str(DEFAULTS, FileFormat::Toml))
+        .add_source(File::from_str("[webhooks]\ndeny_ranges = [\"fd00::/8\"]", FileFormat::Toml))
+        .build()
+        .and_then(Config::try_deserialize)
+        .unwrap();
+    assert_eq!(from_file.webhooks.deny_ranges, ["fd00::/8".parse::<ipnet::IpNet>().unwrap()]);
+}

@@ -27,14 +27,14 @@ use sqlx::PgPool;
 use crate::jobs::SEND_TIMEOUT;
 
 /// Resolves names for deliveries, keeping only the addresses the rule permits.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CheckedResolver {
-    rule: AddressRule,
+    rule: Arc<AddressRule>,
 }
 
 impl reqwest::dns::Resolve for CheckedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let rule = self.rule;
+        let rule = self.rule.clone();
         Box::pin(async move {
             let found: Vec<SocketAddr> =
                 tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
@@ -57,7 +57,7 @@ impl reqwest::dns::Resolve for CheckedResolver {
 #[derive(Debug, Clone)]
 pub struct Deliverer {
     client: reqwest::Client,
-    rule: AddressRule,
+    rule: Arc<AddressRule>,
     settings: WebhookSettings,
 }
 
@@ -77,7 +77,10 @@ pub enum Delivered {
 impl Deliverer {
     /// A deliverer for these settings.
     pub fn new(settings: &WebhookSettings) -> anyhow::Result<Self> {
-        let rule = AddressRule { allow_loopback: settings.allow_loopback };
+        let rule = Arc::new(AddressRule {
+            allow_loopback: settings.allow_loopback,
+            deny_ranges: settings.deny_ranges.clone(),
+        });
         // Bounded by the job claim: a delivery never outlives it, so it is not posted twice at
         // once by two runners.
         let timeout = Duration::from_millis(settings.timeout_ms).min(SEND_TIMEOUT);
@@ -85,7 +88,7 @@ impl Deliverer {
             .timeout(timeout)
             .connect_timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
-            .dns_resolver(Arc::new(CheckedResolver { rule }))
+            .dns_resolver(Arc::new(CheckedResolver { rule: rule.clone() }))
             // No proxy from the environment (`HTTP_PROXY`, `ALL_PROXY`, …): a proxy resolves the
             // endpoint's name itself, past the address rule.
             .no_proxy()
@@ -226,6 +229,7 @@ mod tests {
     fn deliverer(base: u64, cap: u64) -> Deliverer {
         let settings = WebhookSettings {
             allow_loopback: true,
+            deny_ranges: Vec::new(),
             timeout_ms: 1000,
             backoff_base_ms: base,
             backoff_cap_ms: cap,

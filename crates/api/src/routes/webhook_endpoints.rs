@@ -2,8 +2,9 @@
 //! delivery log.
 //!
 //! The URL is held to the address rule (`payments_domain::webhooks::AddressRule`): `http` or
-//! `https`, and no private or loopback address unless `webhooks.allow_loopback`. The signing
-//! secret is in the creation's answer only.
+//! `https`, no address that is not globally reachable (loopback allowed by
+//! `webhooks.allow_loopback`) or that `webhooks.deny_ranges` refuses. The signing secret is in
+//! the creation's answer only.
 
 use axum::Json;
 use axum::extract::State;
@@ -84,7 +85,11 @@ fn endpoint_id(path: &str) -> Result<WebhookEndpointId, ApiError> {
 }
 
 fn rule(state: &AppState) -> AddressRule {
-    AddressRule { allow_loopback: state.settings.webhooks.allow_loopback }
+    let webhooks = &state.settings.webhooks;
+    AddressRule {
+        allow_loopback: webhooks.allow_loopback,
+        deny_ranges: webhooks.deny_ranges.clone(),
+    }
 }
 
 /// `POST /v1/webhook_endpoints`. With an `Idempotency-Key`, the creation runs as a one-phase

@@ -6,7 +6,8 @@
 //! "<t>.<body>")>`. The receiver recomputes it with the secret it was shown once, compares in
 //! constant time, and refuses a timestamp outside its tolerance (a replay).
 //!
-//! Here: an endpoint ([`Endpoint`]) and the answers that show it. The URL rule is in `address`,
+//! Here: an endpoint ([`Endpoint`]) and the answers that show it. The URL rule is in `address`
+//! (the special-purpose address registries it reads in `special`),
 //! the endpoints' SQL in `store`, the types an endpoint takes in `enabled`, the delivery log in
 //! `log`.
 
@@ -20,6 +21,7 @@ use crate::stored::text_enum;
 mod address;
 mod enabled;
 mod log;
+mod special;
 mod store;
 
 pub use address::AddressRule;
