@@ -19,4 +19,5 @@ mod processor_faults;
 mod processor_webhooks;
 mod proof;
 mod round_trips;
+mod webhook_log;
 mod webhooks;

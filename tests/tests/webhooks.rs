@@ -72,7 +72,11 @@ async fn start_receiver(pool: PgPool, secret: String, faults: Arc<Faults>) -> St
 }
 
 /// A worker over the test database with the given settings overrides (loopback allowed).
-fn worker(pool: &PgPool, sim: &str, overrides: &[(&str, &str)]) -> Worker<ProcessorClient> {
+pub(crate) fn worker(
+    pool: &PgPool,
+    sim: &str,
+    overrides: &[(&str, &str)],
+) -> Worker<ProcessorClient> {
     let mut all = vec![
         ("PAYMENTS__PROCESSOR__BASE_URL", sim),
         ("PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK", "true"),
@@ -91,7 +95,7 @@ fn worker(pool: &PgPool, sim: &str, overrides: &[(&str, &str)]) -> Worker<Proces
     .expect("a worker")
 }
 
-async fn pass(worker: &Worker<ProcessorClient>) {
+pub(crate) async fn pass(worker: &Worker<ProcessorClient>) {
     let (_stop_tx, stop) = watch::channel(false);
     worker.run_once(&stop).await.expect("a worker pass");
 }
@@ -453,9 +457,16 @@ async fn every_event_reaches_the_receiver_through_failures_and_is_applied_exactl
             .as_array()
             .expect("a log")
             .iter()
-            .any(|a| a["status_code"].is_null()
-                && a["error"].as_str().is_some_and(|e| !e.is_empty())),
+            .any(|a| a["status_code"].is_null() && a["error"] == "timeout"),
         "the hang is logged as an attempt without an answer: {log}"
+    );
+    assert!(
+        log["data"]
+            .as_array()
+            .expect("a log")
+            .iter()
+            .any(|a| a["status_code"] == 500 && a["error"] == "http_status"),
+        "a 500 is logged as the receiver's status: {log}"
     );
 
     // Forced redeliveries (as after a lost acknowledgement): the receiver sees every event

@@ -13,6 +13,10 @@
 //! The address rule holds at connection time too: names are resolved by [`CheckedResolver`],
 //! which refuses every address the rule does not permit, so a name that later points inward
 //! (DNS rebinding) reaches nothing; redirects are not followed.
+//!
+//! The delivery log stores the coarse [`Failure`] of an attempt, the one the account is shown;
+//! the error's whole chain goes to this process's log (and the job's `last_error`), for
+//! operators only.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,11 +24,15 @@ use std::time::{Duration, Instant};
 
 use payments_backoff::{Backoff, Jitter};
 use payments_domain::jobs::{self, Job, WebhookJob};
-use payments_domain::webhooks::{self, AddressRule, Attempt, Outcome, SIGNATURE_HEADER};
+use payments_domain::webhooks::{self, AddressRule, Attempt, Failure, Outcome, SIGNATURE_HEADER};
 use payments_settings::WebhookSettings;
 use sqlx::PgPool;
 
 use crate::jobs::SEND_TIMEOUT;
+
+mod failure;
+
+use failure::{Failed, RefusedName, error_chain, failure_of};
 
 /// Resolves names for deliveries, keeping only the addresses the rule permits.
 #[derive(Debug, Clone)]
@@ -36,16 +44,15 @@ impl reqwest::dns::Resolve for CheckedResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let rule = self.rule.clone();
         Box::pin(async move {
-            let found: Vec<SocketAddr> =
-                tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            let refused = |cause| RefusedName { name: name.as_str().to_owned(), cause };
+            let found: Vec<SocketAddr> = match tokio::net::lookup_host((name.as_str(), 0)).await {
+                Ok(found) => found.collect(),
+                Err(err) => return Err(refused(Some(err)).into()),
+            };
             let permitted: Vec<SocketAddr> =
                 found.into_iter().filter(|addr| rule.permits(addr.ip())).collect();
             if permitted.is_empty() {
-                return Err(format!(
-                    "{} resolves to no address webhooks may be delivered to",
-                    name.as_str()
-                )
-                .into());
+                return Err(refused(None).into());
             }
             let addrs: reqwest::dns::Addrs = Box::new(permitted.into_iter());
             Ok(addrs)
@@ -109,6 +116,31 @@ impl Deliverer {
         backoff.delay(u32::try_from(attempt).unwrap_or(0))
     }
 
+    /// Posts `body` to `url`, signed with `secret`: the receiver's status, or why none came.
+    async fn send(&self, url: &str, secret: &str, body: Vec<u8>) -> Result<u16, Failed> {
+        let url = self.rule.check_url(url).map_err(|err| Failed {
+            failure: Failure::RefusedAddress,
+            error: err.to_string(),
+            // The rule changed since the URL was registered: no retry will pass it.
+            for_good: true,
+        })?;
+        let signature = webhooks::signature_header(secret, unix_now(), &body);
+        let sent = self
+            .client
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(SIGNATURE_HEADER, signature)
+            .body(body)
+            .send()
+            .await;
+        match sent {
+            Ok(response) => Ok(response.status().as_u16()),
+            Err(err) => {
+                Err(Failed { failure: failure_of(&err), error: error_chain(&err), for_good: false })
+            }
+        }
+    }
+
     /// Runs one claimed `webhook` job, the delivery `work`.
     pub async fn run(
         &self,
@@ -126,33 +158,25 @@ impl Deliverer {
             // Disabled or deleted since: nothing to deliver.
             return finish(pool, job, true, "").await;
         };
-        let body = event.to_json();
         let started = Instant::now();
-        let answer = match self.rule.check_url(&endpoint.url) {
-            Err(err) => Err((err.to_string(), true)),
-            Ok(url) => {
-                let signature = webhooks::signature_header(&endpoint.secret, unix_now(), &body);
-                let sent = self
-                    .client
-                    .post(url)
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .header(SIGNATURE_HEADER, signature)
-                    .body(body)
-                    .send()
-                    .await;
-                match sent {
-                    Ok(response) => Ok(response.status().as_u16()),
-                    Err(err) => Err((error_chain(&err), false)),
-                }
-            }
-        };
+        let answer = self.send(&endpoint.url, &endpoint.secret, event.to_json()).await;
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let horizon_ms = u64::from(self.settings.horizon_hours) * 3_600_000;
-        let (status_code, error, refused) = match &answer {
-            Ok(status) if (200..300).contains(status) => (Some(*status), None, false),
-            Ok(status) => (Some(*status), Some(format!("answered {status}")), false),
-            Err((error, refused)) => (None, Some(error.clone()), *refused),
+        let (status_code, failure, error, refused) = match answer {
+            Ok(status) if (200..300).contains(&status) => (Some(status), None, None, false),
+            Ok(status) => {
+                (Some(status), Some(Failure::HttpStatus), Some(format!("answered {status}")), false)
+            }
+            Err(Failed { failure, error, for_good }) => {
+                (None, Some(failure), Some(error), for_good)
+            }
         };
+        if let (Some(failure), Some(error)) = (failure, &error) {
+            tracing::warn!(
+                endpoint_id = %endpoint.id, event_id = %event.id, %failure, error, duration_ms,
+                "webhook delivery failed"
+            );
+        }
         let delay = self.backoff(job.attempts);
         let outcome = match &error {
             None => Outcome::Delivered,
@@ -170,7 +194,7 @@ impl Deliverer {
                 event_id: &event.id,
                 attempt: job.attempts,
                 status_code,
-                error: error.as_deref(),
+                failure,
                 duration_ms,
                 outcome,
             },
@@ -208,18 +232,6 @@ fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
-
-/// An error with its sources, so a log line says "connection refused", not "error sending".
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

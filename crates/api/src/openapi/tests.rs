@@ -158,3 +158,18 @@ fn an_optional_body_is_one_that_may_be_absent_not_null() {
     let create = &document["paths"]["/v1/payments"]["post"]["requestBody"];
     assert_eq!(create["required"], true, "{create:#}");
 }
+
+#[test]
+fn the_delivery_log_is_documented_with_coarse_failures_and_no_timing() {
+    let document = rendered(&defaults());
+    let schemas = &document["components"]["schemas"];
+    let attempts = &document["paths"]["/v1/webhook_endpoints/{id}/attempts"]["get"]["responses"];
+    let list = &attempts["200"]["content"]["application/json"]["schema"];
+    assert_eq!(list["$ref"], "#/components/schemas/WebhookAttemptList", "{list:#}");
+    let attempt = &schemas["WebhookAttempt"]["properties"];
+    assert!(attempt["duration_ms"].is_null(), "no timing is shown: {attempt:#}");
+    let failure = schemas["WebhookFailure"].to_string();
+    for class in ["timeout", "connection_refused", "tls_error", "refused_address", "http_status"] {
+        assert!(failure.contains(&format!("\"{class}\"")), "{class}: {failure}");
+    }
+}

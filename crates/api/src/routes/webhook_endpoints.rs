@@ -4,7 +4,8 @@
 //! The URL is held to the address rule (`payments_domain::webhooks::AddressRule`): `http` or
 //! `https`, no address that is not globally reachable (loopback allowed by
 //! `webhooks.allow_loopback`) or that `webhooks.deny_ranges` refuses. The signing secret is in
-//! the creation's answer only.
+//! the creation's answer only. The delivery log shows each attempt's coarse outcome
+//! (`payments_domain::webhooks::Failure`), never an error's text or its timing.
 
 use axum::Json;
 use axum::extract::State;
@@ -13,7 +14,9 @@ use payments_domain::ids::WebhookEndpointId;
 use payments_domain::operations::{
     CreateEndpoint, CreateEndpointParams, UpdateEndpoint, UpdateEndpointParams,
 };
-use payments_domain::webhooks::{self, AddressRule, EnabledEvents, EndpointStatus};
+use payments_domain::webhooks::{
+    self, AddressRule, EnabledEvents, EndpointStatus, Failure, Outcome,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa_axum::routes;
@@ -73,6 +76,42 @@ pub struct WebhookEndpointDoc {
     /// `whsec_…`: in the answer to the creation only. Verify each delivery's
     /// `Payments-Signature` with it.
     pub secret: Option<String>,
+}
+
+/// One attempt of an endpoint's delivery log (the document's `WebhookAttempt`). Only a coarse
+/// outcome is shown, never the error's text nor how long the attempt took: the account chooses
+/// the URL, and those would let its deliveries map hosts and ports.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = WebhookAttempt)]
+pub struct WebhookAttemptDoc {
+    /// Always `"webhook_attempt"`.
+    pub object: String,
+    /// The event delivered, `evt_…`.
+    pub event: String,
+    /// 1 for the first attempt.
+    pub attempt: i32,
+    /// The receiver's status, when it answered.
+    pub status_code: Option<i32>,
+    /// Why the attempt failed, when it did (`http_status`: see `status_code`).
+    pub error: Option<Failure>,
+    /// What became of the delivery after this attempt.
+    pub outcome: Outcome,
+    /// Unix seconds.
+    pub created: i64,
+}
+
+/// `GET /v1/webhook_endpoints/{id}/attempts` (the document's `WebhookAttemptList`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = WebhookAttemptList)]
+pub struct WebhookAttemptListDoc {
+    /// Always `"list"`.
+    pub object: String,
+    /// The latest attempts, newest first.
+    pub data: Vec<WebhookAttemptDoc>,
+    /// Always `false`: the log shows the latest 100 attempts only.
+    pub has_more: bool,
+    /// `/v1/webhook_endpoints/{id}/attempts`
+    pub url: String,
 }
 
 fn no_such_endpoint(id: &str) -> ApiError {
@@ -261,7 +300,9 @@ pub async fn delete(
     Ok(Json(json!({"id": id, "object": "webhook_endpoint", "deleted": true})))
 }
 
-/// `GET /v1/webhook_endpoints/{id}/attempts`: the delivery log, newest first.
+/// `GET /v1/webhook_endpoints/{id}/attempts`: the delivery log, newest first, each attempt's
+/// outcome coarse (a timeout, a refused connection, a TLS error, a refused address, the
+/// receiver's status).
 #[utoipa::path(
     get,
     path = "/v1/webhook_endpoints/{id}/attempts",
@@ -270,7 +311,7 @@ pub async fn delete(
     summary = "The endpoint's delivery log: the latest 100 attempts, newest first",
     params(param::EndpointId),
     responses(
-        (status = 200, description = OK, body = Object),
+        (status = 200, description = OK, body = WebhookAttemptListDoc),
         Problems<ApiKey, (code::ResourceMissing,)>,
     )
 )]

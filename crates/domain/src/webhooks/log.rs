@@ -1,5 +1,12 @@
 //! The delivery log (`webhook_attempts`): one row per attempt to deliver an event to an
 //! endpoint, appended by the worker and read by the API and the inspector.
+//!
+//! The account sees a coarse outcome of each attempt ([`Failure`]: a timeout, a refused
+//! connection, a TLS error, a refused address, or the receiver's status), never the error's
+//! text nor how long the attempt took: an account chooses the URL, so an exact error chain and
+//! timing would make blind deliveries a port scanner of whatever the worker can reach. The
+//! error's text is in the worker's log, for operators, and the duration in the row, for the
+//! inspector.
 
 use serde_json::{Value, json};
 use sqlx::PgExecutor;
@@ -10,6 +17,8 @@ use crate::stored::text_enum;
 
 text_enum! {
     /// What became of a delivery after one attempt.
+    #[derive(utoipa::ToSchema)]
+    #[schema(as = WebhookOutcome)]
     pub enum Outcome {
         /// A 2xx answer: done.
         Delivered,
@@ -17,6 +26,41 @@ text_enum! {
         Retrying,
         /// Failed past the horizon (or refused by the address rule): dead-lettered.
         Dead,
+    }
+}
+
+text_enum! {
+    /// Why an attempt failed, as the account is shown it.
+    #[derive(utoipa::ToSchema)]
+    #[schema(as = WebhookFailure)]
+    pub enum Failure {
+        /// The receiver answered, with a status other than 2xx (the attempt's `status_code`).
+        HttpStatus,
+        /// No answer within `webhooks.timeout_ms`, connecting included.
+        Timeout,
+        /// The receiver's host refused (or reset) the connection.
+        ConnectionRefused,
+        /// The TLS handshake failed: a certificate not valid for the name, or no TLS there.
+        TlsError,
+        /// The URL's host is, or its name resolves only to, an address webhooks may not reach,
+        /// or the name does not resolve at all: the two are one outcome, so that the log does not
+        /// tell which internal names exist.
+        RefusedAddress,
+        /// Any other failure to connect or to read the answer.
+        ConnectionError,
+    }
+}
+
+impl Failure {
+    /// The failure a stored `error` shows. Rows written before the log stored classes hold an
+    /// error's text, which is never shown: they read as the receiver's status when one came,
+    /// else as a connection error.
+    fn shown(stored: &str, status_code: Option<i32>) -> Self {
+        match crate::stored::from_name(stored) {
+            Some(failure) => failure,
+            None if status_code.is_some() => Self::HttpStatus,
+            None => Self::ConnectionError,
+        }
     }
 }
 
@@ -32,8 +76,8 @@ pub struct Attempt<'a> {
     /// The receiver's status, when it answered.
     pub status_code: Option<u16>,
     /// Why it failed, when it did.
-    pub error: Option<&'a str>,
-    /// How long it took.
+    pub failure: Option<Failure>,
+    /// How long it took (kept for operators; never shown to the account).
     pub duration_ms: u64,
     /// What became of the delivery.
     pub outcome: Outcome,
@@ -52,7 +96,7 @@ pub async fn log_attempt(
         attempt.event_id as &EventId,
         attempt.attempt,
         attempt.status_code.map(i32::from),
-        attempt.error,
+        attempt.failure.map(|failure| failure.to_string()),
         i64::try_from(attempt.duration_ms).unwrap_or(i64::MAX),
         attempt.outcome as Outcome,
     )
@@ -62,7 +106,7 @@ pub async fn log_attempt(
 }
 
 /// The most recent attempts to deliver to an endpoint (its delivery log), newest first, as the
-/// API shows them.
+/// API shows them: each failure as its [`Failure`], and no duration.
 pub async fn attempts(
     executor: impl PgExecutor<'_>,
     endpoint_id: &WebhookEndpointId,
@@ -87,8 +131,7 @@ pub async fn attempts(
                 "event": r.event_id,
                 "attempt": r.attempt,
                 "status_code": r.status_code,
-                "error": r.error,
-                "duration_ms": r.duration_ms,
+                "error": r.error.map(|stored| Failure::shown(&stored, r.status_code)),
                 "outcome": r.outcome,
                 "created": r.created,
             })
@@ -111,7 +154,8 @@ pub struct DeliveryLine {
     pub attempt: i32,
     /// The receiver's status, when it answered.
     pub status_code: Option<i32>,
-    /// Why it failed, when it did.
+    /// Why it failed, when it did: a [`Failure`]'s name (an error's text, in rows written before
+    /// the log stored classes).
     pub error: Option<String>,
     /// What became of the delivery.
     pub outcome: Outcome,

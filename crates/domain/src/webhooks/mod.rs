@@ -26,7 +26,7 @@ mod store;
 
 pub use address::AddressRule;
 pub use enabled::EnabledEvents;
-pub use log::{Attempt, DeliveryLine, Outcome, attempts, log_attempt, recent_deliveries};
+pub use log::{Attempt, DeliveryLine, Failure, Outcome, attempts, log_attempt, recent_deliveries};
 pub use store::{create, delete, delivery, find, list, registered, set_status};
 
 /// The header a delivery's signature travels in.
