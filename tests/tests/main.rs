@@ -7,6 +7,7 @@ mod auth;
 mod client;
 mod edge;
 mod edge_holds;
+mod edge_sources;
 mod examples;
 mod failover;
 mod fast_path;

@@ -11,7 +11,8 @@
 //! keep-alive connections: hyper starts it for the next request as soon as an answer is written),
 //! a write timeout (`write_timeout`: a client that stops reading its answers is dropped instead of
 //! holding its connection for ever), the number of open connections is bounded, and each request
-//! knows its peer's address (`ConnectInfo`) for the per-address limit.
+//! knows its peer's address (`ConnectInfo`), from which the edge tells its client's
+//! (`limits::ClientAddress`) for the per-address limit.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -38,6 +39,7 @@ use utoipa_axum::routes;
 use crate::edge::{self, EdgeConfig, EdgeLimits};
 use crate::error::{ApiError, ProblemCode};
 use crate::idempotency::Runner;
+use crate::limits::ProxyTrust;
 use crate::openapi::ApiRouter;
 use crate::routes::{
     events, health, payments, problems, processor_webhooks, refunds, webhook_endpoints,
@@ -69,10 +71,8 @@ pub struct Services {
     pub runner: Runner,
     /// What the payment operations need: the pool, the processor, the public base URL.
     pub operations: Context<ProcessorClient>,
-    /// Per-account request rates; `None` when off.
-    pub rate_limiter: Option<Arc<crate::auth::AccountLimiter>>,
-    /// Per-address rates of requests without a key known to be live; `None` when off.
-    pub address_limiter: Option<Arc<crate::auth::AddressLimiter>>,
+    /// Request rates per account, and per client address of lookups of keys not known to be live.
+    pub limits: crate::limits::Limits,
     /// The accounts of the API keys seen lately.
     pub known_keys: Arc<crate::auth::KnownKeys>,
     /// API keys found unknown lately, answered 401 without a lookup.
@@ -126,6 +126,10 @@ impl Application {
                 request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
                 in_flight: Arc::new(Semaphore::new(settings.http.max_in_flight_requests as usize)),
             },
+            proxies: Arc::new(ProxyTrust::new(
+                settings.http.trusted_proxies.clone(),
+                settings.http.forwarded_header,
+            )),
         };
         let shutdown_grace = Duration::from_millis(settings.http.shutdown_grace_ms);
         let header_read_timeout = Duration::from_millis(settings.http.header_read_timeout_ms);
@@ -148,8 +152,7 @@ impl Application {
                 .with_charge_metadata(settings.processor.charge_metadata.clone())
                 .with_batches(settings.idempotency.batch_phases)
                 .with_fast_path(settings.idempotency.fast_path);
-        let rate_limiter = crate::auth::rate_limiter(&settings.rate_limit);
-        let address_limiter = crate::auth::address_limiter(&settings.rate_limit);
+        let limits = crate::limits::Limits::new(&settings.rate_limit);
         let unknown_keys = crate::auth::UnknownKeys::new(Duration::from_millis(
             settings.rate_limit.unknown_key_cache_ms,
         ));
@@ -162,8 +165,7 @@ impl Application {
             settings: Arc::new(settings),
             runner,
             operations,
-            rate_limiter,
-            address_limiter,
+            limits,
             known_keys: Arc::default(),
             unknown_keys,
             openapi,

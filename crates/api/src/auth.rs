@@ -4,47 +4,29 @@
 //! or revoked is `401 invalid_api_key`. A key that does not even look like one of ours is refused
 //! without a database round trip, and so is, for a few seconds, a key just found unknown.
 //!
-//! Every lookup of a key not known to be live counts against a limit per client address: a flood
-//! of bogus credentials meets `429` and costs no database round trip. What needs no lookup (no
-//! key, a malformed one, one found unknown lately) is a `401` and is not counted.
+//! Every lookup of a key not known to be live counts against a limit per client address
+//! ([`crate::limits`]): a flood of bogus credentials meets `429` and costs no database round trip.
+//! What needs no lookup (no key, a malformed one, one found unknown lately) is a `401` and is not
+//! counted.
 //!
 //! Idempotent endpoints take a `Caller`, whose key may be checked by the claim itself rather than
 //! by a lookup of its own; everything else takes `Authenticated`.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use axum::extract::ConnectInfo;
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use governor::Quota;
-use governor::clock::DefaultClock;
 use payments_domain::AccountId;
 use payments_domain::accounts::{self, SECRET_KEY_PREFIX};
 
 use crate::app::AppState;
 use crate::error::{ApiError, ProblemCode};
-
-/// Request rates, per account.
-pub type AccountLimiter = governor::DefaultKeyedRateLimiter<AccountId>;
-
-/// Rates of lookups of keys not known to be live, per client address.
-pub type AddressLimiter = governor::DefaultKeyedRateLimiter<IpAddr>;
-
-/// The per-address limiter the settings describe, or `None` when it is off.
-pub fn address_limiter(
-    settings: &payments_settings::RateLimitSettings,
-) -> Option<Arc<AddressLimiter>> {
-    let per_second = NonZeroU32::new(settings.per_address_per_second)?;
-    let burst = NonZeroU32::new(settings.per_address_burst).unwrap_or(per_second);
-    Some(Arc::new(governor::RateLimiter::keyed(Quota::per_second(per_second).allow_burst(burst))))
-}
+use crate::limits::ClientAddress;
 
 /// API keys found unknown lately, each until its entry expires. A key is random, so one that was
 /// unknown a moment ago is not about to be created; a revoked key stays revoked. Bounded: when
@@ -82,15 +64,6 @@ impl UnknownKeys {
         }
         keys.insert(digest, now + self.ttl);
     }
-}
-
-/// The limiter the settings describe, or `None` when the limit is off.
-pub fn rate_limiter(
-    settings: &payments_settings::RateLimitSettings,
-) -> Option<Arc<AccountLimiter>> {
-    let per_second = NonZeroU32::new(settings.per_second)?;
-    let burst = NonZeroU32::new(settings.burst).unwrap_or(per_second);
-    Some(Arc::new(governor::RateLimiter::keyed(Quota::per_second(per_second).allow_burst(burst))))
 }
 
 /// The account a request acts for, its key checked against the database by this request.
@@ -218,7 +191,7 @@ async fn identify(parts: &Parts, state: &AppState, trust_known: bool) -> Result<
                 return Err(invalid_api_key());
             }
             if known.is_none() {
-                limit_address(parts, state)?;
+                state.limits.lookup(parts.extensions.get::<ClientAddress>())?;
             }
             let Some(account) = accounts::authenticate_digest(&state.pool, &digest).await? else {
                 // Revoked since it was seen live, perhaps: a request that trusts the known keys
@@ -232,54 +205,11 @@ async fn identify(parts: &Parts, state: &AppState, trust_known: bool) -> Result<
         }
     };
     tracing::Span::current().record("account_id", caller.account.as_str());
-    if let Err(limited) = rate_limit(state, &caller.account) {
+    if let Err(limited) = state.limits.account(&caller.account) {
         caller.check(state).await?;
         return Err(limited);
     }
     Ok(caller)
-}
-
-/// `429` when the request's address has sent too many requests without a live key. A request
-/// that reached the server some other way than its listener (a test's `oneshot`) has no address
-/// and no limit.
-fn limit_address(parts: &Parts, state: &AppState) -> Result<(), ApiError> {
-    let Some(limiter) = &state.address_limiter else { return Ok(()) };
-    let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() else {
-        return Ok(());
-    };
-    if limiter.len() > 100_000 {
-        limiter.retain_recent();
-    }
-    let Err(not_until) = limiter.check_key(&peer.ip()) else { return Ok(()) };
-    let wait = not_until.wait_time_from(governor::clock::Clock::now(&DefaultClock::default()));
-    metrics::counter!("rate_limited_addresses_total").increment(1);
-    Err(ApiError::new(
-        ProblemCode::RateLimited,
-        "This address is sending requests without a valid API key faster than allowed. Retry after the number of seconds in Retry-After.",
-    )
-    .with_retry_after(whole_seconds(wait)))
-}
-
-fn whole_seconds(wait: Duration) -> u32 {
-    u32::try_from(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).unwrap_or(u32::MAX)
-}
-
-/// `429` when the account is over its rate.
-fn rate_limit(state: &AppState, account: &AccountId) -> Result<(), ApiError> {
-    let Some(limiter) = &state.rate_limiter else { return Ok(()) };
-    if limiter.len() > 100_000 {
-        // Forget accounts that have been quiet long enough to have their full burst again.
-        limiter.retain_recent();
-    }
-    let Err(not_until) = limiter.check_key(account) else { return Ok(()) };
-    let wait = not_until.wait_time_from(governor::clock::Clock::now(&DefaultClock::default()));
-    metrics::counter!("rate_limited_total").increment(1);
-    let seconds = whole_seconds(wait);
-    Err(ApiError::new(
-        ProblemCode::RateLimited,
-        "This account is sending requests faster than its rate limit. Retry after the number of seconds in Retry-After, with the same Idempotency-Key.",
-    )
-    .with_retry_after(seconds))
 }
 
 /// `401 invalid_api_key`.

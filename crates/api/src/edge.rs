@@ -1,7 +1,9 @@
 //! The HTTP edge: what wraps every request, whatever its route.
 //!
 //! From the outside in: a request id (`Request-Id: req_…` on every response, and a field of the
-//! request's tracing span), problem rendering (an `ApiError` stashed by a handler or extractor
+//! request's tracing span), the client's address (`limits::ClientAddress`: the peer, or the client
+//! a trusted proxy names; a field of the span too, and what the per-address limit counts), problem
+//! rendering (an `ApiError` stashed by a handler or extractor
 //! becomes an RFC 9457 body with that request id), the declared-size check (413 before anything
 //! reads the body), redaction of `Authorization` in logs, the request span and access log, and
 //! panic recovery (a panic answers 500 `internal_error`; the process stays up).
@@ -14,11 +16,12 @@
 //! with bodies that trickle in.
 
 use std::any::Any;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -30,6 +33,7 @@ use tower_http::trace::TraceLayer;
 use tracing::{Level, Span};
 
 use crate::error::{ApiError, ProblemCode};
+use crate::limits::{ClientAddress, ProxyTrust};
 
 /// The response header that names the request.
 pub static REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("request-id");
@@ -58,6 +62,8 @@ pub struct EdgeConfig {
     pub body_limit_bytes: usize,
     /// Bounds on slow clients and on load.
     pub limits: EdgeLimits,
+    /// Which peers may name the client a request comes from.
+    pub proxies: Arc<ProxyTrust>,
 }
 
 /// How long a request may take and how many run at once.
@@ -166,6 +172,11 @@ async fn request_id_and_problems(
 ) -> Response {
     let request_id = RequestId::generate();
     request.extensions_mut().insert(request_id.clone());
+    // Once per request, before anything counts it against its address.
+    if let Some(ConnectInfo(peer)) = request.extensions().get::<ConnectInfo<SocketAddr>>() {
+        let client = config.proxies.client_address(peer.ip(), request.headers());
+        request.extensions_mut().insert(client);
+    }
 
     // Held until the answer is ready; none left means the server is full, and a quick 503 with
     // Retry-After serves everyone better than a queue that grows until requests time out.
@@ -244,14 +255,19 @@ fn declared_length(request: &Request) -> Option<u64> {
 
 fn request_span(request: &Request) -> Span {
     let request_id = request.extensions().get::<RequestId>().map(RequestId::as_str).unwrap_or("");
-    tracing::span!(
+    let span = tracing::span!(
         Level::INFO,
         "request",
         request_id,
         method = %request.method(),
         path = request.uri().path(),
+        client = tracing::field::Empty,
         account_id = tracing::field::Empty,
-    )
+    );
+    if let Some(client) = request.extensions().get::<ClientAddress>() {
+        span.record("client", tracing::field::display(client));
+    }
+    span
 }
 
 fn answer_panic(panic: Box<dyn Any + Send + 'static>) -> Response {

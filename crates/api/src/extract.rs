@@ -267,6 +267,7 @@ mod tests {
                     public_base_url: "http://test".into(),
                     body_limit_bytes: 64,
                     limits: crate::edge::EdgeLimits::unbounded(),
+                    proxies: Default::default(),
                 },
             );
             let mut request = Request::builder().method(method).uri("/orders");
@@ -332,6 +333,7 @@ mod tests {
                     public_base_url: "http://test".into(),
                     body_limit_bytes: 64,
                     limits: crate::edge::EdgeLimits::unbounded(),
+                    proxies: Default::default(),
                 },
             );
             let chunks = futures_chunks(vec![vec![b' '; 40], vec![b' '; 40]]);

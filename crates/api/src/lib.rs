@@ -12,6 +12,7 @@ pub mod error;
 pub mod extract;
 pub mod idempotency;
 pub mod inspector;
+pub mod limits;
 pub mod metrics;
 pub mod openapi;
 pub mod routes;

@@ -6,7 +6,8 @@
 //!
 //! Here: the whole ([`Settings`]), how it is loaded, and why it may not be ([`SettingsError`]).
 //! Each section of `config/default.toml` has a file of its own (`server` holds `[http]` and
-//! `[rate_limit]`); the checks at start-up are in `validate`.
+//! `[rate_limit]`, `proxies` the trusted proxies of `[http]`); the checks at start-up are in
+//! `validate`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -20,6 +21,7 @@ mod idempotency;
 mod inspector;
 mod log;
 mod processor;
+mod proxies;
 mod server;
 mod validate;
 mod webhooks;
@@ -30,6 +32,7 @@ pub use idempotency::IdempotencySettings;
 pub use inspector::{INSPECTOR_TOKEN_MIN_CHARS, InspectorSettings};
 pub use log::{LogFormat, LogSettings};
 pub use processor::ProcessorSettings;
+pub use proxies::{ForwardedHeader, TrustedProxies};
 pub use server::{HttpSettings, RateLimitSettings};
 pub use webhooks::WebhookSettings;
 pub use worker::WorkerSettings;

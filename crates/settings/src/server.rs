@@ -3,6 +3,8 @@
 
 use serde::Deserialize;
 
+use crate::{ForwardedHeader, TrustedProxies};
+
 /// `[http]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,6 +36,10 @@ pub struct HttpSettings {
     pub max_connections: u32,
     /// Requests served at once at most; more are answered 503.
     pub max_in_flight_requests: u32,
+    /// The proxies whose forwarding header names the client; empty: none, the header is ignored.
+    pub trusted_proxies: TrustedProxies,
+    /// The header those proxies name the client in.
+    pub forwarded_header: ForwardedHeader,
 }
 
 /// `[rate_limit]`

@@ -233,3 +233,37 @@ fn deny_ranges_are_read_from_the_environment_as_one_string_and_a_bad_one_is_name
         .unwrap();
     assert_eq!(from_file.webhooks.deny_ranges, ["fd00::/8".parse::<ipnet::IpNet>().unwrap()]);
 }
+
+#[test]
+fn no_proxy_is_trusted_by_default_and_the_environment_lists_ranges_by_commas() {
+    let settings = load(&[]).unwrap();
+    assert!(settings.http.trusted_proxies.is_empty());
+    assert_eq!(settings.http.forwarded_header, ForwardedHeader::XForwardedFor);
+    let settings = load(&[
+        ("PAYMENTS__HTTP__TRUSTED_PROXIES", "10.0.0.0/8, 2001:db8::/32,192.0.2.7"),
+        ("PAYMENTS__HTTP__FORWARDED_HEADER", "forwarded"),
+    ])
+    .unwrap();
+    let proxies = &settings.http.trusted_proxies;
+    for trusted in ["10.1.2.3", "::ffff:10.1.2.3", "2001:db8:5::1", "192.0.2.7"] {
+        assert!(proxies.contains(trusted.parse().unwrap()), "{trusted}");
+    }
+    for untrusted in ["11.0.0.1", "2001:db9::1", "192.0.2.8"] {
+        assert!(!proxies.contains(untrusted.parse().unwrap()), "{untrusted}");
+    }
+    assert_eq!(settings.http.forwarded_header, ForwardedHeader::Forwarded);
+    assert!(
+        load(&[("PAYMENTS__HTTP__TRUSTED_PROXIES", "")]).unwrap().http.trusted_proxies.is_empty()
+    );
+}
+
+#[test]
+fn a_trusted_proxy_that_is_not_a_range_names_the_setting() {
+    for bad in ["10.0.0.0/33", "lb.internal", "10.0.0.0/8,,nope"] {
+        let err = load(&[("PAYMENTS__HTTP__TRUSTED_PROXIES", bad)]).unwrap_err().to_string();
+        assert!(err.contains("http.trusted_proxies"), "{err}");
+        assert!(err.contains("PAYMENTS__HTTP__TRUSTED_PROXIES"), "{err}");
+    }
+    let err = load(&[("PAYMENTS__HTTP__FORWARDED_HEADER", "x-real-ip")]).unwrap_err().to_string();
+    assert!(err.contains("forwarded_header"), "{err}");
+}

@@ -144,6 +144,7 @@ async fn serve(pool: PgPool) -> Server {
             public_base_url: url.clone().into(),
             body_limit_bytes: 4096,
             limits: payments_api::edge::EdgeLimits::unbounded(),
+            proxies: Default::default(),
         },
     );
     tokio::spawn(async move { axum::serve(listener, router).await });

@@ -1,0 +1,99 @@
+//! Limits per source (issue 39): what the per-address limit counts as one client. An IPv4
+//! address, or an IPv6 /64; behind a trusted proxy, the client the proxy names, and never what a
+//! client writes in a forwarding header itself.
+
+use payments_tests::{TestApp, assert_problem};
+use sqlx::PgPool;
+
+/// A per-address limit that a few lookups exhaust.
+const TIGHT: [(&str, &str); 2] = [
+    ("PAYMENTS__RATE_LIMIT__PER_ADDRESS_PER_SECOND", "1"),
+    ("PAYMENTS__RATE_LIMIT__PER_ADDRESS_BURST", "3"),
+];
+
+/// The status of a lookup of a fresh bogus key, sent with `header` (a forwarding header).
+async fn lookup(app: &TestApp, header: Option<(&str, &str)>) -> u16 {
+    let key = format!("sk_test_bogus{}", uuid::Uuid::new_v4().simple());
+    let mut request = app.http.get(app.url("/v1/payments")).bearer_auth(key);
+    if let Some((name, value)) = header {
+        request = request.header(name, value);
+    }
+    let response = app.send(request).await;
+    let status = response.status().as_u16();
+    match status {
+        429 => assert_problem(response, 429, "rate_limited").await,
+        _ => assert_problem(response, 401, "invalid_api_key").await,
+    };
+    status
+}
+
+/// Sends lookups, the `i`th with `header(i)`, until one is refused; fails if none is among many
+/// more than the burst (the limit refills one a second: only requests taking a second each could
+/// pass them all).
+async fn exhaust(app: &TestApp, header: impl Fn(usize) -> Option<(String, String)>) {
+    for i in 0..50 {
+        let header = header(i);
+        let header = header.as_ref().map(|(name, value)| (name.as_str(), value.as_str()));
+        if lookup(app, header).await == 429 {
+            return;
+        }
+    }
+    panic!("fifty lookups from one source, and none was limited");
+}
+
+/// Whether the source of lookups sent with `header` is out of lookups: one of three in a row is
+/// refused (the limit refills one a second, so one may pass just after a refusal).
+async fn limited(app: &TestApp, header: Option<(&str, &str)>) -> bool {
+    for _ in 0..3 {
+        if lookup(app, header).await == 429 {
+            return true;
+        }
+    }
+    false
+}
+
+fn xff(value: String) -> Option<(String, String)> {
+    Some(("x-forwarded-for".to_owned(), value))
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_forwarding_header_from_a_peer_that_is_not_a_trusted_proxy_is_ignored(pool: PgPool) {
+    let app = TestApp::spawn_with(pool.clone(), pool, &TIGHT).await;
+    // A fresh client in every request, as the headers say: it is still the one peer.
+    exhaust(&app, |i| match i % 2 {
+        0 => xff(format!("203.0.113.{i}")),
+        _ => Some(("forwarded".to_owned(), format!("for=203.0.113.{i}"))),
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn behind_a_trusted_proxy_each_client_is_counted_as_itself(pool: PgPool) {
+    let mut settings = TIGHT.to_vec();
+    settings.push(("PAYMENTS__HTTP__TRUSTED_PROXIES", "127.0.0.0/8"));
+    let app = TestApp::spawn_with(pool.clone(), pool, &settings).await;
+    // What the client wrote before the proxy's own entry does not make it another client.
+    exhaust(&app, |i| xff(format!("192.0.2.{i}, 203.0.113.1"))).await;
+    assert!(limited(&app, Some(("x-forwarded-for", "203.0.113.1"))).await);
+    // Another client behind the same proxy has a limit of its own, and so does the proxy.
+    assert_eq!(lookup(&app, Some(("x-forwarded-for", "203.0.113.2"))).await, 401);
+    assert_eq!(lookup(&app, None).await, 401);
+    // A header that names no address: the request is the proxy's own.
+    exhaust(&app, |_| None).await;
+    assert!(limited(&app, Some(("x-forwarded-for", "unknown"))).await);
+    assert_eq!(lookup(&app, Some(("x-forwarded-for", "203.0.113.3"))).await, 401);
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_64_rotating_its_addresses_gets_one_bucket(pool: PgPool) {
+    let mut settings = TIGHT.to_vec();
+    settings.push(("PAYMENTS__HTTP__TRUSTED_PROXIES", "127.0.0.1"));
+    settings.push(("PAYMENTS__HTTP__FORWARDED_HEADER", "forwarded"));
+    let app = TestApp::spawn_with(pool.clone(), pool, &settings).await;
+    let from =
+        |address: String| Some(("forwarded".to_owned(), format!("for=\"[{address}]:4711\"")));
+    exhaust(&app, |i| from(format!("2001:db8:0:1::{i:x}"))).await;
+    assert!(limited(&app, Some(("forwarded", r#"for="[2001:db8:0:1:ab:cd:ef:1]""#))).await);
+    // The next /64 is another source.
+    assert_eq!(lookup(&app, Some(("forwarded", r#"for="[2001:db8:0:2::1]""#))).await, 401);
+}
