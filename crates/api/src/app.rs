@@ -153,6 +153,8 @@ impl Application {
                 .with_batches(settings.idempotency.batch_phases)
                 .with_fast_path(settings.idempotency.fast_path);
         let limits = crate::limits::Limits::new(&settings.rate_limit);
+        // Ends once the state, and with it the limits, is dropped.
+        limits.prune_every(crate::limits::PRUNE_PERIOD);
         let unknown_keys = crate::auth::UnknownKeys::new(Duration::from_millis(
             settings.rate_limit.unknown_key_cache_ms,
         ));
