@@ -1,6 +1,6 @@
 //! Limits per source (issue 39): what the per-address limit counts as one client. An IPv4
 //! address, or an IPv6 /64; behind a trusted proxy, the client the proxy names, and never what a
-//! client writes in a forwarding header itself.
+//! client writes in a forwarding header itself. And the ceiling on lookups from all of them.
 
 use payments_tests::{TestApp, assert_problem};
 use sqlx::PgPool;
@@ -22,6 +22,10 @@ async fn lookup(app: &TestApp, header: Option<(&str, &str)>) -> u16 {
     let status = response.status().as_u16();
     match status {
         429 => assert_problem(response, 429, "rate_limited").await,
+        503 => {
+            assert!(response.headers().contains_key("retry-after"));
+            assert_problem(response, 503, "service_unavailable").await
+        }
         _ => assert_problem(response, 401, "invalid_api_key").await,
     };
     status
@@ -96,4 +100,32 @@ async fn a_64_rotating_its_addresses_gets_one_bucket(pool: PgPool) {
     assert!(limited(&app, Some(("forwarded", r#"for="[2001:db8:0:1:ab:cd:ef:1]""#))).await);
     // The next /64 is another source.
     assert_eq!(lookup(&app, Some(("forwarded", r#"for="[2001:db8:0:2::1]""#))).await, 401);
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn lookups_from_many_addresses_meet_a_ceiling_that_live_keys_never_do(pool: PgPool) {
+    let settings = [
+        ("PAYMENTS__HTTP__TRUSTED_PROXIES", "127.0.0.1"),
+        ("PAYMENTS__RATE_LIMIT__PER_ADDRESS_PER_SECOND", "1"),
+        ("PAYMENTS__RATE_LIMIT__PER_ADDRESS_BURST", "1"),
+        ("PAYMENTS__RATE_LIMIT__LOOKUPS_PER_SECOND", "3"),
+    ];
+    let app = TestApp::spawn_with(pool.clone(), pool, &settings).await;
+    let (_, key) = app.create_account("shop").await;
+    assert_eq!(app.get("/v1/payments", &key).await.status(), 200);
+    // Every address within its own limit (one lookup each), and still the server refuses.
+    let mut statuses = Vec::new();
+    for i in 0..50 {
+        let status = lookup(&app, Some(("x-forwarded-for", &format!("203.0.113.{i}")))).await;
+        statuses.push(status);
+        if status == 503 {
+            break;
+        }
+    }
+    assert_eq!(statuses.last(), Some(&503), "{statuses:?}");
+    assert!(!statuses.contains(&429), "{statuses:?}");
+    // A key known to be live needs no lookup: the ceiling is not its business.
+    for _ in 0..5 {
+        assert_eq!(app.get("/v1/payments", &key).await.status(), 200);
+    }
 }

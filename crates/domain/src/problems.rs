@@ -278,7 +278,7 @@ impl ProblemCode {
                 "No.",
             ),
             Self::ServiceUnavailable => (
-                "The server could not take the request on right now: it is serving as many requests as it takes at once, or it gave up waiting for a database connection or for the key's record, which another transaction holds. Nothing ran and nothing was stored.",
+                "The server could not take the request on right now: it is serving as many requests as it takes at once, or looking up as many new API keys as it does in a second, or it gave up waiting for a database connection or for the key's record, which another transaction holds. Nothing ran and nothing was stored.",
                 "Retry after the number of seconds in Retry-After, with the same Idempotency-Key.",
                 "No.",
             ),

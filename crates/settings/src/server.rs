@@ -57,4 +57,7 @@ pub struct RateLimitSettings {
     pub per_address_burst: u32,
     /// How long an unknown API key is answered 401 without a lookup.
     pub unknown_key_cache_ms: u64,
+    /// Lookups of API keys per second in all, from every address (keys neither known to be live
+    /// nor found unknown lately); more are answered 503. 0: no limit.
+    pub lookups_per_second: u32,
 }

@@ -1,5 +1,6 @@
 //! The rate limits: per account, and, for lookups of API keys not known to be live, per client
-//! address.
+//! address and in all (`rate_limit.lookups_per_second`: a flood of bogus keys from many addresses
+//! costs the database at most that many lookups a second).
 //!
 //! A client address is resolved once per request, at the edge ([`ClientAddress`], through
 //! [`ProxyTrust`] when the peer is a trusted proxy), and counted as its [`SourceKey`]: an IPv4
@@ -53,6 +54,8 @@ pub struct Limits {
     addresses: Option<Arc<AddressLimiter>>,
     /// Sources `addresses` holds at most.
     max_sources: usize,
+    /// Of all lookups of keys not known to be live; `None` when off.
+    lookups: Option<governor::DefaultDirectRateLimiter>,
 }
 
 impl Limits {
@@ -62,6 +65,8 @@ impl Limits {
             accounts: keyed(settings.per_second, settings.burst),
             addresses: keyed(settings.per_address_per_second, settings.per_address_burst),
             max_sources: MAX_SOURCES,
+            lookups: NonZeroU32::new(settings.lookups_per_second)
+                .map(|per_second| governor::RateLimiter::direct(Quota::per_second(per_second))),
         }
     }
 
@@ -102,11 +107,32 @@ impl Limits {
         .with_retry_after(whole_seconds(wait)))
     }
 
-    /// `429` when `client` has asked for too many lookups of keys not known to be live; `503` while
-    /// the limiter holds as many sources as it may. A request with no client address (a test's
-    /// `oneshot`) has no limit.
+    /// Counts a lookup of a key not known to be live: `429` when `client` has asked for too many,
+    /// `503` when the server has made as many as it makes in a second or its per-address limiter
+    /// holds as many sources as it may. The client is counted first, so that one flooding address
+    /// spends its own allowance and not everyone's. A request with no client address (a test's
+    /// `oneshot`) has no limit of its own.
     pub fn lookup(&self, client: Option<&ClientAddress>) -> Result<(), ApiError> {
-        let (Some(limiter), Some(client)) = (&self.addresses, client) else { return Ok(()) };
+        if let (Some(limiter), Some(client)) = (&self.addresses, client) {
+            self.limit_source(limiter, client)?;
+        }
+        let Some(ceiling) = &self.lookups else { return Ok(()) };
+        let Err(not_until) = ceiling.check() else { return Ok(()) };
+        let wait = not_until.wait_time_from(DefaultClock::default().now());
+        metrics::counter!("key_lookups_shed_total", "reason" => "ceiling").increment(1);
+        Err(ApiError::new(
+            ProblemCode::ServiceUnavailable,
+            "The server is checking as many new API keys as it can. Retry after the number of seconds in Retry-After.",
+        )
+        .with_retry_after(whole_seconds(wait)))
+    }
+
+    /// The per-address part of `lookup`.
+    fn limit_source(
+        &self,
+        limiter: &AddressLimiter,
+        client: &ClientAddress,
+    ) -> Result<(), ApiError> {
         if limiter.len() >= self.max_sources {
             metrics::counter!("key_lookups_shed_total", "reason" => "sources").increment(1);
             return Err(ApiError::new(
@@ -164,6 +190,7 @@ mod tests {
             accounts: Some(Arc::new(governor::RateLimiter::keyed(quota))),
             addresses: Some(Arc::new(governor::RateLimiter::keyed(quota))),
             max_sources,
+            lookups: None,
         }
     }
 
