@@ -11,6 +11,11 @@ use payments_api::settings::LogSettings;
 use payments_api::{Application, Settings};
 use sqlx::PgPool;
 
+/// Every client of a test connects from 127.0.0.1: the bound on connections per source would
+/// refuse a test that opens many at once, so tests lift it to the bound on all connections
+/// (tests of the bound itself set it again).
+pub const ONE_ADDRESS: (&str, &str) = ("PAYMENTS__HTTP__MAX_CONNECTIONS_PER_SOURCE", "1024");
+
 /// A running API server.
 #[derive(Debug)]
 pub struct TestApp {
@@ -22,10 +27,12 @@ pub struct TestApp {
     pub http: reqwest::Client,
 }
 
-/// Settings for a test server: port 0, everything else the defaults, with `overrides` applied
-/// (pairs of environment variable and value).
+/// Settings for a test server: port 0, every connection of the tests' one address allowed,
+/// everything else the defaults, with `overrides` applied (pairs of environment variable and
+/// value).
 pub fn test_settings(overrides: &[(&str, &str)]) -> Settings {
     let mut env = vec![("PAYMENTS__HTTP__PORT".to_owned(), "0".to_owned())];
+    env.push((ONE_ADDRESS.0.to_owned(), ONE_ADDRESS.1.to_owned()));
     env.extend(overrides.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     match Settings::load_from(env) {
         Ok(settings) => settings,

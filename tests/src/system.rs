@@ -241,6 +241,7 @@ impl System {
     pub async fn api_with(&self, failpoints: &str, settings: &[(&'static str, &str)]) -> Process {
         let port = free_port();
         let mut env = self.common_env();
+        env.push((crate::ONE_ADDRESS.0, crate::ONE_ADDRESS.1.to_owned()));
         env.extend(settings.iter().map(|(name, value)| (*name, (*value).to_owned())));
         env.push(("PAYMENTS__HTTP__PORT", port.to_string()));
         env.push(("PAYMENTS_FAILPOINTS", failpoints.to_owned()));

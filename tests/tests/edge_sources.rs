@@ -1,9 +1,15 @@
 //! Limits per source (issue 39): what the per-address limit counts as one client. An IPv4
 //! address, or an IPv6 /64; behind a trusted proxy, the client the proxy names, and never what a
-//! client writes in a forwarding header itself. And the ceiling on lookups from all of them.
+//! client writes in a forwarding header itself. And the ceiling on lookups from all of them, and
+//! the bound on a source's open connections.
+
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use payments_tests::{TestApp, assert_problem};
 use sqlx::PgPool;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
 
 /// A per-address limit that a few lookups exhaust.
 const TIGHT: [(&str, &str); 2] = [
@@ -128,4 +134,62 @@ async fn lookups_from_many_addresses_meet_a_ceiling_that_live_keys_never_do(pool
     for _ in 0..5 {
         assert_eq!(app.get("/v1/payments", &key).await.status(), 200);
     }
+}
+
+/// A connection from `from` (any address of 127.0.0.0/8) to the app, on which one `/healthz`
+/// was asked; `Err` with what came back when it was not answered.
+async fn served(app: &TestApp, from: &str) -> Result<TcpStream, String> {
+    let address: SocketAddr = app.address.trim_start_matches("http://").parse().unwrap();
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut stream = socket.connect(address).await.unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    // A write to a connection the server closed may fail; the read then tells.
+    let _ = stream.write_all(request).await;
+    let mut head = [0; 12];
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut head)).await;
+    match read.expect("the server answers or closes within seconds") {
+        Ok(n) if head[..n].starts_with(b"HTTP/1.1 200") => {
+            // The rest of the answer, so that the connection waits for its next request.
+            let mut rest = [0; 4096];
+            let _ = tokio::time::timeout(Duration::from_millis(200), stream.read(&mut rest)).await;
+            Ok(stream)
+        }
+        Ok(n) => Err(String::from_utf8_lossy(&head[..n]).into_owned()),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn one_source_holding_its_connections_open_leaves_room_for_the_others(pool: PgPool) {
+    let settings = [("PAYMENTS__HTTP__MAX_CONNECTIONS_PER_SOURCE", "2")];
+    let app = TestApp::spawn_with(pool.clone(), pool, &settings).await;
+    let first = served(&app, "127.0.0.1").await.unwrap();
+    let _second = served(&app, "127.0.0.1").await.unwrap();
+    // Idle keep-alive connections, held: a third from the same host is closed unanswered.
+    let refused = served(&app, "127.0.0.1").await.unwrap_err();
+    assert!(!refused.starts_with("HTTP/"), "{refused}");
+    // Another host is served.
+    let _other = served(&app, "127.0.0.2").await.unwrap();
+    // A connection that ends gives its place back.
+    drop(first);
+    payments_testkit::eventually("the place to be given back", Duration::from_secs(10), || async {
+        served(&app, "127.0.0.1").await.is_ok()
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_trusted_proxy_is_not_held_to_the_bound_of_a_source(pool: PgPool) {
+    let settings = [
+        ("PAYMENTS__HTTP__MAX_CONNECTIONS_PER_SOURCE", "1"),
+        ("PAYMENTS__HTTP__TRUSTED_PROXIES", "127.0.0.1"),
+    ];
+    let app = TestApp::spawn_with(pool.clone(), pool, &settings).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(served(&app, "127.0.0.1").await.unwrap());
+    }
+    let _one = served(&app, "127.0.0.3").await.unwrap();
+    assert!(served(&app, "127.0.0.3").await.is_err());
 }

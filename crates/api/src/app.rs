@@ -10,7 +10,8 @@
 //! without a timer: here every connection has a header-read timeout (which also closes idle
 //! keep-alive connections: hyper starts it for the next request as soon as an answer is written),
 //! a write timeout (`write_timeout`: a client that stops reading its answers is dropped instead of
-//! holding its connection for ever), the number of open connections is bounded, and each request
+//! holding its connection for ever), the number of open connections is bounded, in all and per
+//! source (`limits::SourceConnections`: one host cannot take every place), and each request
 //! knows its peer's address (`ConnectInfo`), from which the edge tells its client's
 //! (`limits::ClientAddress`) for the per-address limit.
 
@@ -39,7 +40,7 @@ use utoipa_axum::routes;
 use crate::edge::{self, EdgeConfig, EdgeLimits};
 use crate::error::{ApiError, ProblemCode};
 use crate::idempotency::Runner;
-use crate::limits::ProxyTrust;
+use crate::limits::{ProxyTrust, SourceConnections, SourceKey};
 use crate::openapi::ApiRouter;
 use crate::routes::{
     events, health, payments, problems, processor_webhooks, refunds, webhook_endpoints,
@@ -97,6 +98,10 @@ pub struct Application {
     max_header_bytes: usize,
     write_timeout: Duration,
     max_connections: usize,
+    /// Open connections per source; a trusted proxy is not held to it.
+    source_connections: SourceConnections,
+    /// Which peers are trusted proxies.
+    proxies: Arc<ProxyTrust>,
     /// Operations that outlive their requests; shutdown waits for them.
     tasks: TaskTracker,
     /// The engine, whose leases still held at the end of the grace are released.
@@ -137,6 +142,8 @@ impl Application {
         let max_header_bytes =
             usize::try_from(settings.http.max_header_bytes).unwrap_or(usize::MAX);
         let max_connections = settings.http.max_connections as usize;
+        let source_connections = SourceConnections::new(settings.http.max_connections_per_source);
+        let proxies = edge.proxies.clone();
         // Install the metrics recorder before anything records.
         let _ = payments_telemetry::metrics();
         let tasks = TaskTracker::new();
@@ -183,6 +190,8 @@ impl Application {
             max_header_bytes,
             write_timeout,
             max_connections,
+            source_connections,
+            proxies,
             tasks,
             engine,
         })
@@ -240,6 +249,17 @@ impl Application {
                 },
                 () = stopping(&mut accept_rx) => break,
             };
+            // Beyond its source's bound a connection is closed at once, before it is read.
+            let place = if self.proxies.trusts(peer.ip()) {
+                None
+            } else {
+                let Some(place) = self.source_connections.open(SourceKey::of(peer.ip())) else {
+                    metrics::counter!("http_source_connections_refused_total").increment(1);
+                    tracing::debug!(%peer, "connection refused: its source holds as many as it may");
+                    continue;
+                };
+                Some(place)
+            };
             let _ = stream.set_nodelay(true);
             // hyper's own timer covers only the reading of headers; a write that waits on a
             // client that stopped reading must end too.
@@ -264,6 +284,7 @@ impl Application {
                     }
                 }
                 drop(permit);
+                drop(place);
             });
         }
         tracing::info!("shutting down: no new connections, finishing requests in flight");

@@ -34,6 +34,9 @@ pub struct HttpSettings {
     pub request_timeout_ms: u64,
     /// Open connections at most.
     pub max_connections: u32,
+    /// Open connections from one source at most (an IPv4 address, an IPv6 /64; a trusted proxy
+    /// is not held to it); more are closed at once.
+    pub max_connections_per_source: u32,
     /// Requests served at once at most; more are answered 503.
     pub max_in_flight_requests: u32,
     /// The proxies whose forwarding header names the client; empty: none, the header is ignored.

@@ -267,3 +267,11 @@ fn a_trusted_proxy_that_is_not_a_range_names_the_setting() {
     let err = load(&[("PAYMENTS__HTTP__FORWARDED_HEADER", "x-real-ip")]).unwrap_err().to_string();
     assert!(err.contains("forwarded_header"), "{err}");
 }
+
+#[test]
+fn a_source_may_open_64_connections_by_default_and_not_none() {
+    assert_eq!(load(&[]).unwrap().http.max_connections_per_source, 64);
+    let var = "PAYMENTS__HTTP__MAX_CONNECTIONS_PER_SOURCE";
+    let err = load(&[(var, "0")]).unwrap_err().to_string();
+    assert!(err.contains("http.max_connections_per_source") && err.contains(var), "{err}");
+}

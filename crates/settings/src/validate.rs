@@ -31,6 +31,7 @@ impl Settings {
             ("http.body_timeout_ms", self.http.body_timeout_ms),
             ("http.request_timeout_ms", self.http.request_timeout_ms),
             ("http.max_connections", u64::from(self.http.max_connections)),
+            ("http.max_connections_per_source", u64::from(self.http.max_connections_per_source)),
             ("http.max_in_flight_requests", u64::from(self.http.max_in_flight_requests)),
         ] {
             if value == 0 {

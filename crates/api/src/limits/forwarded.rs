@@ -34,6 +34,11 @@ impl ProxyTrust {
         Self { proxies, header }
     }
 
+    /// Whether `peer` is a trusted proxy.
+    pub fn trusts(&self, peer: IpAddr) -> bool {
+        self.proxies.contains(peer)
+    }
+
     /// The client a request from `peer` with `headers` comes from.
     pub fn client_address(&self, peer: IpAddr, headers: &HeaderMap) -> ClientAddress {
         let peer = ClientAddress::new(peer);

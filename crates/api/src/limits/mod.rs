@@ -4,7 +4,8 @@
 //!
 //! A client address is resolved once per request, at the edge ([`ClientAddress`], through
 //! [`ProxyTrust`] when the peer is a trusted proxy), and counted as its [`SourceKey`]: an IPv4
-//! address, or the /64 of an IPv6 one.
+//! address, or the /64 of an IPv6 one; the open connections of a source are bounded too
+//! ([`SourceConnections`]).
 //!
 //! Memory is bounded with no work on the request path beyond the check itself. A key's entry is
 //! indistinguishable from a fresh one once its bucket is full again, at most `(burst + 1) / rate`
@@ -16,6 +17,7 @@
 //! any address is answered `503` with `Retry-After`, as a server at its capacity is, and the
 //! callers whose keys are known to be live, who need no lookup, are served as ever.
 
+mod connections;
 mod forwarded;
 mod source;
 
@@ -28,6 +30,7 @@ use governor::clock::{Clock, DefaultClock};
 use payments_domain::AccountId;
 use payments_settings::RateLimitSettings;
 
+pub use connections::{SourceConnection, SourceConnections};
 pub use forwarded::ProxyTrust;
 pub use source::{ClientAddress, SourceKey};
 
