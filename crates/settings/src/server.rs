@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use crate::{ForwardedHeader, TrustedProxies};
+use crate::AddressRanges;
 
 /// `[http]`
 #[derive(Debug, Clone, Deserialize)]
@@ -40,7 +40,7 @@ pub struct HttpSettings {
     /// Requests served at once at most; more are answered 503.
     pub max_in_flight_requests: u32,
     /// The proxies whose forwarding header names the client; empty: none, the header is ignored.
-    pub trusted_proxies: TrustedProxies,
+    pub trusted_proxies: AddressRanges,
     /// The header those proxies name the client in.
     pub forwarded_header: ForwardedHeader,
 }
@@ -63,4 +63,17 @@ pub struct RateLimitSettings {
     /// Lookups of API keys per second in all, from every address (keys neither known to be live
     /// nor found unknown lately); more are answered 503. 0: no limit.
     pub lookups_per_second: u32,
+}
+
+/// The header a trusted proxy names the client in (`http.forwarded_header`). One, not both: a
+/// proxy adds to the header it writes and passes the other on as the client sent it, so reading
+/// the other would believe the client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`, what most load balancers write.
+    #[default]
+    XForwardedFor,
+    /// RFC 7239's `Forwarded: for=client, for="[2001:db8::1]:4711"`.
+    Forwarded,
 }

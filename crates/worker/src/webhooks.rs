@@ -86,7 +86,7 @@ impl Deliverer {
     pub fn new(settings: &WebhookSettings) -> anyhow::Result<Self> {
         let rule = Arc::new(AddressRule {
             allow_loopback: settings.allow_loopback,
-            deny_ranges: settings.deny_ranges.clone(),
+            deny_ranges: settings.deny_ranges.ranges().to_vec(),
         });
         // Bounded by the job claim: a delivery never outlives it, so it is not posted twice at
         // once by two runners.
@@ -241,7 +241,7 @@ mod tests {
     fn deliverer(base: u64, cap: u64) -> Deliverer {
         let settings = WebhookSettings {
             allow_loopback: true,
-            deny_ranges: Vec::new(),
+            deny_ranges: payments_settings::AddressRanges::default(),
             timeout_ms: 1000,
             backoff_base_ms: base,
             backoff_cap_ms: cap,

@@ -14,7 +14,7 @@
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use axum::http::{HeaderMap, HeaderName, header};
-use payments_settings::{ForwardedHeader, TrustedProxies};
+use payments_settings::{AddressRanges, ForwardedHeader};
 
 use super::ClientAddress;
 
@@ -24,13 +24,13 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// Which peers may name the client, and in which header.
 #[derive(Debug, Clone, Default)]
 pub struct ProxyTrust {
-    proxies: TrustedProxies,
+    proxies: AddressRanges,
     header: ForwardedHeader,
 }
 
 impl ProxyTrust {
     /// Believes `header` from the peers in `proxies`.
-    pub fn new(proxies: TrustedProxies, header: ForwardedHeader) -> Self {
+    pub fn new(proxies: AddressRanges, header: ForwardedHeader) -> Self {
         Self { proxies, header }
     }
 
@@ -110,7 +110,7 @@ mod tests {
     use super::*;
 
     fn trust(ranges: &[&str], header: ForwardedHeader) -> ProxyTrust {
-        ProxyTrust::new(TrustedProxies::parse(ranges.iter().copied()).unwrap(), header)
+        ProxyTrust::new(AddressRanges::parse(ranges.iter().copied()).unwrap(), header)
     }
 
     /// The client of a request from `peer` with the header lines `lines`.

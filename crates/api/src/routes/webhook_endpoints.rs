@@ -127,7 +127,7 @@ fn rule(state: &AppState) -> AddressRule {
     let webhooks = &state.settings.webhooks;
     AddressRule {
         allow_loopback: webhooks.allow_loopback,
-        deny_ranges: webhooks.deny_ranges.clone(),
+        deny_ranges: webhooks.deny_ranges.ranges().to_vec(),
     }
 }
 

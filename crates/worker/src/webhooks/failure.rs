@@ -84,7 +84,7 @@ pub(super) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 
 #[cfg(test)]
 mod tests {
-    use payments_settings::WebhookSettings;
+    use payments_settings::{AddressRanges, WebhookSettings};
 
     use super::*;
     use crate::webhooks::Deliverer;
@@ -92,7 +92,7 @@ mod tests {
     fn deliverer(allow_loopback: bool, deny: &[&str]) -> Deliverer {
         let settings = WebhookSettings {
             allow_loopback,
-            deny_ranges: deny.iter().map(|range| range.parse().unwrap()).collect(),
+            deny_ranges: AddressRanges::parse(deny.iter().copied()).unwrap(),
             timeout_ms: 1000,
             backoff_base_ms: 1000,
             backoff_cap_ms: 10_000,
