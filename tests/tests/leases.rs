@@ -10,7 +10,7 @@ use payments_api::Application;
 use payments_tests::system::{Account, System, scale};
 use payments_tests::{TestApp, spawn_with_sim, start_sim, test_settings};
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use sqlx::{Connection as _, PgPool};
 
 fn payment_body() -> Value {
     json!({"amount": 1000, "currency": "usd", "payment_method": "pm_card_visa"})
@@ -243,6 +243,38 @@ async fn a_takeover_behind_a_transaction_holding_the_key_row_gives_up_in_time(po
     assert_eq!(status, 201);
 }
 
+/// A takeover whose commit's answer is lost (the failpoint `lose`: the database committed it, the
+/// process is told its connection failed) gives the key back at once, as a first phase's lost
+/// answer does: the retry after it is not met with `409` for a whole lease.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_takeover_whose_answer_is_lost_gives_the_key_back(pool: PgPool) {
+    let sys = System::start(pool.clone()).await;
+    let api = sys.api("idem.claim.take_over.answer=lose").await;
+    let account = sys.account("shop").await;
+    sys.faults(json!({"error_rate": 1.0})).await;
+    let body = payment_body();
+    let post = || {
+        let timeout = Duration::from_secs(10);
+        sys.post(&api.url, &account, "/v1/payments", "k", &body, timeout)
+    };
+    let (status, _) = post().await.unwrap();
+    assert_eq!(status, 503, "the processor failed, the key was released");
+    sys.faults(json!({})).await;
+
+    // The retry takes the free key over; the takeover commits and its answer is lost.
+    let (status, _) = post().await.unwrap();
+    assert!(api.wait_for("FAILPOINT idem.claim.take_over.answer", Duration::from_secs(5)).await);
+    assert!((500..600).contains(&status), "{status}");
+    let (attempts, leased): (i32, bool) =
+        sqlx::query_as("SELECT attempts, owner_token IS NOT NULL FROM idempotency_keys")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((attempts, leased), (2, false), "taken over, and given back");
+    let (status, _) = post().await.unwrap();
+    assert_ne!(status, 409, "the next retry is not told the key is in use");
+}
+
 #[sqlx::test(migrations = "../migrations")]
 async fn a_deploy_during_slow_processor_calls_leaves_no_key_answering_409(pool: PgPool) {
     let sim =
@@ -306,4 +338,61 @@ async fn a_deploy_during_slow_processor_calls_leaves_no_key_answering_409(pool: 
     futures::future::join_all(retries).await;
     let charges: Value = http.get(&stats).send().await.unwrap().json().await.unwrap();
     assert_eq!(charges["charges_created"], keys.len() as u64, "one charge per key");
+}
+
+/// The database ends every session (a restart, a failover, `pg_terminate_backend`) while a
+/// payment's call is out. Its last phase takes one of the pool's connections, ended, and answers
+/// `500`; giving the key back on the pool's next connection, ended too, would fail as well. The
+/// key is given back on a connection of its own, so a retry a second later resumes it instead of
+/// meeting `409` until the lease runs out.
+#[sqlx::test(migrations = "../migrations")]
+async fn sessions_ended_during_a_phase_leave_the_key_free_for_a_retry_a_second_later(pool: PgPool) {
+    let sim = start_sim(processor_sim::FaultConfig { latency_ms: 800, ..Default::default() }).await;
+    let settings = [
+        ("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str()),
+        ("PAYMENTS__PROCESSOR__MAX_RETRIES", "0"),
+        // Phases on the pool: the reference road.
+        ("PAYMENTS__IDEMPOTENCY__FAST_PATH", "false"),
+    ];
+    // The pool the binaries make (a connection idle under a second is not checked when taken),
+    // not the test's.
+    let options = pool.connect_options();
+    let url = format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap()
+    );
+    let serving = test_settings(&[("PAYMENTS__DATABASE__URL", url.as_str())]).database.pool();
+    let serving = serving.unwrap();
+    let app = TestApp::spawn_with(pool.clone(), serving.clone(), &settings).await;
+    let (_, key) = app.create_account("shop").await;
+    let send = || {
+        let request = app.http.post(app.url("/v1/payments")).bearer_auth(&key);
+        request.header("idempotency-key", "k").json(&payment_body()).send()
+    };
+    let first = tokio::spawn(send());
+
+    let created = || async {
+        let payments: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM payments").fetch_one(&pool).await.unwrap();
+        payments == 1
+    };
+    payments_testkit::eventually("the first phase", Duration::from_secs(5), created).await;
+    // The pool's connections were in use a moment before their sessions end, so none is checked
+    // again when the last phase and the give-back take them (`IDLE_RECHECK`).
+    let busy = (0..6).map(|_| sqlx::query("SELECT pg_sleep(0.05)").execute(&serving));
+    futures::future::join_all(busy).await;
+    let mut admin = sqlx::PgConnection::connect_with(&pool.connect_options()).await.unwrap();
+    let ended = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    let ended: i64 = sqlx::query_scalar(ended).fetch_one(&mut admin).await.unwrap();
+    assert!(ended >= 6, "{ended} sessions ended");
+
+    let first = first.await.unwrap().unwrap();
+    assert!(first.status().is_server_error(), "{}", first.status());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let retry = send().await.unwrap();
+    assert_eq!(retry.status(), 201, "the retry resumed the key");
 }

@@ -2,11 +2,13 @@
 //! and a takeover when the key is unfinished and its lease free or expired.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::give_back::{GiveBack, Holding};
 use super::lease::Lease;
 use super::replay_cache::{Answer, CachedAnswer};
 use super::{Engine, STARTED};
@@ -305,9 +307,17 @@ impl Engine {
                 )
                 .await?;
                 tx.commit().await?;
+                if crate::failpoint::answer_lost(|| "idem.claim.take_over.answer".to_owned()) {
+                    let lost = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "lost");
+                    return Err(IdemError::Database(sqlx::Error::Io(lost)));
+                }
                 Ok(taken)
             })
-            .await?;
+            .await;
+        let taken = match taken {
+            Ok(taken) => taken,
+            Err(err) => return Err(self.not_taken(row.id, token, err).await),
+        };
         match taken {
             store::TakeOver::Taken(point, attempts) => {
                 let event =
@@ -333,6 +343,23 @@ impl Engine {
             // Someone else took it or finished it between the read and the swap: read again.
             store::TakeOver::Missed => Ok(None),
         }
+    }
+
+    /// After a takeover whose outcome this process cannot know (its connection failed as it
+    /// committed): the key it may have taken under `token` is given back at once, as a first
+    /// statement's is, so that a retry resumes it instead of meeting `409` for a whole lease. An
+    /// error the server answered needs nothing: the takeover rolled back. Answers `err`.
+    async fn not_taken(&self, key_id: i64, token: Uuid, err: IdemError) -> IdemError {
+        if matches!(&err, IdemError::Database(db) if db.as_database_error().is_some()) {
+            return err;
+        }
+        let holding = Holding::Stored { key_id };
+        let reason = "the takeover ended without an answer".to_owned();
+        let back = GiveBack { holding, token, reason, retry_in: Duration::ZERO };
+        if self.give_back(back, true).await == Some(true) {
+            tracing::warn!(key_id, "a key whose takeover ended without an answer was given back");
+        }
+        err
     }
 
     /// The lease the database just granted, or `None` when the process is stopping (it was

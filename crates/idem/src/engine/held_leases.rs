@@ -8,9 +8,8 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::Engine;
+use super::give_back::{GiveBack, Holding};
 use crate::error::PhaseError;
-use crate::observe::Event;
-use crate::store;
 
 /// The leases a process holds (key id, token), and whether it still takes new ones.
 #[derive(Default)]
@@ -63,27 +62,19 @@ impl Engine {
         };
         let mut released = 0;
         for (key_id, token) in held {
-            if self.give_back(key_id, token, reason).await {
+            if self.release_now(key_id, token, reason).await {
                 released += 1;
             }
         }
         released
     }
 
-    /// Releases one lease at its recovery point, now. False if it was no longer ours or the
-    /// database could not be reached (the lease then runs out by itself).
-    pub(super) async fn give_back(&self, key_id: i64, token: Uuid, reason: &str) -> bool {
-        match store::release(&self.pool, key_id, token, reason, 0).await {
-            Ok(true) => {
-                self.observer.event(Event::Released);
-                true
-            }
-            Ok(false) => false,
-            Err(err) => {
-                tracing::warn!(key_id, error = %err, "could not release an idempotency key at shutdown");
-                false
-            }
-        }
+    /// Releases one lease at its recovery point, now ([`Engine::give_back`]). False if it was no
+    /// longer ours or the database could not be reached.
+    pub(super) async fn release_now(&self, key_id: i64, token: Uuid, reason: &str) -> bool {
+        let holding = Holding::Stored { key_id };
+        let back = GiveBack { holding, token, reason: reason.to_owned(), retry_in: Duration::ZERO };
+        self.give_back(back, false).await == Some(true)
     }
 
     /// Records a lease this process holds. After `release_held` it is not recorded, and false is
@@ -103,7 +94,7 @@ impl Engine {
         if self.hold(key_id, token) {
             return true;
         }
-        self.give_back(key_id, token, "the server was stopping when the lease was granted").await;
+        self.release_now(key_id, token, "the server was stopping when the lease was granted").await;
         false
     }
 

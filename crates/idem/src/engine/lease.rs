@@ -8,6 +8,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::drive::Interrupted;
+use super::give_back::{GiveBack, Holding};
 use super::{Engine, RecoveryPoint, Request};
 use crate::error::{IdemError, PhaseError};
 use crate::observe::Event;
@@ -205,22 +206,12 @@ impl Lease {
 
     /// Gives the key back to be driven again after `retry_in`, not sooner (see
     /// `Interrupted::Waiting`). Answers `Some(false)` when the key was not this lease's any more
-    /// (taken over), `None` when the database could not be asked (the lease then simply expires).
+    /// (taken over), `None` when the database could not be asked: the give-back then goes on in
+    /// the background, on connections of its own (`give_back.rs`).
     pub async fn release_for(self, reason: &str, retry_in: Duration) -> Option<bool> {
-        let retry_in_ms = i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX);
-        match store::release(&self.engine.pool, self.key_id, self.token, reason, retry_in_ms).await
-        {
-            Ok(released) => {
-                if released {
-                    self.engine.observer.event(Event::Released);
-                }
-                Some(released)
-            }
-            Err(err) => {
-                tracing::warn!(key_id = self.key_id, error = %err, "could not release an idempotency key");
-                None
-            }
-        }
+        let holding = Holding::Stored { key_id: self.key_id };
+        let back = GiveBack { holding, token: self.token, reason: reason.to_owned(), retry_in };
+        self.engine.give_back(back, false).await
     }
 
     /// Gives the key back after a transient failure: it stays at its recovery point, unlocked, so

@@ -8,6 +8,8 @@
 //!   recovery point to its end;
 //! - [`completer`] and [`reaper`]: the worker's two sweeps of the key table;
 //! - [`held_leases`]: the leases this process holds, given back when it stops;
+//! - [`give_back`]: a lease given back at once when its holder cannot use it, even while the
+//!   database's connections are being ended;
 //! - [`replay_cache`]: finished answers kept in memory, so a replay may skip the database;
 //! - [`fast_path`]: phases as one statement, and a first phase that claims its key; skip it on a
 //!   first read.
@@ -16,6 +18,7 @@ mod claim;
 mod completer;
 mod drive;
 mod fast_path;
+mod give_back;
 mod held_leases;
 mod lease;
 mod phase;

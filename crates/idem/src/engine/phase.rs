@@ -238,7 +238,7 @@ impl Lease {
         // A caller that goes away from now on must not take the lease with it.
         crate::failpoint(|| "idem.claim.inserted".to_owned()).await;
         if self.finished.is_none() && self.engine.is_closed() {
-            self.engine.give_back(self.key_id, self.token, "the server was stopping").await;
+            self.engine.release_now(self.key_id, self.token, "the server was stopping").await;
             return Err(IdemError::LeaseLost);
         }
         Ok(())

@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use sqlx::PgConnection;
 use tracing::Instrument;
-use uuid::Uuid;
 
 use super::super::claim::{Claim, Open, Opening, Read, Request};
+use super::super::give_back::{GiveBack, Holding};
 use super::super::lease::Lease;
 use super::super::phase::Step;
 use super::super::{DB_RETRY, Engine, RecoveryPoint};
 use crate::error::{IdemError, is_retryable, stored_meanwhile};
 use crate::observe::Event;
-use crate::store::{self, Claimed, Claiming, FenceRecord};
+use crate::store::{Claimed, Claiming, FenceRecord};
 
 /// What an operation's first statement binds to claim its key ([`Engine::claim_first`]): its
 /// first CTE is `SELECT idem_claim($a, $k, $c, $f) AS claimed`, with these four values in this
@@ -232,36 +232,16 @@ impl Engine {
         if matches!(&err, IdemError::Database(db) if db.as_database_error().is_some()) {
             return err;
         }
-        let (account, key) = (request.account_id.to_owned(), request.key.as_str().to_owned());
-        let token = lease.token;
-        if !self.give_back_unheld(&account, &key, token).await {
-            let engine = self.clone();
-            let ended = self.config.claim_timeout * 2 + Duration::from_millis(100);
-            tokio::spawn(async move {
-                tokio::time::sleep(ended).await;
-                engine.give_back_unheld(&account, &key, token).await;
-            });
+        let holding = Holding::New {
+            account: request.account_id.to_string(),
+            key: request.key.as_str().to_owned(),
+        };
+        let reason = "the claim's first phase ended without an answer".to_owned();
+        let back = GiveBack { holding, token: lease.token, reason, retry_in: Duration::ZERO };
+        if self.give_back(back, true).await == Some(true) {
+            tracing::warn!("a key whose first phase ended without an answer was given back");
         }
         err
-    }
-    /// Gives back the key `token` holds, found by its account and key: whether one was found.
-    async fn give_back_unheld(&self, account: &str, key: &str, token: Uuid) -> bool {
-        let reason = "the claim's first phase ended without an answer";
-        match store::release_unheld(&self.pool, account, key, token, reason).await {
-            Ok(released) => {
-                if released {
-                    self.observer.event(Event::Released);
-                    tracing::warn!(
-                        "a key whose first phase ended without an answer was given back"
-                    );
-                }
-                released
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "could not give back a key whose first phase ended without an answer; it is resumed when its lease expires");
-                false
-            }
-        }
     }
 
     /// Sends a first statement once, on a kept claim connection (its statement and lock waits

@@ -1,0 +1,149 @@
+//! Giving a key back ([`Engine::give_back`]): a lease this process holds, or may hold, and cannot
+//! use any more is released at once, so that a retry resumes the key instead of meeting `409`
+//! until the lease runs out. A lease is given back after a step failed for a reason that may pass
+//! (`Lease::release_for`), and when the process cannot know whether the database granted it: a
+//! takeover or a new key's first statement whose answer was lost.
+//!
+//! The database may not be there to ask: when it ends the sessions (a restart, a failover,
+//! `pg_terminate_backend`), the pool's other connections are ended too, and the next one taken
+//! fails as the step did. So a give-back that meets a lost connection is tried again in the
+//! background, each time on a connection of its own, until the lease would have run out anyway.
+//! And a grant whose answer was lost may still be committing in the server: a give-back that
+//! finds nothing looks once more when any such statement must have ended.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgConnection;
+use sqlx::{ConnectOptions as _, Connection as _};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::Engine;
+use crate::connections::connection_lost;
+use crate::observe::Event;
+use crate::store;
+
+/// The key to give back, and how it is found.
+#[derive(Debug, Clone)]
+pub(super) enum Holding {
+    /// A stored key, by its id.
+    Stored {
+        /// The key's id.
+        key_id: i64,
+    },
+    /// A key a first statement may have stored, whose id the engine never learnt: by the account
+    /// and the key.
+    New {
+        /// The key's account.
+        account: String,
+        /// The key.
+        key: String,
+    },
+}
+
+/// What to give back: the key, the lease's token, why, and when the completer may try it next.
+#[derive(Debug, Clone)]
+pub(super) struct GiveBack {
+    pub(super) holding: Holding,
+    pub(super) token: Uuid,
+    pub(super) reason: String,
+    pub(super) retry_in: Duration,
+}
+
+/// The first pause before a give-back is tried again on a connection of its own; it doubles up
+/// to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+impl Engine {
+    /// Gives `back` the key at once. `Some(released)` when the database answered (`false`: the
+    /// token does not hold the key); `None` when it could not be asked, and the give-back goes on
+    /// in the background. With `look_again`, a give-back that found nothing looks once more when
+    /// the statement that may have granted the lease must have ended (`claim_timeout` bounds its
+    /// waits).
+    pub(super) async fn give_back(&self, back: GiveBack, look_again: bool) -> Option<bool> {
+        let answered = match self.pool.acquire().await {
+            Ok(mut pooled) => give_back_on(&mut pooled, &back).await,
+            Err(err) => Err(err),
+        };
+        match answered {
+            Ok(true) => {
+                self.observer.event(Event::Released);
+                Some(true)
+            }
+            Ok(false) => {
+                if look_again {
+                    let after = self.config.claim_timeout * 2 + Duration::from_millis(100);
+                    self.give_back_later(back, after, after);
+                }
+                Some(false)
+            }
+            Err(err) if connection_lost(&err) || matches!(err, sqlx::Error::PoolTimedOut) => {
+                tracing::warn!(error = %err, "could not give a key back: trying again on connections of its own");
+                self.give_back_later(back, FIRST_PAUSE, self.config.lease);
+                None
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "could not give a key back; it is resumed when its lease expires");
+                None
+            }
+        }
+    }
+
+    /// Tries to give `back` the key after `pause`, each time on a new connection, until the
+    /// database answers or `within` has passed (the lease has run out by then).
+    fn give_back_later(&self, back: GiveBack, pause: Duration, within: Duration) {
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + within;
+            let mut pause = pause;
+            loop {
+                tokio::time::sleep(pause).await;
+                match engine.give_back_on_its_own(&back).await {
+                    Ok(released) => {
+                        if released {
+                            engine.observer.event(Event::Released);
+                            tracing::info!(reason = %back.reason, "a key was given back late");
+                        }
+                        return;
+                    }
+                    Err(err) if Instant::now() + pause < deadline => {
+                        tracing::debug!(error = %err, "the database cannot give a key back yet");
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "could not give a key back before its lease ran out");
+                        return;
+                    }
+                }
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
+        });
+    }
+
+    /// One give-back on a connection made for it (not one of the pool's, which the server may
+    /// have ended too), bounded by the pool's acquire timeout.
+    async fn give_back_on_its_own(&self, back: &GiveBack) -> Result<bool, sqlx::Error> {
+        let options = self.pool.connect_options();
+        let timeout = self.pool.options().get_acquire_timeout();
+        let mut connection: PgConnection = tokio::time::timeout(timeout, options.connect())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        let released = give_back_on(&mut connection, back).await;
+        let _ = connection.close().await;
+        released
+    }
+}
+
+/// Releases the key `back` names if its token holds it, keeping its recovery point.
+async fn give_back_on(connection: &mut PgConnection, back: &GiveBack) -> Result<bool, sqlx::Error> {
+    let reason = &back.reason;
+    match &back.holding {
+        Holding::Stored { key_id } => {
+            let retry_in_ms = i64::try_from(back.retry_in.as_millis()).unwrap_or(i64::MAX);
+            store::release(connection, *key_id, back.token, reason, retry_in_ms).await
+        }
+        Holding::New { account, key } => {
+            store::release_unheld(connection, account, key, back.token, reason).await
+        }
+    }
+}
