@@ -10,6 +10,7 @@ mod edge_holds;
 mod edge_sources;
 mod examples;
 mod failover;
+mod fairness;
 mod fast_path;
 mod inspector;
 mod leases;

@@ -130,6 +130,7 @@ impl Application {
                 body_timeout: Duration::from_millis(settings.http.body_timeout_ms),
                 request_timeout: Duration::from_millis(settings.http.request_timeout_ms),
                 in_flight: Arc::new(Semaphore::new(settings.http.max_in_flight_requests as usize)),
+                body_deadline: Duration::from_millis(settings.http.body_deadline_ms),
             },
             proxies: Arc::new(ProxyTrust::new(
                 settings.http.trusted_proxies.clone(),
@@ -350,6 +351,10 @@ fn router(api: Router<AppState>, state: AppState) -> Router {
     let routes =
         if state.settings.inspector.enabled { api.merge(crate::inspector::router()) } else { api };
     routes
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::limit_anonymous,
+        ))
         .route_layer(axum::middleware::from_fn(crate::metrics::track))
         .fallback(unknown_route)
         .method_not_allowed_fallback(method_not_allowed)

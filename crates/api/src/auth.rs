@@ -16,9 +16,11 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::header;
 use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use payments_domain::AccountId;
@@ -26,7 +28,7 @@ use payments_domain::accounts::{self, SECRET_KEY_PREFIX};
 
 use crate::app::AppState;
 use crate::error::{ApiError, ProblemCode};
-use crate::limits::ClientAddress;
+use crate::limits::{ClientAddress, InFlight};
 
 /// API keys found unknown lately, each until its entry expires. A key is random, so one that was
 /// unknown a moment ago is not about to be created; a revoked key stays revoked. Bounded: when
@@ -209,8 +211,40 @@ async fn identify(parts: &Parts, state: &AppState, trust_known: bool) -> Result<
         caller.check(state).await?;
         return Err(limited);
     }
+    // Its share of the places in flight, held with the server's until the answer is ready.
+    let place = match state.limits.enter(&caller.account) {
+        Ok(place) => place,
+        Err(limited) => {
+            caller.check(state).await?;
+            return Err(limited);
+        }
+    };
+    if let Some(in_flight) = parts.extensions.get::<InFlight>() {
+        in_flight.hold_account(place);
+    }
     Ok(caller)
 }
+
+/// Counts a request that presents no API key against its address's limit for such requests
+/// (`rate_limit.anonymous_per_second`): the routes that need no key (health, the OpenAPI document,
+/// the problem pages, the inspector) cost little, but not nothing. The processor's signed webhooks
+/// have a bound of their own (`processor.webhook_max_unverified`) and are not counted.
+pub async fn limit_anonymous(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let anonymous = !request.headers().contains_key(header::AUTHORIZATION)
+        && request.uri().path() != PROCESSOR_WEBHOOKS;
+    let client = request.extensions().get::<ClientAddress>();
+    if anonymous && let Err(limited) = state.limits.anonymous(client) {
+        return limited.into_response();
+    }
+    next.run(request).await
+}
+
+/// The processor's webhooks' path (`routes::processor_webhooks`).
+const PROCESSOR_WEBHOOKS: &str = "/webhooks/processor";
 
 /// `401 invalid_api_key`.
 pub(crate) fn invalid_api_key() -> ApiError {

@@ -9,15 +9,14 @@
 //! panic recovery (a panic answers 500 `internal_error`; the process stays up).
 //!
 //! Every request holds a place among those in flight (`http.max_in_flight_requests`) from the
-//! edge until its answer is ready: the bound protects the work that callers who proved who they
-//! are may ask for. A route that must read a body before it can tell who sent it (the processor's
-//! signed webhooks) steps out of that bound with [`InFlight`] for the read, under a bound of its
-//! own, and steps back in once the sender is verified; otherwise anyone could hold every place
-//! with bodies that trickle in.
+//! edge until its answer is ready ([`InFlight`]): the bound protects the work that callers may
+//! ask for. A body is read outside it, under a total deadline (`http.body_deadline_ms`), so that
+//! bodies that trickle in hold no place; and each account holds at most its own share of the
+//! places (`rate_limit.account_in_flight`).
 
 use std::any::Any;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -25,7 +24,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::timeout::{RequestBodyTimeoutLayer, TimeoutLayer};
@@ -33,7 +32,7 @@ use tower_http::trace::TraceLayer;
 use tracing::{Level, Span};
 
 use crate::error::{ApiError, ProblemCode};
-use crate::limits::{ClientAddress, ProxyTrust};
+use crate::limits::{ClientAddress, InFlight, ProxyTrust};
 
 /// The response header that names the request.
 pub static REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("request-id");
@@ -76,6 +75,8 @@ pub struct EdgeLimits {
     /// Requests in flight; a request beyond them is answered 503 at once. Shared by every
     /// clone of the config (one per router), so it counts the whole server.
     pub in_flight: Arc<Semaphore>,
+    /// Longest a whole request body may take to arrive, read outside the places in flight.
+    pub body_deadline: Duration,
 }
 
 impl EdgeLimits {
@@ -85,55 +86,9 @@ impl EdgeLimits {
             body_timeout: Duration::from_secs(3600),
             request_timeout: Duration::from_secs(3600),
             in_flight: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)),
+            body_deadline: Duration::from_secs(3600),
         }
     }
-}
-
-/// A request's place among the requests in flight, in its extensions. The edge takes it before
-/// anything else runs and gives it back when the answer is ready. A route that would otherwise
-/// wait, holding it, on a caller nobody has authenticated yet gives it back with
-/// [`InFlight::step_out`] (after taking a place under a bound of its own) and takes one again
-/// with [`InFlight::step_in`] once it knows the caller.
-#[derive(Debug, Clone)]
-pub struct InFlight {
-    places: Arc<Semaphore>,
-    held: Arc<Mutex<Option<OwnedSemaphorePermit>>>,
-}
-
-impl InFlight {
-    /// A place of `places`, or the `503` that sheds the request when none is left.
-    fn take(places: Arc<Semaphore>) -> Result<Self, ApiError> {
-        let permit = places.clone().try_acquire_owned().map_err(|_| shed())?;
-        Ok(Self { places, held: Arc::new(Mutex::new(Some(permit))) })
-    }
-
-    fn held(&self) -> std::sync::MutexGuard<'_, Option<OwnedSemaphorePermit>> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Gives the place back: the request no longer counts against the bound.
-    pub fn step_out(&self) {
-        self.held().take();
-    }
-
-    /// Takes a place again (nothing, if the request still holds one); none left is the same
-    /// `503` with `Retry-After` that sheds a request at the edge.
-    pub fn step_in(&self) -> Result<(), ApiError> {
-        let mut held = self.held();
-        if held.is_none() {
-            *held = Some(self.places.clone().try_acquire_owned().map_err(|_| shed())?);
-        }
-        Ok(())
-    }
-}
-
-/// The answer to a request beyond the bound.
-fn shed() -> ApiError {
-    metrics::counter!("requests_shed_total").increment(1);
-    ApiError::new(
-        ProblemCode::ServiceUnavailable,
-        "The server is serving as many requests as it can. Retry after the number of seconds in Retry-After.",
-    )
 }
 
 /// Wraps a router in the edge layers.
@@ -180,7 +135,7 @@ async fn request_id_and_problems(
 
     // Held until the answer is ready; none left means the server is full, and a quick 503 with
     // Retry-After serves everyone better than a queue that grows until requests time out.
-    let place = InFlight::take(config.limits.in_flight.clone());
+    let place = InFlight::take(config.limits.in_flight.clone(), config.limits.body_deadline);
     let mut response = match (&place, declared_length(&request)) {
         (Err(shed), _) => shed.clone().into_response(),
         (Ok(_), Some(length)) if length > config.body_limit_bytes as u64 => ApiError::new(
@@ -198,7 +153,7 @@ async fn request_id_and_problems(
     };
     // Given back now, even if something the request started still holds a copy of it.
     if let Ok(place) = place {
-        place.step_out();
+        place.give_back();
     }
 
     if let Some(error) = response.extensions_mut().remove::<ApiError>() {

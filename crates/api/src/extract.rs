@@ -8,6 +8,7 @@ use axum::http::{StatusCode, header};
 use serde::de::DeserializeOwned;
 
 use crate::error::{ApiError, ProblemCode};
+use crate::limits::InFlight;
 
 /// Query parameters, deserialised strictly: an unknown or malformed parameter is
 /// `400 invalid_request` naming it.
@@ -97,16 +98,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             Some(Ok(value)) => Some(parse_media_type(&value, accepts_merge_patch)?),
             Some(Err(_)) => return Err(unsupported("(not visible ASCII)", accepts_merge_patch)),
         };
-        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    ProblemCode::PayloadTooLarge,
-                    "The request body is larger than the limit.",
-                )
-            } else {
-                ApiError::invalid_request("body", "The request body could not be read.")
-            }
-        })?;
+        let bytes = read_body(request, state).await?;
         let (media_type, raw) = match media_type {
             Some(media_type) => (media_type, bytes),
             None if bytes.is_empty() => (JsonMediaType::Json, Bytes::from_static(b"{}")),
@@ -132,6 +124,28 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             ApiError::invalid_request("body", format!("The body is not valid JSON: {err}."))
         })?;
         Ok(Self { media_type, raw, value })
+    }
+}
+
+/// A request's body, read holding no place in flight and within the body deadline
+/// ([`InFlight::read_outside`]; a request that did not pass the edge has no places to leave).
+pub async fn read_body<S: Send + Sync>(request: Request, state: &S) -> Result<Bytes, ApiError> {
+    let in_flight = request.extensions().get::<InFlight>().cloned();
+    let read = async {
+        Bytes::from_request(request, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    ProblemCode::PayloadTooLarge,
+                    "The request body is larger than the limit.",
+                )
+            } else {
+                ApiError::invalid_request("body", "The request body could not be read.")
+            }
+        })
+    };
+    match in_flight {
+        Some(in_flight) => in_flight.read_outside(read).await,
+        None => read.await,
     }
 }
 

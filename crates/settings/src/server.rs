@@ -30,6 +30,9 @@ pub struct HttpSettings {
     pub write_timeout_ms: u64,
     /// Longest pause between two pieces of a request body.
     pub body_timeout_ms: u64,
+    /// Longest a whole request body may take to arrive (`request_timeout_ms` bounds it too); it is
+    /// read holding no place in flight.
+    pub body_deadline_ms: u64,
     /// Limit for a whole request, headers to answer.
     pub request_timeout_ms: u64,
     /// Open connections at most.
@@ -63,6 +66,14 @@ pub struct RateLimitSettings {
     /// Lookups of API keys per second in all, from every address (keys neither known to be live
     /// nor found unknown lately); more are answered 503. 0: no limit.
     pub lookups_per_second: u32,
+    /// Requests of one account in flight at once at most (a share of
+    /// `http.max_in_flight_requests`); more are answered 429. 0: no limit.
+    pub account_in_flight: u32,
+    /// Requests per second per client address that present no API key (health, the OpenAPI
+    /// document, the problem pages, the inspector's login); more are answered 429. 0: no limit.
+    pub anonymous_per_second: u32,
+    /// Such requests one address may make at once.
+    pub anonymous_burst: u32,
 }
 
 /// The header a trusted proxy names the client in (`http.forwarded_header`). One, not both: a

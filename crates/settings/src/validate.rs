@@ -29,6 +29,7 @@ impl Settings {
             ("http.header_read_timeout_ms", self.http.header_read_timeout_ms),
             ("http.write_timeout_ms", self.http.write_timeout_ms),
             ("http.body_timeout_ms", self.http.body_timeout_ms),
+            ("http.body_deadline_ms", self.http.body_deadline_ms),
             ("http.request_timeout_ms", self.http.request_timeout_ms),
             ("http.max_connections", u64::from(self.http.max_connections)),
             ("http.max_connections_per_source", u64::from(self.http.max_connections_per_source)),
@@ -37,6 +38,12 @@ impl Settings {
             if value == 0 {
                 return Err(invalid(setting, "must be at least 1".into()));
             }
+        }
+        if self.rate_limit.anonymous_per_second > 0 && self.rate_limit.anonymous_burst == 0 {
+            return Err(invalid(
+                "rate_limit.anonymous_burst",
+                "must be at least 1 when a rate is set".into(),
+            ));
         }
         if self.rate_limit.per_address_per_second > 0 && self.rate_limit.per_address_burst == 0 {
             return Err(invalid(

@@ -1,6 +1,8 @@
-//! The rate limits: per account, and, for lookups of API keys not known to be live, per client
-//! address and in all (`rate_limit.lookups_per_second`: a flood of bogus keys from many addresses
-//! costs the database at most that many lookups a second).
+//! The limits that keep one tenant from taking the server from the others: per account, a rate
+//! and a share of the places in flight ([`InFlight`], [`AccountsInFlight`]); per client address,
+//! the rate of lookups of API keys not known to be live, and of requests with no API key at all;
+//! and in all, a ceiling on those lookups (`rate_limit.lookups_per_second`: a flood of bogus keys
+//! from many addresses costs the database at most that many lookups a second).
 //!
 //! A client address is resolved once per request, at the edge ([`ClientAddress`], through
 //! [`ProxyTrust`] when the peer is a trusted proxy), and counted as its [`SourceKey`]: an IPv4
@@ -19,6 +21,7 @@
 
 mod connections;
 mod forwarded;
+mod in_flight;
 mod source;
 
 use std::num::NonZeroU32;
@@ -32,6 +35,7 @@ use payments_settings::RateLimitSettings;
 
 pub use connections::{SourceConnection, SourceConnections};
 pub use forwarded::ProxyTrust;
+pub use in_flight::{AccountPlace, AccountsInFlight, InFlight};
 pub use source::{ClientAddress, SourceKey};
 
 use crate::error::{ApiError, ProblemCode};
@@ -59,6 +63,10 @@ pub struct Limits {
     max_sources: usize,
     /// Of all lookups of keys not known to be live; `None` when off.
     lookups: Option<governor::DefaultDirectRateLimiter>,
+    /// Each account's requests in flight.
+    in_flight: Arc<AccountsInFlight>,
+    /// Per source, of requests that present no API key; `None` when off.
+    anonymous: Option<Arc<AddressLimiter>>,
 }
 
 impl Limits {
@@ -70,6 +78,8 @@ impl Limits {
             max_sources: MAX_SOURCES,
             lookups: NonZeroU32::new(settings.lookups_per_second)
                 .map(|per_second| governor::RateLimiter::direct(Quota::per_second(per_second))),
+            in_flight: AccountsInFlight::new(settings.account_in_flight),
+            anonymous: keyed(settings.anonymous_per_second, settings.anonymous_burst),
         }
     }
 
@@ -78,7 +88,8 @@ impl Limits {
     pub fn prune_every(&self, period: Duration) -> Option<tokio::task::JoinHandle<()>> {
         let accounts = self.accounts.as_ref().map(Arc::downgrade);
         let addresses = self.addresses.as_ref().map(Arc::downgrade);
-        if accounts.is_none() && addresses.is_none() {
+        let anonymous = self.anonymous.as_ref().map(Arc::downgrade);
+        if accounts.is_none() && addresses.is_none() && anonymous.is_none() {
             return None;
         }
         Some(tokio::spawn(async move {
@@ -90,7 +101,8 @@ impl Limits {
                 ticks.tick().await;
                 let pruned_accounts = prune(accounts.as_ref());
                 let pruned_addresses = prune(addresses.as_ref());
-                if !(pruned_accounts || pruned_addresses) {
+                let pruned_anonymous = prune(anonymous.as_ref());
+                if !(pruned_accounts || pruned_addresses || pruned_anonymous) {
                     break;
                 }
             }
@@ -102,12 +114,32 @@ impl Limits {
         let Some(limiter) = &self.accounts else { return Ok(()) };
         let Err(not_until) = limiter.check_key(account) else { return Ok(()) };
         let wait = not_until.wait_time_from(DefaultClock::default().now());
-        metrics::counter!("rate_limited_total").increment(1);
+        metrics::counter!("rate_limited_total", "reason" => "rate").increment(1);
         Err(ApiError::new(
             ProblemCode::RateLimited,
             "This account is sending requests faster than its rate limit. Retry after the number of seconds in Retry-After, with the same Idempotency-Key.",
         )
         .with_retry_after(whole_seconds(wait)))
+    }
+
+    /// `429` when `client` has sent too many requests without an API key (to the routes that
+    /// need none: health, the OpenAPI document, the problem pages, the inspector's login). A
+    /// request with no client address (a test's `oneshot`) has no limit.
+    pub fn anonymous(&self, client: Option<&ClientAddress>) -> Result<(), ApiError> {
+        let (Some(limiter), Some(client)) = (&self.anonymous, client) else { return Ok(()) };
+        let Err(not_until) = limiter.check_key(&client.source()) else { return Ok(()) };
+        let wait = not_until.wait_time_from(DefaultClock::default().now());
+        metrics::counter!("rate_limited_addresses_total", "reason" => "anonymous").increment(1);
+        Err(ApiError::new(
+            ProblemCode::RateLimited,
+            "This address is sending requests without an API key faster than allowed. Retry after the number of seconds in Retry-After.",
+        )
+        .with_retry_after(whole_seconds(wait)))
+    }
+
+    /// A place among `account`'s requests in flight, or `429` when it has as many as it may.
+    pub fn enter(&self, account: &AccountId) -> Result<AccountPlace, ApiError> {
+        self.in_flight.enter(account)
     }
 
     /// Counts a lookup of a key not known to be live: `429` when `client` has asked for too many,
@@ -146,7 +178,7 @@ impl Limits {
         }
         let Err(not_until) = limiter.check_key(&client.source()) else { return Ok(()) };
         let wait = not_until.wait_time_from(DefaultClock::default().now());
-        metrics::counter!("rate_limited_addresses_total").increment(1);
+        metrics::counter!("rate_limited_addresses_total", "reason" => "lookup").increment(1);
         Err(ApiError::new(
             ProblemCode::RateLimited,
             "This address is sending requests without a valid API key faster than allowed. Retry after the number of seconds in Retry-After.",
@@ -194,6 +226,8 @@ mod tests {
             addresses: Some(Arc::new(governor::RateLimiter::keyed(quota))),
             max_sources,
             lookups: None,
+            in_flight: AccountsInFlight::new(0),
+            anonymous: None,
         }
     }
 

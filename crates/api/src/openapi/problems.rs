@@ -67,8 +67,12 @@ const KEYED: &[ProblemCode] = &[
     P::ServiceUnavailable,
 ];
 
+/// Problems any operation anyone may call can answer: its address's limit on requests without
+/// an API key (`rate_limit.anonymous_per_second`).
+const PUBLIC: &[ProblemCode] = &[P::RateLimited];
+
 impl Access for Public {
-    const COMMON: &'static [&'static [ProblemCode]] = &[];
+    const COMMON: &'static [&'static [ProblemCode]] = &[PUBLIC];
     const KEYED: bool = false;
 }
 

@@ -8,10 +8,10 @@
 //!
 //! Nobody is known until the signature holds, and the body must be read first: so the body is
 //! read only after everything that needs no body (the route is on, the header is well-formed and
-//! its timestamp within the tolerance), and the wait for it is bounded apart from the API's
-//! requests. The request steps out of the edge's in-flight bound for the read, under a small bound
-//! of its own (`processor.webhook_max_unverified`), and back in once verified: bodies that trickle
-//! in from anyone can fill only the webhook's places, never the ones paying clients need.
+//! its timestamp within the tolerance). It is read as every body is, holding no place in flight
+//! and within `http.body_deadline_ms` (`extract::read_body`), and under a small bound of the
+//! webhooks' own (`processor.webhook_max_unverified`) until verified: bodies that trickle in from
+//! anyone can fill only the webhook's places, never the ones paying clients need.
 //!
 //! Then: a verified event is recorded once by its id
 //! (`payments_domain::processor_events::receive`) and answered `200`, a redelivery too, so the
@@ -22,9 +22,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::{FromRequest, Request, State};
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use payments_domain::PaymentId;
 use payments_domain::processor_events::{self, Received, Refused, SIGNATURE_HEADER};
@@ -33,8 +31,8 @@ use serde::Serialize;
 use utoipa_axum::routes;
 
 use crate::app::AppState;
-use crate::edge::InFlight;
 use crate::error::{ApiError, ProblemCode};
+use crate::extract::read_body;
 use crate::openapi::{ApiRouter, OK, Problems, ProcessorEvent, Public, code, param};
 
 /// This module's routes: each handler's path and method are in its `#[utoipa::path]`.
@@ -124,27 +122,11 @@ pub async fn receive(
              the number of seconds in Retry-After.",
         ));
     };
-    let place = request.extensions().get::<InFlight>().cloned();
-    if let Some(place) = &place {
-        place.step_out();
-    }
-    let body = Bytes::from_request(request, &state).await.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                ProblemCode::PayloadTooLarge,
-                "The request body is larger than the limit.",
-            )
-        } else {
-            ApiError::new(ProblemCode::InvalidRequest, "The request could not be read.")
-        }
-    })?;
+    // Read holding no place in flight, as every body is; the sender is known once it verifies.
+    let body = read_body(request, &state).await?;
     let event =
         processor_events::verify(&body, signature.as_deref(), secret, tolerance, unix_now())
             .map_err(|r| refused(&r))?;
-    // Verified: from here on it is work for a known caller, counted like any API request's.
-    if let Some(place) = &place {
-        place.step_in()?;
-    }
     drop(unverified);
 
     let received = processor_events::receive(&state.pool, &event).await?;
