@@ -368,6 +368,12 @@ CREATE TABLE public.jobs (
     last_error text,
     done_at timestamp with time zone,
     dead_at timestamp with time zone,
+    claimed_until timestamp with time zone,
+    endpoint_id text GENERATED ALWAYS AS (
+CASE
+    WHEN (kind = 'webhook'::text) THEN (payload ->> 'endpoint_id'::text)
+    ELSE NULL::text
+END) STORED,
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 ALTER TABLE public.jobs ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
@@ -480,6 +486,10 @@ CREATE TABLE public.webhook_endpoints (
     enabled_events text[] NOT NULL,
     secret text NOT NULL,
     status text DEFAULT 'enabled'::text NOT NULL,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
+    failing_since timestamp with time zone,
+    paused_until timestamp with time zone,
+    pauses integer DEFAULT 0 NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     deleted_at timestamp with time zone,
     CONSTRAINT webhook_endpoints_enabled_events_check CHECK ((cardinality(enabled_events) > 0)),
@@ -551,7 +561,9 @@ CREATE INDEX events_account_commit_idx ON public.events USING btree (account_id,
 CREATE INDEX events_account_type_commit_idx ON public.events USING btree (account_id, type, COALESCE(xid, '0'::xid8) DESC, seq DESC);
 CREATE INDEX idempotency_keys_completed_idx ON public.idempotency_keys USING btree (completed_at) WHERE (completed_at IS NOT NULL);
 CREATE INDEX idempotency_keys_due_idx ON public.idempotency_keys USING btree (next_attempt_at) WHERE ((completed_at IS NULL) AND (needs_human_at IS NULL));
-CREATE INDEX jobs_due_idx ON public.jobs USING btree (run_at) WHERE ((done_at IS NULL) AND (dead_at IS NULL));
+CREATE INDEX jobs_due_idx ON public.jobs USING btree (run_at) WHERE ((endpoint_id IS NULL) AND (done_at IS NULL) AND (dead_at IS NULL));
+CREATE INDEX jobs_endpoint_claimed_idx ON public.jobs USING btree (endpoint_id) WHERE ((endpoint_id IS NOT NULL) AND (claimed_until IS NOT NULL));
+CREATE INDEX jobs_endpoint_due_idx ON public.jobs USING btree (endpoint_id, run_at) WHERE ((endpoint_id IS NOT NULL) AND (done_at IS NULL) AND (dead_at IS NULL));
 CREATE INDEX payments_account_created_seq_idx ON public.payments USING btree (account_id, created_at DESC, seq DESC);
 CREATE INDEX processor_events_downstream_key_idx ON public.processor_events USING btree (downstream_key) WHERE (downstream_key IS NOT NULL);
 CREATE INDEX processor_events_payment_succeeded_idx ON public.processor_events USING btree (payment_id) WHERE (type = 'charge.succeeded'::text);

@@ -115,11 +115,31 @@ CREATE TABLE jobs (
     last_error           text,
     done_at              timestamptz,
     dead_at              timestamptz,
+    -- Until when a runner holds the job (its claim): set by a claim, cleared by `done`/`failed`.
+    -- A claim also moves `run_at` to the same time, so a runner that dies leaves the job due again
+    -- when it runs out; this column tells a job being run from one waiting for its retry, which
+    -- is what the deliveries' caps count.
+    claimed_until        timestamptz,
+    -- The endpoint a `webhook` job delivers to (NULL for other kinds), read from its payload:
+    -- the deliveries are claimed endpoint by endpoint (crates/domain/src/deliveries/claim.rs),
+    -- and every statement that stages one keeps writing only `kind`, `dedupe_key`, `payload`.
+    endpoint_id          text GENERATED ALWAYS AS
+                             (CASE WHEN kind = 'webhook' THEN payload->>'endpoint_id' END) STORED,
     created_at           timestamptz NOT NULL DEFAULT now(),
     UNIQUE (kind, dedupe_key)
 );
 
-CREATE INDEX jobs_due_idx ON jobs (run_at) WHERE done_at IS NULL AND dead_at IS NULL;
+-- The jobs other than deliveries (receipts), in the order they fall due.
+CREATE INDEX jobs_due_idx ON jobs (run_at)
+    WHERE endpoint_id IS NULL AND done_at IS NULL AND dead_at IS NULL;
+-- The deliveries waiting, per endpoint, in the order they fall due: the fair claim walks the
+-- endpoints that have any (one index descent each) and takes each one's oldest due ones, so a
+-- paused endpoint's backlog is never read.
+CREATE INDEX jobs_endpoint_due_idx ON jobs (endpoint_id, run_at)
+    WHERE endpoint_id IS NOT NULL AND done_at IS NULL AND dead_at IS NULL;
+-- The deliveries being run, per endpoint: what the caps count.
+CREATE INDEX jobs_endpoint_claimed_idx ON jobs (endpoint_id)
+    WHERE endpoint_id IS NOT NULL AND claimed_until IS NOT NULL;
 
 -- Receipts sent for payments. One per payment: the primary key is what makes a receipt job that
 -- runs twice send one receipt. `sent_at` is set once the mailer accepted it, so a job that died

@@ -44,6 +44,16 @@ CREATE TABLE webhook_endpoints (
     -- `whsec_…`: shown once, at creation; the worker signs with it.
     secret               text NOT NULL,
     status               text NOT NULL DEFAULT 'enabled' CHECK (status IN ('enabled', 'disabled')),
+    -- The endpoint's health (crates/domain/src/deliveries/health.rs): failed attempts in a row,
+    -- since when, and a pause. Past `webhooks.pause_after_failures` failures over
+    -- `webhooks.pause_after_minutes` its deliveries are deferred until `paused_until`, then one
+    -- is tried (the probe): a success ends the pause, a failure pauses it again, twice as long
+    -- (`pauses` so far). Failing for `webhooks.disable_after_hours`, it is disabled, with the event
+    -- `webhook_endpoint.disabled`. Any 2xx, or a status set through the API, starts it afresh.
+    consecutive_failures integer NOT NULL DEFAULT 0,
+    failing_since        timestamptz,
+    paused_until         timestamptz,
+    pauses               integer NOT NULL DEFAULT 0,
     created_at           timestamptz NOT NULL DEFAULT now(),
     -- Deleted endpoints are kept (their delivery log refers to them) but no longer listed.
     deleted_at           timestamptz

@@ -21,5 +21,6 @@ mod processor_faults;
 mod processor_webhooks;
 mod proof;
 mod round_trips;
+mod webhook_fairness;
 mod webhook_log;
 mod webhooks;

@@ -100,13 +100,23 @@ pub(crate) async fn pass(worker: &Worker<ProcessorClient>) {
     worker.run_once(&stop).await.expect("a worker pass");
 }
 
-/// Makes every scheduled delivery due now, as if its back-off (or an abandoned claim) had run
-/// out: the database's clock, not a sleep.
+/// Makes every delivery waiting for its retry due now, as if its back-off had run out: the
+/// database's clock, not a sleep. A delivery being run (claimed) is left to its runner.
 async fn make_deliveries_due(pool: &PgPool) {
-    sqlx::query("UPDATE jobs SET run_at = now() WHERE kind = 'webhook' AND done_at IS NULL AND dead_at IS NULL")
+    sqlx::query("UPDATE jobs SET run_at = now() WHERE kind = 'webhook' AND done_at IS NULL AND dead_at IS NULL AND claimed_until IS NULL")
         .execute(pool)
         .await
         .expect("jobs made due");
+}
+
+/// Ends every claim on a delivery, as if the runner that holds it had died and its claim run out
+/// (the claim's end makes the job due, and frees its place under the caps): the database's
+/// clock, not a sleep.
+async fn expire_delivery_claims(pool: &PgPool) {
+    sqlx::query("UPDATE jobs SET run_at = now(), claimed_until = NULL WHERE kind = 'webhook' AND done_at IS NULL AND dead_at IS NULL AND claimed_until IS NOT NULL")
+        .execute(pool)
+        .await
+        .expect("claims ended");
 }
 
 async fn create_payment(app: &TestApp, key: &str, idem: &str, body: Value) -> Value {
@@ -522,13 +532,15 @@ async fn a_delivery_abandoned_mid_flight_is_delivered_by_the_next_runner(pool: P
 
     // A runner claims the delivery and dies before it posts or records anything (the claim is
     // taken and never finished, as after SIGKILL).
-    let claimed = payments_worker::jobs::claim(&pool, 1).await.expect("a claim");
+    let caps = payments_domain::deliveries::Caps { per_endpoint: 2, per_account: 8 };
+    let claim = Duration::from_secs(300);
+    let claimed = payments_domain::deliveries::claim(&pool, 1, caps, claim).await.expect("a claim");
     assert_eq!(claimed.len(), 1);
     assert!(matches!(claimed[0].work, Ok(Work::Webhook(_))), "{claimed:?}");
     let worker = worker(&pool, &sim, &[]);
     pass(&worker).await;
     assert_eq!(faults.seen.load(Ordering::SeqCst), 0, "the claim hides the job until it runs out");
-    make_deliveries_due(&pool).await;
+    expire_delivery_claims(&pool).await;
     pass(&worker).await;
     let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM receiver_processed_events")
         .fetch_one(&pool)
@@ -695,8 +707,9 @@ async fn a_worker_sigkilled_mid_delivery_is_followed_by_one_that_delivers_and_th
         assert!(waited < 1200, "the worker never reached the hanging delivery: {}", doomed.log());
     }
     doomed.kill9().await;
-    // The dead worker's claim runs out (the database's clock moved, not a sleep), and others
+    // The dead worker's claims run out (the database's clock moved, not a sleep), and others
     // finish the work.
+    expire_delivery_claims(&pool).await;
     make_deliveries_due(&pool).await;
     for _ in 0..3 {
         let mut once = Process::start("payments-worker", &["--once"], &env("5000"), free_port());

@@ -1,4 +1,5 @@
-//! Events, the outbox: one row per state change of a payment or refund, written in the same
+//! Events, the outbox: one row per state change of a payment or refund (and one when the worker
+//! disables a failing webhook endpoint), written in the same
 //! transaction (the same fenced phase) as the change, so that an event exists exactly when its
 //! change committed: a phase that rolls back takes its event with it, and no change commits
 //! without one.
@@ -40,6 +41,9 @@ text_enum! {
         RefundSucceeded = "refund.succeeded",
         /// A refund was refused; the reservation was given back.
         RefundFailed = "refund.failed",
+        /// The worker disabled a webhook endpoint that kept failing
+        /// (`webhooks.disable_after_hours`); the account enables it again with an update.
+        WebhookEndpointDisabled = "webhook_endpoint.disabled",
     }
 }
 

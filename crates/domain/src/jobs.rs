@@ -5,6 +5,9 @@
 //! A job is claimed with `FOR UPDATE SKIP LOCKED` and pushed out of sight for the claim's length
 //! (so a runner that dies mid-job lets another take it later); `done` and `failed` are fenced on
 //! the claim's attempt number, so a runner whose claim was taken over records nothing.
+//!
+//! [`claim`] takes every kind but webhook deliveries, oldest due first; deliveries are claimed
+//! fairly across accounts and endpoints, under caps, by [`crate::deliveries::claim`].
 
 use std::time::Duration;
 
@@ -90,7 +93,7 @@ impl Work {
 
     /// The work a row's `kind` and `payload` name; an error for a kind this code does not know
     /// or a payload that is not that kind's input.
-    fn from_stored(kind: &str, payload: Value) -> Result<Self, UnreadableJob> {
+    pub(crate) fn from_stored(kind: &str, payload: Value) -> Result<Self, UnreadableJob> {
         let tagged = Value::Object([(kind.to_owned(), payload)].into_iter().collect());
         serde_json::from_value(tagged)
             .map_err(|err| UnreadableJob { kind: kind.to_owned(), reason: err.to_string() })
@@ -137,7 +140,8 @@ pub async fn stage(conn: &mut PgConnection, work: &Work) -> Result<(), DomainErr
     Ok(())
 }
 
-/// Claims up to `limit` due jobs, each for `claim`.
+/// Claims up to `limit` due jobs other than webhook deliveries (receipts, and any kind this code
+/// does not know), oldest due first, each for `claim`.
 pub async fn claim(
     executor: impl PgExecutor<'_>,
     limit: u32,
@@ -147,13 +151,15 @@ pub async fn claim(
         r#"
         WITH due AS (
             SELECT id FROM jobs
-             WHERE done_at IS NULL AND dead_at IS NULL AND run_at <= now()
+             WHERE endpoint_id IS NULL AND done_at IS NULL AND dead_at IS NULL
+               AND run_at <= now()
              ORDER BY run_at
              LIMIT $1
              FOR UPDATE SKIP LOCKED
         )
         UPDATE jobs j
-           SET attempts = j.attempts + 1, run_at = now() + $2 * interval '1 millisecond'
+           SET attempts = j.attempts + 1, run_at = now() + $2 * interval '1 millisecond',
+               claimed_until = now() + $2 * interval '1 millisecond'
           FROM due
          WHERE j.id = due.id
         RETURNING j.id, j.kind, j.payload, j.attempts
@@ -184,7 +190,7 @@ pub async fn done(
 ) -> Result<bool, DomainError> {
     let done = sqlx::query!(
         r#"
-        UPDATE jobs SET done_at = now(), last_error = NULL
+        UPDATE jobs SET done_at = now(), last_error = NULL, claimed_until = NULL
          WHERE id = $1 AND attempts = $2 AND done_at IS NULL AND dead_at IS NULL
         "#,
         id,
@@ -210,7 +216,7 @@ pub async fn failed(
         r#"
         UPDATE jobs
            SET last_error = $3, run_at = now() + $4 * interval '1 millisecond',
-               dead_at = CASE WHEN $5 THEN now() END
+               dead_at = CASE WHEN $5 THEN now() END, claimed_until = NULL
          WHERE id = $1 AND attempts = $2 AND done_at IS NULL AND dead_at IS NULL
         "#,
         id,

@@ -277,3 +277,32 @@ fn a_source_may_open_64_connections_by_default_and_not_none() {
     let err = load(&[(var, "0")]).unwrap_err().to_string();
     assert!(err.contains("http.max_connections_per_source") && err.contains(var), "{err}");
 }
+
+#[test]
+fn deliveries_run_32_at_once_8_per_account_2_per_endpoint_and_none_is_refused() {
+    let webhooks = load(&[]).unwrap().webhooks;
+    assert_eq!(
+        (
+            webhooks.max_deliveries,
+            webhooks.max_deliveries_per_account,
+            webhooks.max_deliveries_per_endpoint,
+            webhooks.connect_timeout_ms,
+        ),
+        (32, 8, 2, 2000)
+    );
+    for setting in [
+        "MAX_DELIVERIES",
+        "MAX_DELIVERIES_PER_ACCOUNT",
+        "MAX_DELIVERIES_PER_ENDPOINT",
+        "CONNECT_TIMEOUT_MS",
+        "PAUSE_AFTER_FAILURES",
+        "PAUSE_MS",
+        "DISABLE_AFTER_HOURS",
+    ] {
+        let variable = format!("PAYMENTS__WEBHOOKS__{setting}");
+        let err = load(&[(&variable, "0")]).unwrap_err().to_string();
+        assert!(err.contains(&variable), "{err}");
+    }
+    let err = load(&[("PAYMENTS__WEBHOOKS__MAX_DELIVERIES", "5000")]).unwrap_err().to_string();
+    assert!(err.contains("webhooks.max_deliveries"), "{err}");
+}

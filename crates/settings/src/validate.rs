@@ -152,6 +152,27 @@ impl Settings {
         if self.worker.max_attempts == 0 || self.worker.job_max_attempts == 0 {
             return Err(invalid("worker.max_attempts", "attempt bounds must be at least 1".into()));
         }
+        let webhooks = &self.webhooks;
+        for (setting, value) in [
+            ("webhooks.timeout_ms", webhooks.timeout_ms),
+            ("webhooks.connect_timeout_ms", webhooks.connect_timeout_ms),
+            ("webhooks.max_deliveries", u64::from(webhooks.max_deliveries)),
+            ("webhooks.max_deliveries_per_account", u64::from(webhooks.max_deliveries_per_account)),
+            (
+                "webhooks.max_deliveries_per_endpoint",
+                u64::from(webhooks.max_deliveries_per_endpoint),
+            ),
+            ("webhooks.pause_after_failures", u64::from(webhooks.pause_after_failures)),
+            ("webhooks.pause_ms", webhooks.pause_ms),
+            ("webhooks.disable_after_hours", u64::from(webhooks.disable_after_hours)),
+        ] {
+            if value == 0 {
+                return Err(invalid(setting, "must be at least 1".into()));
+            }
+        }
+        if webhooks.max_deliveries > 1024 {
+            return Err(invalid("webhooks.max_deliveries", "must be at most 1024".into()));
+        }
         let smtp_url = self.worker.smtp_url.expose_secret();
         if !smtp_url.is_empty() && !["smtp://", "smtps://"].iter().any(|s| smtp_url.starts_with(s))
         {

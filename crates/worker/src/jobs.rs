@@ -25,7 +25,7 @@ pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a claimed job stays out of sight before another worker may take it: well beyond the
 /// longest send, so that a slow send is not taken over (and sent again) while it runs.
-const CLAIM: Duration = Duration::from_secs(5 * 60);
+pub(crate) const CLAIM: Duration = Duration::from_secs(5 * 60);
 const _: () = assert!(CLAIM.as_secs() > 2 * SEND_TIMEOUT.as_secs());
 
 /// The `Message-ID` of every copy of a payment's receipt: derived from the receipt's id (its
@@ -112,7 +112,8 @@ impl Mailer for SmtpMailer {
     }
 }
 
-/// Claims up to `limit` due jobs, each for `CLAIM` (the table's SQL is `payments_domain::jobs`).
+/// Claims up to `limit` due jobs other than webhook deliveries (receipts), each for `CLAIM` (the
+/// table's SQL is `payments_domain::jobs`; deliveries are `payments_domain::deliveries`).
 pub async fn claim(pool: &PgPool, limit: u32) -> Result<Vec<Job>, DomainError> {
     jobs::claim(pool, limit, CLAIM).await
 }

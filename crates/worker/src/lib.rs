@@ -8,92 +8,66 @@
 //! - **Reaper**: deletes completed keys past the retention window, in bounded batches; flags
 //!   unfinished ones instead of deleting them. Payments never refer to keys by foreign key, so
 //!   nothing is orphaned.
-//! - **Job runner**: runs staged jobs (receipts, webhook deliveries) at least once, one at a
-//!   time, with back-off and a dead letter; a receipt sent twice carries one `Message-ID`, a
-//!   webhook delivered twice one event id.
+//! - **Job runner**: runs staged receipts at least once, one at a time, with back-off and a dead
+//!   letter; a receipt sent twice carries one `Message-ID`.
+//! - **Deliveries**: run webhook deliveries at least once, concurrently, claimed fairly across
+//!   accounts under caps per account and per endpoint, with back-off to a horizon; a webhook
+//!   delivered twice carries one event id. An endpoint that keeps failing is paused, then
+//!   disabled.
 //!
-//! Every loop is bounded and stops between items when asked to: the item in hand is finished.
-//! Any number of workers can run against one database.
+//! Each runs on a loop of its own, so that none waits behind another's slow work (a processor
+//! outage, a silent webhook endpoint, a long receipt queue). Every loop is bounded and stops
+//! between items when asked to: the items in hand are finished. Any number of workers can run
+//! against one database.
 
+mod completer;
+pub mod deliveries;
+mod job_runner;
 pub mod jobs;
+mod reaper;
+mod report;
 pub mod webhooks;
+
+pub use report::PassReport;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Due, Engine, Interrupted, NoObserver};
+use idem::{Engine, NoObserver};
 use payments_backoff::{Backoff, Jitter};
-use payments_domain::jobs::{self as queue, Job, WebhookJob, Work};
-use payments_domain::operations::{self, Context};
+use payments_domain::operations::Context;
 use payments_settings::{Settings, WorkerSettings};
 use provider::{CardProcessor, ProcessorClient};
 use sqlx::PgPool;
 use tokio::sync::watch;
 
+use crate::deliveries::Until;
 use crate::jobs::{LogMailer, Mailer, SmtpMailer};
-use crate::webhooks::{Delivered, Deliverer};
+use crate::webhooks::Deliverer;
 
 /// At most this many batches per loop in one pass, so a pass always ends.
-const MAX_BATCHES_PER_PASS: usize = 20;
-
-/// What one pass did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PassReport {
-    /// Keys driven to a final answer.
-    pub completed: u64,
-    /// Keys that failed transiently again, released with back-off.
-    pub released: u64,
-    /// Keys another process took over while this one worked.
-    pub lost: u64,
-    /// Keys flagged for a person.
-    pub flagged: u64,
-    /// Completed keys deleted.
-    pub reaped: u64,
-    /// Jobs done.
-    pub jobs_done: u64,
-    /// Jobs that failed and will run again.
-    pub jobs_retried: u64,
-    /// Jobs dead-lettered.
-    pub jobs_dead: u64,
-}
-
-impl PassReport {
-    /// Adds the pass to the worker's counters.
-    fn count(&self) {
-        for (name, value) in [
-            ("worker_keys_completed_total", self.completed),
-            ("worker_keys_released_total", self.released),
-            ("worker_keys_lost_total", self.lost),
-            ("worker_keys_flagged_total", self.flagged),
-            ("worker_keys_reaped_total", self.reaped),
-            ("worker_jobs_done_total", self.jobs_done),
-            ("worker_jobs_retried_total", self.jobs_retried),
-            ("worker_jobs_dead_total", self.jobs_dead),
-        ] {
-            metrics::counter!(name).increment(value);
-        }
-    }
-
-    /// Whether the pass found any work.
-    pub fn found_work(&self) -> bool {
-        *self != Self::default()
-    }
-}
+pub(crate) const MAX_BATCHES_PER_PASS: usize = 20;
 
 /// The worker's loops, run side by side ([`Worker::run_until`]).
 #[derive(Debug, Clone, Copy)]
 enum Loop {
     /// Drives unfinished keys to their answers (`Worker::complete`).
     Completer,
-    /// Deletes expired keys and runs staged jobs (`Worker::reap`, `Worker::run_jobs`).
-    Upkeep,
+    /// Deletes expired keys (`Worker::reap`).
+    Reaper,
+    /// Sends receipts (`Worker::run_jobs`).
+    Receipts,
+    /// Delivers webhooks (`Worker::run_deliveries`).
+    Deliveries,
 }
 
 impl Loop {
     fn name(self) -> &'static str {
         match self {
             Loop::Completer => "completer",
-            Loop::Upkeep => "upkeep",
+            Loop::Reaper => "reaper",
+            Loop::Receipts => "receipts",
+            Loop::Deliveries => "deliveries",
         }
     }
 }
@@ -159,18 +133,25 @@ impl<P: CardProcessor> Worker<P> {
     /// One pass of each loop, one after the other, stopping between items once `stop` turns
     /// true (`payments-worker --once`, and tests).
     pub async fn run_once(&self, stop: &watch::Receiver<bool>) -> anyhow::Result<PassReport> {
-        self.pass(&[Loop::Completer, Loop::Upkeep], stop).await
+        self.pass(&[Loop::Completer, Loop::Reaper, Loop::Receipts, Loop::Deliveries], stop).await
     }
 
-    /// Runs the loops until `stop` turns true. The completer runs apart from the reaper and the
-    /// job runner: its calls last as long as the processor makes them (through an outage, a
-    /// timeout per key for every due key), and receipts, webhook deliveries and the reaper must
-    /// not wait behind them.
+    /// Runs the loops side by side until `stop` turns true. Each waits on its own work only: the
+    /// completer's calls last as long as the processor makes them (through an outage, a timeout
+    /// per key for every due key), a delivery as long as its receiver (up to
+    /// `webhooks.timeout_ms`), a receipt as long as the mail server, and none of the others
+    /// waits behind them; the reaper neither.
     pub async fn run_until(&self, stop: watch::Receiver<bool>) {
-        tokio::join!(
+        let mut delivered = PassReport::default();
+        let (_, _, _, deliveries) = tokio::join!(
             self.keep_passing(Loop::Completer, stop.clone()),
-            self.keep_passing(Loop::Upkeep, stop)
+            self.keep_passing(Loop::Reaper, stop.clone()),
+            self.keep_passing(Loop::Receipts, stop.clone()),
+            self.deliveries(&stop, &mut delivered, Until::Stopped),
         );
+        if let Err(err) = deliveries {
+            tracing::warn!(error = %format!("{err:#}"), "the delivery loop failed");
+        }
         tracing::info!("worker stopped");
     }
 
@@ -205,10 +186,9 @@ impl<P: CardProcessor> Worker<P> {
         for which in loops {
             match which {
                 Loop::Completer => self.complete(stop, &mut report).await?,
-                Loop::Upkeep => {
-                    self.reap(stop, &mut report).await?;
-                    self.run_jobs(stop, &mut report).await?;
-                }
+                Loop::Reaper => self.reap(stop, &mut report).await?,
+                Loop::Receipts => self.run_jobs(stop, &mut report).await?,
+                Loop::Deliveries => self.run_deliveries(stop, &mut report).await?,
             }
         }
         if report.found_work() {
@@ -217,183 +197,5 @@ impl<P: CardProcessor> Worker<P> {
         }
         report.count();
         Ok(report)
-    }
-
-    /// The completer. It leases one key at a time, when its turn comes: a key waiting behind
-    /// others in a batch would see its lease run out while slow processor calls went on ahead of
-    /// it, be taken over by another worker or a retry, and then be driven a second time by this
-    /// one. Each statement takes one key (`SKIP LOCKED`, so several workers never take the same
-    /// one) and records the attempt; the key is driven to its end before the next is taken.
-    pub async fn complete(
-        &self,
-        stop: &watch::Receiver<bool>,
-        report: &mut PassReport,
-    ) -> anyhow::Result<()> {
-        let window = Duration::from_secs(u64::from(self.settings.processor_window_hours) * 3600);
-        let most = MAX_BATCHES_PER_PASS.saturating_mul(self.settings.batch_size as usize);
-        // The operations this release resumes: a key of one it does not know (a newer release's,
-        // during a rolling deploy) waits for a worker that does.
-        let operations = operations::resumable();
-        for _ in 0..most {
-            if *stop.borrow() {
-                break;
-            }
-            let mut due =
-                self.engine.take_due(1, self.settings.max_attempts, window, &operations).await?;
-            let Some(item) = due.pop() else { break };
-            match item {
-                Due::Flagged { .. } => report.flagged += 1,
-                Due::Lease(lease) => {
-                    let key_id = lease.key_id();
-                    let span =
-                        tracing::info_span!("completer", key_id, operation = lease.operation());
-                    let outcome =
-                        tracing::Instrument::instrument(operations::resume(&self.ctx, lease), span)
-                            .await;
-                    match outcome {
-                        Ok(answer) => {
-                            tracing::info!(
-                                key_id,
-                                status = answer.status,
-                                "completer finished a key"
-                            );
-                            report.completed += 1;
-                        }
-                        // The completer drives stored keys only: never superseded.
-                        Err(Interrupted::LeaseLost | Interrupted::Superseded) => report.lost += 1,
-                        Err(Interrupted::Transient { .. } | Interrupted::Waiting { .. }) => {
-                            report.released += 1;
-                        }
-                        Err(Interrupted::NeedsHuman { .. }) => report.flagged += 1,
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The reaper.
-    pub async fn reap(
-        &self,
-        stop: &watch::Receiver<bool>,
-        report: &mut PassReport,
-    ) -> anyhow::Result<()> {
-        for _ in 0..MAX_BATCHES_PER_PASS {
-            if *stop.borrow() {
-                break;
-            }
-            let reaped = self.engine.reap(self.settings.batch_size).await?;
-            report.reaped += reaped.deleted;
-            report.flagged += reaped.flagged;
-            if reaped.deleted < u64::from(self.settings.batch_size) {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// The job runner. Like the completer, it claims one job at a time, when its turn comes,
-    /// so that a claim never waits behind other jobs' sends.
-    pub async fn run_jobs(
-        &self,
-        stop: &watch::Receiver<bool>,
-        report: &mut PassReport,
-    ) -> anyhow::Result<()> {
-        let most = MAX_BATCHES_PER_PASS.saturating_mul(self.settings.batch_size as usize);
-        for _ in 0..most {
-            if *stop.borrow() {
-                break;
-            }
-            let Some(job) = jobs::claim(&self.ctx.pool, 1).await?.pop() else { break };
-            let kind = match &job.work {
-                Ok(work) => work.kind().to_string(),
-                Err(unreadable) => unreadable.kind.clone(),
-            };
-            let span = tracing::info_span!("job", job_id = job.id, %kind, attempt = job.attempts);
-            let outcome = match &job.work {
-                Ok(Work::Webhook(delivery)) => {
-                    // Its own schedule (back-off to a horizon) and its own log; see `webhooks`.
-                    self.deliver(&job, delivery, &span, report).await?;
-                    continue;
-                }
-                Ok(Work::Receipt(receipt)) => {
-                    tracing::Instrument::instrument(
-                        jobs::send_receipt(&self.ctx.pool, self.mailer.as_ref(), receipt),
-                        span.clone(),
-                    )
-                    .await
-                }
-                // A kind this release does not know, or a payload that is not its input: failed
-                // like any job, so a newer release may still run it before it is dead-lettered.
-                Err(unreadable) => Err(unreadable.to_string()),
-            };
-            match outcome {
-                Ok(_) => {
-                    if queue::done(&self.ctx.pool, job.id, job.attempts).await? {
-                        report.jobs_done += 1;
-                    } else {
-                        tracing::warn!(parent: &span, "another runner claimed the job meanwhile; its run decides");
-                    }
-                }
-                Err(error) => {
-                    let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
-                        >= self.settings.job_max_attempts;
-                    let delay = self.job_backoff().delay(u32::try_from(job.attempts).unwrap_or(0));
-                    if !queue::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead)
-                        .await?
-                    {
-                        tracing::warn!(parent: &span, error, "job failed, and another runner claimed it meanwhile");
-                    } else if dead {
-                        tracing::error!(parent: &span, error, "job dead-lettered");
-                        report.jobs_dead += 1;
-                    } else {
-                        tracing::warn!(parent: &span, error, retry_in_ms = delay.as_millis() as u64, "job failed; will retry");
-                        report.jobs_retried += 1;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs a claimed `webhook` job, the delivery `work`, and counts what came of it.
-    async fn deliver(
-        &self,
-        job: &Job,
-        work: &WebhookJob,
-        span: &tracing::Span,
-        report: &mut PassReport,
-    ) -> anyhow::Result<()> {
-        let delivered = tracing::Instrument::instrument(
-            self.deliverer.run(&self.ctx.pool, job, work),
-            span.clone(),
-        )
-        .await;
-        match delivered {
-            Ok(Delivered::Done) => report.jobs_done += 1,
-            Ok(Delivered::Retrying) => report.jobs_retried += 1,
-            Ok(Delivered::Dead) => {
-                tracing::error!(parent: span, "webhook delivery dead-lettered");
-                report.jobs_dead += 1;
-            }
-            Ok(Delivered::Lost) => {
-                tracing::warn!(parent: span, "another runner claimed the delivery meanwhile; its run decides");
-            }
-            // The job could not be run at all (the database failed, or it names no event):
-            // retried like any job, and dead-lettered after the same bound.
-            Err(error) => {
-                let dead = u32::try_from(job.attempts).unwrap_or(u32::MAX)
-                    >= self.settings.job_max_attempts;
-                let delay = self.deliverer.backoff(job.attempts);
-                queue::failed(&self.ctx.pool, job.id, job.attempts, &error, delay, dead).await?;
-                tracing::warn!(parent: span, error, dead, "webhook job failed");
-                if dead {
-                    report.jobs_dead += 1;
-                } else {
-                    report.jobs_retried += 1;
-                }
-            }
-        }
-        Ok(())
     }
 }

@@ -1,4 +1,5 @@
-//! `payments-worker`: the completer, the reaper and the job runner. See `payments_worker`.
+//! `payments-worker`: the completer, the reaper, the receipts and the webhook deliveries. See
+//! `payments_worker`.
 
 use std::process::ExitCode;
 

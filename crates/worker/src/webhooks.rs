@@ -10,6 +10,11 @@
 //! A worker killed mid-delivery leaves the job claimed; the claim runs out and another run posts
 //! the event again, with the same event id: receivers dedupe by it.
 //!
+//! A connection gets `webhooks.connect_timeout_ms` of the attempt's `webhooks.timeout_ms`, so a
+//! host that never answers fails in seconds. Each outcome is also recorded on the endpoint's
+//! health (`payments_domain::deliveries::health`), in the transaction that records the job's:
+//! an endpoint that keeps failing is paused, then disabled with an event.
+//!
 //! The address rule holds at connection time too: names are resolved by [`CheckedResolver`],
 //! which refuses every address the rule does not permit, so a name that later points inward
 //! (DNS rebinding) reaches nothing; redirects are not followed.
@@ -23,10 +28,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payments_backoff::{Backoff, Jitter};
+use payments_domain::deliveries::{Caps, FailureRecorded, HealthRules, health};
 use payments_domain::jobs::{self, Job, WebhookJob};
 use payments_domain::webhooks::{self, AddressRule, Attempt, Failure, Outcome, SIGNATURE_HEADER};
 use payments_settings::WebhookSettings;
-use sqlx::PgPool;
+use sqlx::{PgExecutor, PgPool};
 
 use crate::jobs::SEND_TIMEOUT;
 
@@ -66,6 +72,7 @@ pub struct Deliverer {
     client: reqwest::Client,
     rule: Arc<AddressRule>,
     settings: WebhookSettings,
+    health: HealthRules,
 }
 
 /// What one delivery job came to.
@@ -91,9 +98,10 @@ impl Deliverer {
         // Bounded by the job claim: a delivery never outlives it, so it is not posted twice at
         // once by two runners.
         let timeout = Duration::from_millis(settings.timeout_ms).min(SEND_TIMEOUT);
+        let connect_timeout = Duration::from_millis(settings.connect_timeout_ms).min(timeout);
         let client = reqwest::Client::builder()
             .timeout(timeout)
-            .connect_timeout(timeout)
+            .connect_timeout(connect_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .dns_resolver(Arc::new(CheckedResolver { rule: rule.clone() }))
             // No proxy from the environment (`HTTP_PROXY`, `ALL_PROXY`, …): a proxy resolves the
@@ -101,7 +109,27 @@ impl Deliverer {
             .no_proxy()
             .user_agent(concat!("payments-webhooks/", env!("CARGO_PKG_VERSION")))
             .build()?;
-        Ok(Self { client, rule, settings: settings.clone() })
+        let health = HealthRules {
+            pause_after_failures: settings.pause_after_failures,
+            pause_after: Duration::from_secs(u64::from(settings.pause_after_minutes) * 60),
+            pause: Duration::from_millis(settings.pause_ms),
+            longest_pause: Duration::from_millis(settings.backoff_cap_ms.max(settings.pause_ms)),
+            disable_after: Duration::from_secs(u64::from(settings.disable_after_hours) * 3600),
+        };
+        Ok(Self { client, rule, settings: settings.clone(), health })
+    }
+
+    /// The caps on deliveries run at once, across every worker.
+    pub fn caps(&self) -> Caps {
+        Caps {
+            per_endpoint: self.settings.max_deliveries_per_endpoint,
+            per_account: self.settings.max_deliveries_per_account,
+        }
+    }
+
+    /// Deliveries this worker runs at once.
+    pub fn max_deliveries(&self) -> usize {
+        self.settings.max_deliveries as usize
     }
 
     /// The delay before attempt `attempt + 1`: base × 2^(attempt-1), capped, with full jitter
@@ -201,24 +229,50 @@ impl Deliverer {
         )
         .await
         .map_err(|err| err.to_string())?;
-        match (outcome, error) {
-            (Outcome::Delivered, _) | (_, None) => finish(pool, job, true, "").await,
-            (Outcome::Retrying, Some(error)) => {
-                let recorded = jobs::failed(pool, job.id, job.attempts, &error, delay, false)
-                    .await
-                    .map_err(|err| err.to_string())?;
-                Ok(if recorded { Delivered::Retrying } else { Delivered::Lost })
+        // The endpoint's health and the job's outcome commit together: a probe's claim is let go
+        // only with the pause it extends (or ends).
+        let db = |err: payments_domain::DomainError| err.to_string();
+        let mut tx = pool.begin().await.map_err(|err| err.to_string())?;
+        if error.is_none() {
+            health::delivered(&mut *tx, &endpoint.id).await.map_err(db)?;
+        } else {
+            match health::failed(&mut tx, &endpoint.id, &self.health).await.map_err(db)? {
+                FailureRecorded::Counted | FailureRecorded::Closed => {}
+                FailureRecorded::Paused { probe_in } => tracing::warn!(
+                    endpoint_id = %endpoint.id, probe_in_ms = probe_in.as_millis() as u64,
+                    "webhook endpoint paused: it keeps failing"
+                ),
+                FailureRecorded::Disabled => tracing::warn!(
+                    endpoint_id = %endpoint.id, account_id = %endpoint.account_id,
+                    "webhook endpoint disabled: it has failed for too long"
+                ),
             }
-            (Outcome::Dead, Some(error)) => finish(pool, job, false, &error).await,
         }
+        let delivered = match (outcome, error) {
+            (Outcome::Delivered, _) | (_, None) => finish(&mut *tx, job, true, "").await?,
+            (Outcome::Retrying, Some(error)) => {
+                let recorded = jobs::failed(&mut *tx, job.id, job.attempts, &error, delay, false)
+                    .await
+                    .map_err(db)?;
+                if recorded { Delivered::Retrying } else { Delivered::Lost }
+            }
+            (Outcome::Dead, Some(error)) => finish(&mut *tx, job, false, &error).await?,
+        };
+        tx.commit().await.map_err(|err| err.to_string())?;
+        Ok(delivered)
     }
 }
 
-async fn finish(pool: &PgPool, job: &Job, done: bool, error: &str) -> Result<Delivered, String> {
+async fn finish(
+    executor: impl PgExecutor<'_>,
+    job: &Job,
+    done: bool,
+    error: &str,
+) -> Result<Delivered, String> {
     let recorded = if done {
-        jobs::done(pool, job.id, job.attempts).await
+        jobs::done(executor, job.id, job.attempts).await
     } else {
-        jobs::failed(pool, job.id, job.attempts, error, Duration::ZERO, true).await
+        jobs::failed(executor, job.id, job.attempts, error, Duration::ZERO, true).await
     }
     .map_err(|err| err.to_string())?;
     Ok(match (recorded, done) {
@@ -239,10 +293,22 @@ mod tests {
     use super::*;
 
     fn deliverer(base: u64, cap: u64) -> Deliverer {
+        deliverer_timed(base, cap, 1000, 1000)
+    }
+
+    fn deliverer_timed(base: u64, cap: u64, timeout_ms: u64, connect_timeout_ms: u64) -> Deliverer {
         let settings = WebhookSettings {
             allow_loopback: true,
             deny_ranges: payments_settings::AddressRanges::default(),
-            timeout_ms: 1000,
+            timeout_ms,
+            connect_timeout_ms,
+            max_deliveries: 32,
+            max_deliveries_per_account: 8,
+            max_deliveries_per_endpoint: 2,
+            pause_after_failures: 20,
+            pause_after_minutes: 15,
+            pause_ms: 60_000,
+            disable_after_hours: 72,
             backoff_base_ms: base,
             backoff_cap_ms: cap,
             horizon_hours: 72,
@@ -261,5 +327,35 @@ mod tests {
             let late = d.backoff(40).as_millis();
             assert!((5000..=10_000).contains(&late), "{late}");
         }
+    }
+
+    /// A host that never completes the handshake (a listener whose queue is full drops every
+    /// further SYN) fails within the connect timeout, not the whole delivery's.
+    #[tokio::test]
+    async fn a_connection_that_is_never_accepted_fails_at_the_connect_timeout() {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let address = socket.local_addr().unwrap();
+        let listener = socket.listen(1).unwrap();
+        // Fill its queue (it never accepts) until a connection hangs.
+        let mut queued = Vec::new();
+        let full = loop {
+            let connect = tokio::net::TcpStream::connect(address);
+            match tokio::time::timeout(Duration::from_millis(200), connect).await {
+                Ok(connected) => queued.push(connected.unwrap()),
+                Err(_) => break true,
+            }
+            if queued.len() > 64 {
+                break false;
+            }
+        };
+        assert!(full, "the listen queue never filled");
+        let d = deliverer_timed(1000, 10_000, 8000, 300);
+        let started = Instant::now();
+        let sent = d.send(&format!("http://{address}/hooks"), "whsec_test", b"{}".to_vec()).await;
+        let took = started.elapsed();
+        assert!(matches!(sent, Err(Failed { failure: Failure::Timeout, .. })), "{sent:?}");
+        assert!(took < Duration::from_secs(3), "the connection took the whole timeout: {took:?}");
+        drop((listener, queued));
     }
 }

@@ -50,7 +50,8 @@ pub struct EventDoc {
     pub object: String,
     /// What happened: `payment.succeeded`, `payment.requires_capture`, `payment.failed`,
     /// `payment.captured`, `payment.canceled`, `payment.updated`, `refund.succeeded`,
-    /// `refund.failed`.
+    /// `refund.failed`, `webhook_endpoint.disabled` (the worker disabled an endpoint that kept
+    /// failing; `data.object` is the endpoint).
     #[serde(rename = "type")]
     pub event_type: String,
     /// Unix seconds: when the change committed.

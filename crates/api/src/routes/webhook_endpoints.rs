@@ -52,8 +52,9 @@ pub struct CreateWebhookEndpointRequest {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateWebhookEndpointRequest {
-    /// `true` stops deliveries (those already due are dropped); `false` resumes them for new
-    /// events.
+    /// `true` stops deliveries (those that fall due while it is disabled are dropped); `false`
+    /// resumes them, also for an endpoint the worker paused or disabled because it kept failing
+    /// (its record of failures starts afresh).
     pub disabled: bool,
 }
 

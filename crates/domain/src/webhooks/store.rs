@@ -118,7 +118,9 @@ pub async fn list(
     Ok(endpoints)
 }
 
-/// Sets an endpoint's status; `None` when the account has no such endpoint.
+/// Sets an endpoint's status; `None` when the account has no such endpoint. Its health starts
+/// afresh (`crate::deliveries::health`): an endpoint the worker disabled, enabled again, is not
+/// paused or disabled by the failures it had before.
 pub async fn set_status(
     executor: impl PgExecutor<'_>,
     account_id: &AccountId,
@@ -127,7 +129,9 @@ pub async fn set_status(
 ) -> Result<Option<Endpoint>, DomainError> {
     let endpoint = sqlx::query_as!(
         Endpoint,
-        r#"UPDATE webhook_endpoints SET status = $3
+        r#"UPDATE webhook_endpoints
+              SET status = $3, consecutive_failures = 0, failing_since = NULL,
+                  paused_until = NULL, pauses = 0
             WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
         RETURNING id AS "id: _", account_id AS "account_id: _", url,
                   enabled_events AS "enabled_events: _", secret, status AS "status: _",

@@ -205,7 +205,11 @@ async fn a_delivery_staged_with_its_event_reads_back_as_a_webhook_job(pool: PgPo
     let all = webhooks::EnabledEvents::All;
     let endpoint = webhooks::create(&mut conn, &account, &url, &all).await.unwrap();
     let event = events::record(&mut conn, &account, EventType::RefundFailed, b"{}").await.unwrap();
-    let claimed = jobs::claim(&pool, 10, std::time::Duration::from_secs(60)).await.unwrap();
+    let claim = std::time::Duration::from_secs(60);
+    let others = jobs::claim(&pool, 10, claim).await.unwrap();
+    assert!(others.is_empty(), "deliveries are claimed apart from other jobs: {others:?}");
+    let caps = payments_domain::deliveries::Caps { per_endpoint: 2, per_account: 8 };
+    let claimed = payments_domain::deliveries::claim(&pool, 10, caps, claim).await.unwrap();
     let work: Vec<_> = claimed.into_iter().map(|job| job.work).collect();
     let delivery = Work::Webhook(WebhookJob { event_id: event, endpoint_id: endpoint.id });
     assert_eq!(work, [Ok(delivery)]);

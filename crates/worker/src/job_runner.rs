@@ -1,0 +1,89 @@
+//! The job runner: receipts, and every staged job that is not a webhook delivery (a kind a newer
+//! release staged, say), on a loop of their own, so that neither a stuck delivery nor a long
+//! receipt queue holds the other back.
+
+use payments_domain::jobs::{self as queue, Work};
+use provider::CardProcessor;
+use tokio::sync::watch;
+
+use crate::jobs;
+use crate::{MAX_BATCHES_PER_PASS, PassReport, Worker};
+
+impl<P: CardProcessor> Worker<P> {
+    /// The job runner. Like the completer, it claims one job at a time, when its turn comes,
+    /// so that a claim never waits behind other jobs' sends. Deliveries are not among them: they
+    /// run concurrently, claimed fairly, on their own loop ([`Worker::run_deliveries`]).
+    pub async fn run_jobs(
+        &self,
+        stop: &watch::Receiver<bool>,
+        report: &mut PassReport,
+    ) -> anyhow::Result<()> {
+        let most = MAX_BATCHES_PER_PASS.saturating_mul(self.settings.batch_size as usize);
+        for _ in 0..most {
+            if *stop.borrow() {
+                break;
+            }
+            let Some(job) = jobs::claim(&self.ctx.pool, 1).await?.pop() else { break };
+            let kind = match &job.work {
+                Ok(work) => work.kind().to_string(),
+                Err(unreadable) => unreadable.kind.clone(),
+            };
+            let span = tracing::info_span!("job", job_id = job.id, %kind, attempt = job.attempts);
+            let outcome = match &job.work {
+                // Not claimed here (a delivery names its endpoint), but run as one all the same.
+                Ok(Work::Webhook(_)) => {
+                    report.add(&self.run_delivery(job).await?);
+                    continue;
+                }
+                Ok(Work::Receipt(receipt)) => {
+                    tracing::Instrument::instrument(
+                        jobs::send_receipt(&self.ctx.pool, self.mailer.as_ref(), receipt),
+                        span.clone(),
+                    )
+                    .await
+                }
+                // A kind this release does not know, or a payload that is not its input: failed
+                // like any job, so a newer release may still run it before it is dead-lettered.
+                Err(unreadable) => Err(unreadable.to_string()),
+            };
+            match outcome {
+                Ok(_) => {
+                    if queue::done(&self.ctx.pool, job.id, job.attempts).await? {
+                        report.jobs_done += 1;
+                    } else {
+                        tracing::warn!(parent: &span, "another runner claimed the job meanwhile; its run decides");
+                    }
+                }
+                Err(error) => {
+                    let delay = self.job_backoff().delay(u32::try_from(job.attempts).unwrap_or(0));
+                    self.job_failed(&job, &error, delay, &span, report).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that `job` failed with `error`: it runs again after `delay`, or is dead-lettered
+    /// once it has had `worker.job_max_attempts` attempts.
+    pub(crate) async fn job_failed(
+        &self,
+        job: &queue::Job,
+        error: &str,
+        delay: std::time::Duration,
+        span: &tracing::Span,
+        report: &mut PassReport,
+    ) -> anyhow::Result<()> {
+        let dead =
+            u32::try_from(job.attempts).unwrap_or(u32::MAX) >= self.settings.job_max_attempts;
+        if !queue::failed(&self.ctx.pool, job.id, job.attempts, error, delay, dead).await? {
+            tracing::warn!(parent: span, error, "job failed, and another runner claimed it meanwhile");
+        } else if dead {
+            tracing::error!(parent: span, error, "job dead-lettered");
+            report.jobs_dead += 1;
+        } else {
+            tracing::warn!(parent: span, error, retry_in_ms = delay.as_millis() as u64, "job failed; will retry");
+            report.jobs_retried += 1;
+        }
+        Ok(())
+    }
+}
