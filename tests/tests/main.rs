@@ -12,6 +12,7 @@ mod examples;
 mod failover;
 mod fairness;
 mod fast_path;
+mod free_text;
 mod inspector;
 mod leases;
 mod lists;

@@ -14,6 +14,7 @@ use sqlx::PgExecutor;
 
 use crate::DomainError;
 pub use crate::ids::{AccountId, ApiKeyId};
+use crate::text::{self, Lines};
 
 /// The prefix of every secret key this server issues (test mode only, for now).
 pub const SECRET_KEY_PREFIX: &str = "sk_test_";
@@ -93,6 +94,7 @@ pub async fn create_account(
             message: format!("an account name is 1 to {ACCOUNT_NAME_MAX_CHARS} characters"),
         });
     }
+    text::check("name", name, Lines::Refused)?;
     let account = Account { id: AccountId::generate(), name: name.to_owned() };
     let mut tx = pool.begin().await?;
     sqlx::query!(
@@ -231,6 +233,16 @@ mod tests {
             !printed.contains(&key.expose()[SECRET_KEY_PREFIX.len()..SECRET_KEY_PREFIX.len() + 8])
         );
         assert!(printed.ends_with(&format!("{})", key.last4())));
+    }
+
+    #[tokio::test]
+    async fn an_account_name_with_a_control_or_format_character_is_refused() {
+        // Refused before any statement: the pool never connects.
+        let pool = sqlx::PgPool::connect_lazy("postgres://nobody@127.0.0.1:1/none").unwrap();
+        for name in ["Shop\u{0}", "Shop\u{1b}[31m", "Sh\u{200b}op", "\u{202e}pohS"] {
+            let refused = create_account(&pool, name).await;
+            assert!(matches!(refused, Err(DomainError::Invalid { param: "name", .. })), "{name:?}");
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod processor_events;
 pub mod receipts;
 pub mod refunds;
 pub mod stored;
+pub mod text;
 pub mod webhooks;
 
 pub use accounts::{Account, ApiKey, SecretKey};

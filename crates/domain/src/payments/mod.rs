@@ -363,7 +363,7 @@ pub use list::{Cursor, list};
 pub(crate) use list::{finish_page, in_walk_order};
 pub use patch::{Patched, PaymentPatch, apply, missing_problem, stale_problem};
 pub use request::{
-    CreatePaymentRequest, Lines, NewPayment, has_control, validate_description, validate_metadata,
+    CreatePaymentRequest, NewPayment, validate_description, validate_email, validate_metadata,
     validate_metadata_entry,
 };
 pub use store::{Changes, ChargeRecord, find, find_by_key, insert, lock, lock_for_news, update};

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::DomainError;
 use crate::money::{AMOUNT_MAX, Amount, Currency, SUPPORTED_CURRENCIES};
+use crate::text::{self, Lines};
 
 use super::{
     CaptureMethod, DESCRIPTION_MAX_CHARS, METADATA_KEY_MAX_CHARS, METADATA_MAX_PAIRS,
@@ -30,12 +31,13 @@ pub struct CreatePaymentRequest {
     /// Default automatic.
     #[serde(default)]
     pub capture_method: CaptureMethod,
-    /// Free text, at most 1,000 characters.
+    /// Free text, at most 1,000 characters: no control characters but tab and line breaks, no
+    /// Unicode format characters (bidirectional overrides, zero-width characters…).
     #[serde(default)]
     #[schema(max_length = 1000)]
     pub description: Option<String>,
     /// At most 50 string pairs; keys of at most 40 characters without `[` or `]`, values of at
-    /// most 500.
+    /// most 500; the characters as in `description` (a key is one line).
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
     /// Where the worker sends the receipt once the payment succeeds.
@@ -74,7 +76,7 @@ impl CreatePaymentRequest {
             validate_metadata(metadata)?;
         }
         if let Some(email) = &self.receipt_email {
-            validate_email(email)?;
+            validate_email("receipt_email", email)?;
         }
         Ok(NewPayment {
             amount,
@@ -109,44 +111,17 @@ pub struct NewPayment {
     pub receipt_email: Option<String>,
 }
 
-/// `description` is at most 1,000 characters, of text that may span lines.
+/// `description` is at most 1,000 characters, of text that may span lines
+/// ([`text::check`]: no other control character, no format character).
 pub fn validate_description(description: Option<&str>) -> Result<(), DomainError> {
     match description {
         Some(d) if d.chars().count() > DESCRIPTION_MAX_CHARS => Err(invalid(
             "description",
             format!("`description` is at most {DESCRIPTION_MAX_CHARS} characters."),
         )),
-        Some(d) if has_control(d, Lines::Allowed) => Err(control_characters("description")),
-        _ => Ok(()),
+        Some(d) => text::check("description", d, Lines::Allowed),
+        None => Ok(()),
     }
-}
-
-/// Whether a text field may hold line breaks and tabs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lines {
-    /// Tab, line feed and carriage return are text; other control characters are not.
-    Allowed,
-    /// One line: no control character at all.
-    Refused,
-}
-
-/// Whether `text` holds a control character (C0, DEL or C1) that the field does not allow.
-///
-/// NUL is the one that matters most: Postgres refuses it in `text` and `jsonb`, so a NUL that got
-/// past validation would turn bad input into a 500. The others have no business in a label
-/// either, and would reach logs and dashboards verbatim.
-pub fn has_control(text: &str, lines: Lines) -> bool {
-    text.chars()
-        .any(|c| c.is_control() && !(lines == Lines::Allowed && matches!(c, '\t' | '\n' | '\r')))
-}
-
-fn control_characters(param: &'static str) -> DomainError {
-    invalid(
-        param,
-        format!(
-            "`{param}` must not contain NUL or other control characters (tab and line breaks excepted where text may span lines)."
-        ),
-    )
 }
 
 /// At most 50 pairs; keys 1 to 40 characters without `[` or `]`; values at most 500 characters.
@@ -174,8 +149,10 @@ pub fn validate_metadata_entry(key: &str, value: Option<&str>) -> Result<(), Dom
             ),
         ));
     }
-    if has_control(key, Lines::Refused) || value.is_some_and(|v| has_control(v, Lines::Allowed)) {
-        return Err(control_characters("metadata"));
+    // A key is one line; a value may span lines, as a description may.
+    text::check("metadata", key, Lines::Refused)?;
+    if let Some(value) = value {
+        text::check("metadata", value, Lines::Allowed)?;
     }
     if value.is_some_and(|v| v.chars().count() > METADATA_VALUE_MAX_CHARS) {
         return Err(invalid(
@@ -189,13 +166,12 @@ pub fn validate_metadata_entry(key: &str, value: Option<&str>) -> Result<(), Dom
     Ok(())
 }
 
-fn validate_email(email: &str) -> Result<(), DomainError> {
+/// An address a receipt can go to: at most 254 bytes, `local@domain.tld`, no white space, and no
+/// character [`text::check`] refuses (named in the refusal). `param` names the field.
+pub fn validate_email(param: &'static str, email: &str) -> Result<(), DomainError> {
+    text::check(param, email, Lines::Refused)?;
     let valid = email.len() <= 254
-        && !email.chars().any(|c| c.is_whitespace() || c.is_control())
+        && !email.chars().any(char::is_whitespace)
         && matches!(email.split_once('@'), Some((local, domain)) if !local.is_empty() && domain.contains('.') && !domain.contains('@') && !domain.starts_with('.') && !domain.ends_with('.'));
-    if valid {
-        Ok(())
-    } else {
-        Err(invalid("receipt_email", "`receipt_email` is not an email address."))
-    }
+    if valid { Ok(()) } else { Err(invalid(param, format!("`{param}` is not an email address."))) }
 }

@@ -74,6 +74,61 @@ fn every_rule_names_its_parameter() {
     );
 }
 
+/// The one check of free text ([`crate::text`]) holds in each field of a payment request, and
+/// the refusal names the field.
+#[test]
+fn control_and_format_characters_are_refused_in_each_field_naming_it() {
+    let pairs = |key: &str, value: &str| Some(BTreeMap::from([(key.to_owned(), value.to_owned())]));
+    for c in ['\u{0}', '\u{1b}', '\u{202e}', '\u{2066}', '\u{200b}', '\u{feff}', '\u{ad}'] {
+        let cases = [
+            (
+                CreatePaymentRequest { description: Some(format!("Mugs{c}")), ..request() },
+                "description",
+            ),
+            (
+                CreatePaymentRequest { metadata: pairs(&format!("k{c}"), "v"), ..request() },
+                "metadata",
+            ),
+            (
+                CreatePaymentRequest { metadata: pairs("k", &format!("v{c}")), ..request() },
+                "metadata",
+            ),
+            (
+                CreatePaymentRequest {
+                    receipt_email: Some(format!("jo{c}@example.com")),
+                    ..request()
+                },
+                "receipt_email",
+            ),
+        ];
+        for (request, param) in cases {
+            assert_eq!(param_of(&request), Some(param), "U+{:04X} in {param}", u32::from(c));
+        }
+        let patch = PaymentPatch { description: Some(Some(format!("Mugs{c}"))), metadata: None };
+        assert!(matches!(patch.validate(), Err(DomainError::Invalid { param: "description", .. })));
+        let refund = crate::refunds::CreateRefundRequest {
+            amount: None,
+            reason: None,
+            metadata: pairs("k", &format!("v{c}")),
+        };
+        assert!(matches!(refund.validate(), Err(DomainError::Invalid { param: "metadata", .. })));
+        let changes = BTreeMap::from([("k".to_owned(), Some(format!("v{c}")))]);
+        let patch = PaymentPatch { description: None, metadata: Some(Some(changes)) };
+        assert!(matches!(patch.validate(), Err(DomainError::Invalid { param: "metadata", .. })));
+    }
+    // Text that spans lines stays text in a description and a metadata value, not in a key.
+    let lines = "line one\r\nline\ttwo";
+    assert_eq!(
+        param_of(&CreatePaymentRequest { description: Some(lines.into()), ..request() }),
+        None
+    );
+    assert_eq!(param_of(&CreatePaymentRequest { metadata: pairs("k", lines), ..request() }), None);
+    assert_eq!(
+        param_of(&CreatePaymentRequest { metadata: pairs("k\n", "v"), ..request() }),
+        Some("metadata")
+    );
+}
+
 #[test]
 fn the_etag_follows_the_representation() {
     let paid = br#"{"id":"pay_1","amount":500,"status":"succeeded"}"#;

@@ -17,6 +17,7 @@ use ipnet::IpNet;
 use super::URL_MAX_CHARS;
 use super::special::{self, Embedded};
 use crate::DomainError;
+use crate::text::{self, Lines};
 
 /// Which destination addresses a delivery may reach.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,6 +67,9 @@ impl AddressRule {
         if url.chars().count() > URL_MAX_CHARS {
             return Err(invalid(&format!("`url` must be at most {URL_MAX_CHARS} characters.")));
         }
+        // The parser would silently drop a tab, a line break or an invisible character of the host
+        // and percent-encode the rest: refused instead, as in every text a client writes.
+        text::check("url", url, Lines::Refused)?;
         let parsed = url::Url::parse(url).map_err(|_| invalid("`url` must be an absolute URL."))?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(invalid("`url` must be an `http` or `https` URL."));

@@ -64,6 +64,25 @@ fn only_http_and_https_urls_without_credentials_are_accepted() {
     }
 }
 
+#[test]
+fn a_url_with_a_control_or_format_character_is_refused_naming_url() {
+    for url in [
+        "https://hooks.example.com/pay\tments",
+        "https://hooks.example.com/\npayments",
+        "https://hooks.exa\u{200b}mple.com/payments",
+        "https://hooks.example.com/\u{202e}stnemyap",
+        "\u{feff}https://hooks.example.com/payments",
+    ] {
+        match LIVE.check_url(url) {
+            Err(crate::DomainError::Invalid { param, message }) => {
+                assert_eq!(param, "url", "{url:?}");
+                assert!(message.contains("U+"), "{url:?}: {message}");
+            }
+            other => panic!("{url:?}: {other:?}"),
+        }
+    }
+}
+
 fn ip(text: &str) -> IpAddr {
     text.parse().unwrap_or_else(|err| panic!("{text}: {err}"))
 }
