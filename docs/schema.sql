@@ -432,8 +432,12 @@ CREATE TABLE public.receipts (
     account_id text NOT NULL,
     email text NOT NULL,
     body text NOT NULL,
+    sending_until timestamp with time zone,
+    send_attempts integer DEFAULT 0 NOT NULL,
     sent_at timestamp with time zone,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT receipts_check CHECK (((sent_at IS NULL) OR (sending_until IS NULL))),
+    CONSTRAINT receipts_send_attempts_check CHECK ((send_attempts >= 0))
 );
 CREATE TABLE public.refunds (
     seq bigint NOT NULL,

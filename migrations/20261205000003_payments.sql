@@ -142,13 +142,22 @@ CREATE INDEX jobs_endpoint_claimed_idx ON jobs (endpoint_id)
     WHERE endpoint_id IS NOT NULL AND claimed_until IS NOT NULL;
 
 -- Receipts sent for payments. One per payment: the primary key is what makes a receipt job that
--- runs twice send one receipt. `sent_at` is set once the mailer accepted it, so a job that died
--- between recording and sending sends it on its next run.
+-- runs twice record one receipt. A run sends it only while it holds the send (`sending_until`,
+-- taken with the row locked, crates/domain/src/receipts.rs), so two runs of one receipt never
+-- send it side by side; the hold runs out, so a run that died mid-send leaves the receipt to the
+-- next (which sends it again: a crash between the send and `sent_at` is the one way a receipt goes
+-- out twice). `sent_at` is set once the mailer accepted it.
 CREATE TABLE receipts (
-    payment_id   text PRIMARY KEY REFERENCES payments (id),
-    account_id   text NOT NULL,
-    email        text NOT NULL,
-    body         text NOT NULL,
-    sent_at      timestamptz,
-    created_at   timestamptz NOT NULL DEFAULT now()
+    payment_id    text PRIMARY KEY REFERENCES payments (id),
+    account_id    text NOT NULL,
+    email         text NOT NULL,
+    body          text NOT NULL,
+    -- A run is sending it until then; NULL when no run is (none yet, it failed, or it is sent).
+    sending_until timestamptz,
+    -- The holds taken so far: a run gives its hold back after a failed send only if it is still
+    -- the last one taken.
+    send_attempts integer NOT NULL DEFAULT 0 CHECK (send_attempts >= 0),
+    sent_at       timestamptz,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    CHECK (sent_at IS NULL OR sending_until IS NULL)
 );

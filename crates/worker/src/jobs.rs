@@ -7,6 +7,8 @@
 //! attempt number, so a runner whose claim was taken over records nothing. The table's SQL is
 //! `payments_domain::jobs`; the receipts' is `payments_domain::receipts`.
 //!
+//! A receipt is sent by one run at a time: a run holds its send for a while
+//! ([`receipts::claim`]), and another run of the same receipt (a job taken over) waits for that.
 //! Receipts are delivered at least once: a crash between the send and its record sends the email
 //! again. Every copy carries the same `Message-ID`, derived from the receipt's id (the payment's
 //! id), so mail systems and readers can recognise and drop the duplicate.
@@ -16,6 +18,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use payments_domain::jobs::{self, Job, ReceiptJob};
 use payments_domain::money::{Amount, Currency};
+use payments_domain::receipts::{Claim, NewReceipt, ReceiptFacts};
 use payments_domain::{DomainError, PaymentId, receipts};
 use sqlx::PgPool;
 
@@ -23,10 +26,17 @@ use sqlx::PgPool;
 /// fails and is retried later.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a run holds the send of a receipt ([`receipts::claim`]): beyond the longest send, so
+/// that a slow send is never sent again beside it, and within a job's claim, so that the run that
+/// takes a job over from a dead one finds the dead one's hold run out and sends.
+const SEND_HOLD: Duration = Duration::from_secs(2 * 60);
+const _: () = assert!(SEND_HOLD.as_secs() > SEND_TIMEOUT.as_secs());
+
 /// How long a claimed job stays out of sight before another worker may take it: well beyond the
 /// longest send, so that a slow send is not taken over (and sent again) while it runs.
 pub(crate) const CLAIM: Duration = Duration::from_secs(5 * 60);
 const _: () = assert!(CLAIM.as_secs() > 2 * SEND_TIMEOUT.as_secs());
+const _: () = assert!(CLAIM.as_secs() > SEND_HOLD.as_secs());
 
 /// The `Message-ID` of every copy of a payment's receipt: derived from the receipt's id (its
 /// payment's id), so a copy sent twice is recognisably the same message.
@@ -118,38 +128,62 @@ pub async fn claim(pool: &PgPool, limit: u32) -> Result<Vec<Job>, DomainError> {
     jobs::claim(pool, limit, CLAIM).await
 }
 
-/// Runs a receipt job: records the receipt (one per payment), sends it unless it was sent.
+/// What a run of a receipt job came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReceiptOutcome {
+    /// This run sent it.
+    Sent,
+    /// A run before sent it.
+    SentBefore,
+}
+
+/// Runs a receipt job: records the receipt (one per payment), and sends it unless it was sent,
+/// holding its send meanwhile ([`receipts::claim`]). While another run holds the send this one
+/// fails, to be tried again later: it neither sends a second copy nor drops the receipt (that run
+/// may yet die before it records the send).
 pub async fn send_receipt(
     pool: &PgPool,
     mailer: &dyn Mailer,
     job: &ReceiptJob,
-) -> Result<bool, String> {
+) -> Result<ReceiptOutcome, String> {
     let ReceiptJob { payment_id, email } = job;
     let payment = receipts::facts(pool, payment_id)
         .await
         .map_err(|err| err.to_string())?
         .ok_or("the payment does not exist")?;
+    let body = receipt_body(payment_id, &payment);
+    let new = NewReceipt { payment_id, account_id: &payment.account_id, email, body: &body };
+    let hold = match receipts::claim(pool, &new, SEND_HOLD).await.map_err(|e| e.to_string())? {
+        Claim::Send(hold) => hold,
+        Claim::Sent => return Ok(ReceiptOutcome::SentBefore),
+        Claim::Busy => return Err("another run is sending this receipt".into()),
+    };
     let receipt = Receipt {
         payment_id: payment_id.clone(),
-        email: email.clone(),
+        email: hold.email,
         subject: format!("Your receipt for payment {payment_id}"),
-        body: format!(
-            "Thank you for your payment.\n\nPayment: {payment_id}\nAmount: {} {}\nDescription: {}\nCharge: {}\n",
-            format_amount(payment.amount, payment.currency),
-            payment.currency.as_str().to_uppercase(),
-            payment.description.as_deref().unwrap_or("-"),
-            payment.processor_charge_id.as_deref().unwrap_or("-"),
-        ),
+        body: hold.body,
     };
-    let sent_before = receipts::record(pool, payment_id, &payment.account_id, email, &receipt.body)
-        .await
-        .map_err(|err| err.to_string())?;
-    if sent_before {
-        return Ok(false);
+    if let Err(error) = mailer.send(&receipt).await {
+        // Given back so the job's next run may send at once; if this fails too, the hold runs out.
+        if let Err(release) = receipts::release(pool, payment_id, hold.attempt).await {
+            tracing::warn!(error = %release, "the hold of a failed send was not given back");
+        }
+        return Err(error);
     }
-    mailer.send(&receipt).await?;
     receipts::mark_sent(pool, payment_id).await.map_err(|err| err.to_string())?;
-    Ok(true)
+    Ok(ReceiptOutcome::Sent)
+}
+
+/// The text of a payment's receipt.
+fn receipt_body(payment_id: &PaymentId, payment: &ReceiptFacts) -> String {
+    format!(
+        "Thank you for your payment.\n\nPayment: {payment_id}\nAmount: {} {}\nDescription: {}\nCharge: {}\n",
+        format_amount(payment.amount, payment.currency),
+        payment.currency.as_str().to_uppercase(),
+        payment.description.as_deref().unwrap_or("-"),
+        payment.processor_charge_id.as_deref().unwrap_or("-"),
+    )
 }
 
 /// `1234` `usd` → `12.34`; zero-decimal currencies have no minor unit.

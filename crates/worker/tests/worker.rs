@@ -11,6 +11,7 @@ use idem::{
     Claim, Engine, Fingerprint, IdempotencyKey, NoObserver, Operation, RecoveryPoint, Request,
     RequestParts,
 };
+use payments_domain::jobs::ReceiptJob;
 use payments_domain::money::{Amount, Currency};
 use payments_domain::operations::{
     self, CancelParams, CancelPayment, CaptureParams, CapturePayment, Context, CreatePayment,
@@ -21,7 +22,7 @@ use payments_domain::refunds::NewRefund;
 use payments_domain::{AccountId, PaymentId};
 use payments_settings::Settings;
 use payments_testkit::{WAIT, eventually};
-use payments_worker::jobs::{Mailer, Receipt, SmtpMailer};
+use payments_worker::jobs::{Mailer, Receipt, ReceiptOutcome, SmtpMailer, send_receipt};
 use payments_worker::{PassReport, Worker};
 use processor_sim::{FaultConfig, Simulator};
 use provider::{ProcessorClient, ProcessorConfig};
@@ -841,6 +842,53 @@ async fn a_receipt_job_that_runs_twice_sends_one_receipt(pool: PgPool) {
     assert!(body.contains("10.00 USD"), "{body}");
 }
 
+/// Counts receipts; holds the first one inside its send (saying so on `entered`) until `go`.
+#[derive(Default)]
+struct FirstSendWaits {
+    sent: AtomicUsize,
+    entered: tokio::sync::Notify,
+    go: tokio::sync::Notify,
+}
+
+impl Mailer for FirstSendWaits {
+    fn send<'a>(&'a self, _receipt: &'a Receipt) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            if self.sent.fetch_add(1, Ordering::SeqCst) == 0 {
+                self.entered.notify_one();
+                self.go.notified().await;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Two runs of one payment's receipt job at once: the second finds the first one's send held and
+/// sends nothing (it fails, to look again later), so the receipt goes out once.
+#[sqlx::test(migrations = "../../migrations")]
+async fn two_runs_of_one_receipt_job_at_once_send_it_once(pool: PgPool) {
+    let h = harness(pool).await;
+    h.paid_with_receipt("with-receipt").await;
+    let payload: Value = sqlx::query_scalar("SELECT payload FROM jobs WHERE kind = 'receipt'")
+        .fetch_one(&h.pool)
+        .await
+        .unwrap();
+    let job: ReceiptJob = serde_json::from_value(payload).unwrap();
+    let mailer = Arc::new(FirstSendWaits::default());
+
+    let first = tokio::spawn({
+        let (pool, mailer, job) = (h.pool.clone(), mailer.clone(), job.clone());
+        async move { send_receipt(&pool, mailer.as_ref(), &job).await }
+    });
+    mailer.entered.notified().await;
+    let second = send_receipt(&h.pool, mailer.as_ref(), &job).await;
+    assert!(second.is_err(), "the second run waits for the first: {second:?}");
+    mailer.go.notify_one();
+    assert_eq!(first.await.unwrap(), Ok(ReceiptOutcome::Sent));
+    let later = send_receipt(&h.pool, mailer.as_ref(), &job).await;
+    assert_eq!(later, Ok(ReceiptOutcome::SentBefore));
+    assert_eq!(mailer.sent.load(Ordering::SeqCst), 1, "one send for one payment");
+}
+
 #[sqlx::test(migrations = "../../migrations")]
 async fn a_stop_mid_pass_finishes_the_item_in_hand_and_gives_back_the_rest(pool: PgPool) {
     let h = harness(pool).await;
@@ -1021,8 +1069,12 @@ async fn stalling_smtp() -> StallingSmtp {
     server
 }
 
+/// Two runners of one receipt job at once (the job's claim taken over while its first run still
+/// sends): the second sends no copy beside the first. Once the first run's hold of the send has
+/// run out (as after a crash between the send and its record: the one window in which a receipt
+/// goes out twice), a later run sends it again, and both copies carry the one `Message-ID`.
 #[sqlx::test(migrations = "../../migrations")]
-async fn a_receipt_sent_again_by_a_second_runner_carries_one_message_id(pool: PgPool) {
+async fn a_receipt_sent_again_after_its_hold_ran_out_carries_one_message_id(pool: PgPool) {
     let h = harness(pool).await;
     let smtp = stalling_smtp().await;
     let answer = h.paid_with_receipt("with-receipt").await;
@@ -1043,32 +1095,46 @@ async fn a_receipt_sent_again_by_a_second_runner_carries_one_message_id(pool: Pg
     let (_stop_tx, stop) = watch::channel(false);
 
     // The first runner's send stalls after the server has the message.
+    let stop_first = stop.clone();
     let stalled = tokio::spawn(async move {
         let mut report = PassReport::default();
-        first.run_jobs(&stop, &mut report).await.unwrap();
+        first.run_jobs(&stop_first, &mut report).await.unwrap();
         report
     });
     smtp.first_data.notified().await;
-    // Its claim runs out (as after a crash, or a send longer than the claim): a second runner
-    // takes the job and sends the receipt again.
+    // Its claim of the job runs out: a second runner takes the job, finds the send held, and
+    // leaves it for later.
     sqlx::query("UPDATE jobs SET run_at = now()").execute(&h.pool).await.unwrap();
-    let (_stop_tx, stop) = watch::channel(false);
     let mut again = PassReport::default();
     second.run_jobs(&stop, &mut again).await.unwrap();
-    assert_eq!(again.jobs_done, 1);
+    assert_eq!((again.jobs_done, again.jobs_retried), (0, 1), "{again:?}");
+    assert_eq!(smtp.messages.lock().unwrap().len(), 1, "no copy beside the send in flight");
+
+    // The first run's hold runs out, as if it had died mid-send: the next run sends again.
+    sqlx::query("UPDATE receipts SET sending_until = now() - interval '1 second'")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE jobs SET run_at = now()").execute(&h.pool).await.unwrap();
+    let mut last = PassReport::default();
+    second.run_jobs(&stop, &mut last).await.unwrap();
+    assert_eq!(last.jobs_done, 1, "{last:?}");
     smtp.release.notify_one();
     let stalled = stalled.await.unwrap();
     assert_eq!(stalled.jobs_done, 0, "the runner whose claim was taken over records nothing");
 
-    let receipts: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM receipts").fetch_one(&h.pool).await.unwrap();
-    assert_eq!(receipts, 1, "one receipt row");
+    let (receipts, sent): (i64, bool) =
+        sqlx::query_as("SELECT count(*) OVER (), sent_at IS NOT NULL FROM receipts")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!((receipts, sent), (1, true), "one receipt row, sent");
     let (attempts, done): (i32, bool) =
         sqlx::query_as("SELECT attempts, done_at IS NOT NULL FROM jobs")
             .fetch_one(&h.pool)
             .await
             .unwrap();
-    assert_eq!((attempts, done), (2, true));
+    assert_eq!((attempts, done), (3, true));
     let expected = payments_worker::jobs::message_id(&payment_id, "example.com");
     let messages = smtp.messages.lock().unwrap().clone();
     assert_eq!(messages.len(), 2, "delivery is at least once: the email went out twice");
