@@ -7,9 +7,9 @@
 -- the domains idempotency_key, fingerprint, http_status and attempt_count, the types idem_fence
 -- and idem_claimed, and the functions idem_advance, idem_finish, idem_commit_fence, idem_commit
 -- and idem_claim (which reads api_keys and credentials_version). The rest is the payments
--- domain's (crates/domain): accounts, api_keys, credentials_version and its trigger, payments,
--- refunds, audit_events, jobs, receipts, events, webhook_endpoints, webhook_attempts,
--- processor_events, and their domains.
+-- domain's (crates/domain): accounts, api_keys, verified_emails, credentials_version and its
+-- trigger, payments, refunds, audit_events, jobs, receipts, events, webhook_endpoints,
+-- webhook_attempts, processor_events, and their domains.
 CREATE DOMAIN public.amount AS bigint
 	CONSTRAINT amount_range CHECK (((VALUE >= 1) AND (VALUE <= 99999999)));
 CREATE DOMAIN public.attempt_count AS integer
@@ -432,11 +432,16 @@ CREATE TABLE public.receipts (
     account_id text NOT NULL,
     email text NOT NULL,
     body text NOT NULL,
+    admitted_at timestamp with time zone,
+    not_sent_reason text,
     sending_until timestamp with time zone,
     send_attempts integer DEFAULT 0 NOT NULL,
     sent_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT receipts_check CHECK (((sent_at IS NULL) OR (sending_until IS NULL))),
+    CONSTRAINT receipts_check CHECK (((not_sent_reason IS NULL) OR (admitted_at IS NULL))),
+    CONSTRAINT receipts_check1 CHECK (((admitted_at IS NOT NULL) OR ((sending_until IS NULL) AND (sent_at IS NULL)))),
+    CONSTRAINT receipts_check2 CHECK (((sent_at IS NULL) OR (sending_until IS NULL))),
+    CONSTRAINT receipts_not_sent_reason_check CHECK ((not_sent_reason = ANY (ARRAY['unverified_recipient'::text, 'quota_exceeded'::text]))),
     CONSTRAINT receipts_send_attempts_check CHECK ((send_attempts >= 0))
 );
 CREATE TABLE public.refunds (
@@ -461,6 +466,12 @@ ALTER TABLE public.refunds ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+CREATE TABLE public.verified_emails (
+    account_id text NOT NULL,
+    email text NOT NULL,
+    verified_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT verified_emails_email_check CHECK (((email = lower(email)) AND ((length(email) >= 3) AND (length(email) <= 254))))
 );
 CREATE TABLE public.webhook_attempts (
     seq bigint NOT NULL,
@@ -552,6 +563,8 @@ ALTER TABLE ONLY public.refunds
     ADD CONSTRAINT refunds_processor_refund_id_key UNIQUE (processor_refund_id);
 ALTER TABLE ONLY public.refunds
     ADD CONSTRAINT refunds_seq_key UNIQUE (seq);
+ALTER TABLE ONLY public.verified_emails
+    ADD CONSTRAINT verified_emails_pkey PRIMARY KEY (account_id, email);
 ALTER TABLE ONLY public.webhook_attempts
     ADD CONSTRAINT webhook_attempts_pkey PRIMARY KEY (seq);
 ALTER TABLE ONLY public.webhook_endpoints
@@ -571,6 +584,7 @@ CREATE INDEX jobs_endpoint_due_idx ON public.jobs USING btree (endpoint_id, run_
 CREATE INDEX payments_account_created_seq_idx ON public.payments USING btree (account_id, created_at DESC, seq DESC);
 CREATE INDEX processor_events_downstream_key_idx ON public.processor_events USING btree (downstream_key) WHERE (downstream_key IS NOT NULL);
 CREATE INDEX processor_events_payment_succeeded_idx ON public.processor_events USING btree (payment_id) WHERE (type = 'charge.succeeded'::text);
+CREATE INDEX receipts_admitted_idx ON public.receipts USING btree (account_id, admitted_at) WHERE (admitted_at IS NOT NULL);
 CREATE INDEX refunds_payment_created_seq_idx ON public.refunds USING btree (payment_id, created_at DESC, seq DESC);
 CREATE INDEX webhook_attempts_endpoint_idx ON public.webhook_attempts USING btree (endpoint_id, seq DESC);
 CREATE INDEX webhook_attempts_event_idx ON public.webhook_attempts USING btree (event_id);
@@ -593,6 +607,8 @@ ALTER TABLE ONLY public.refunds
     ADD CONSTRAINT refunds_account_id_fkey FOREIGN KEY (account_id) REFERENCES public.accounts(id);
 ALTER TABLE ONLY public.refunds
     ADD CONSTRAINT refunds_payment_id_fkey FOREIGN KEY (payment_id) REFERENCES public.payments(id);
+ALTER TABLE ONLY public.verified_emails
+    ADD CONSTRAINT verified_emails_account_id_fkey FOREIGN KEY (account_id) REFERENCES public.accounts(id);
 ALTER TABLE ONLY public.webhook_attempts
     ADD CONSTRAINT webhook_attempts_endpoint_id_fkey FOREIGN KEY (endpoint_id) REFERENCES public.webhook_endpoints(id);
 ALTER TABLE ONLY public.webhook_attempts

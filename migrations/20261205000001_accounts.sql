@@ -1,5 +1,6 @@
--- Accounts (tenants), their secret API keys, and the credentials' version, which every change to
--- the keys that could end a key's life replaces (a trigger on api_keys).
+-- Accounts (tenants), their secret API keys, their verified email addresses, and the credentials'
+-- version, which every change to the keys that could end a key's life replaces (a trigger on
+-- api_keys).
 --
 -- A key is shown once when created; only its SHA-256 digest is stored, so a leaked database
 -- cannot be used to call the API.
@@ -22,6 +23,18 @@ CREATE TABLE api_keys (
 );
 
 CREATE INDEX api_keys_account_id_idx ON api_keys (account_id);
+
+-- The account's own email addresses, each verified by the operator, who vouches for it
+-- (`payments-api accounts verify-email`; the server sends no message to ask, which would itself be
+-- mail to an address no one verified). Every key is a test-mode key (`sk_test_`), and a test-mode
+-- receipt goes out only to one of these: to any other address it is recorded, not sent
+-- (crates/domain/src/receipts/claim.rs). Lower case; a receipt's address is lower-cased to compare.
+CREATE TABLE verified_emails (
+    account_id  text NOT NULL REFERENCES accounts (id),
+    email       text NOT NULL CHECK (email = lower(email) AND length(email) BETWEEN 3 AND 254),
+    verified_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (account_id, email)
+);
 
 -- The credentials' version: a number that every change to `api_keys` which could end a key's life
 -- (a revocation, a deletion, a key moved to another account or re-hashed) replaces, in the same

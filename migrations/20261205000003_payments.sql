@@ -141,23 +141,37 @@ CREATE INDEX jobs_endpoint_due_idx ON jobs (endpoint_id, run_at)
 CREATE INDEX jobs_endpoint_claimed_idx ON jobs (endpoint_id)
     WHERE endpoint_id IS NOT NULL AND claimed_until IS NOT NULL;
 
--- Receipts sent for payments. One per payment: the primary key is what makes a receipt job that
--- runs twice record one receipt. A run sends it only while it holds the send (`sending_until`,
--- taken with the row locked, crates/domain/src/receipts.rs), so two runs of one receipt never
--- send it side by side; the hold runs out, so a run that died mid-send leaves the receipt to the
--- next (which sends it again: a crash between the send and `sent_at` is the one way a receipt goes
--- out twice). `sent_at` is set once the mailer accepted it.
+-- Receipts of payments. One per payment: the primary key is what makes a receipt job that runs
+-- twice record one receipt. A receipt is first let through to be sent (`admitted_at`), or withheld
+-- for good (`not_sent_reason`), with the row locked (crates/domain/src/receipts/claim.rs). A run
+-- sends it only while it holds the send (`sending_until`, taken with the row locked), so two runs
+-- of one receipt never send it side by side; the hold runs out, so a run that died mid-send leaves
+-- the receipt to the next (which sends it again: a crash between the send and `sent_at` is the one
+-- way a receipt goes out twice). `sent_at` is set once the mailer accepted it.
 CREATE TABLE receipts (
-    payment_id    text PRIMARY KEY REFERENCES payments (id),
-    account_id    text NOT NULL,
-    email         text NOT NULL,
-    body          text NOT NULL,
+    payment_id      text PRIMARY KEY REFERENCES payments (id),
+    account_id      text NOT NULL,
+    email           text NOT NULL,
+    body            text NOT NULL,
+    -- When it was let through to be sent: to an address it may go to, within its account's
+    -- quota (`worker.receipts_per_account_per_hour`, which counts these). NULL until then, and
+    -- for good when `not_sent_reason` says why not.
+    admitted_at     timestamptz,
+    -- Why it is never sent: `unverified_recipient` (test mode, and the address is not one of the
+    -- account's `verified_emails`) or `quota_exceeded`. Recorded and kept, not retried.
+    not_sent_reason text CHECK (not_sent_reason IN ('unverified_recipient', 'quota_exceeded')),
     -- A run is sending it until then; NULL when no run is (none yet, it failed, or it is sent).
-    sending_until timestamptz,
+    sending_until   timestamptz,
     -- The holds taken so far: a run gives its hold back after a failed send only if it is still
     -- the last one taken.
-    send_attempts integer NOT NULL DEFAULT 0 CHECK (send_attempts >= 0),
-    sent_at       timestamptz,
-    created_at    timestamptz NOT NULL DEFAULT now(),
+    send_attempts   integer NOT NULL DEFAULT 0 CHECK (send_attempts >= 0),
+    sent_at         timestamptz,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    CHECK (not_sent_reason IS NULL OR admitted_at IS NULL),
+    CHECK (admitted_at IS NOT NULL OR (sending_until IS NULL AND sent_at IS NULL)),
     CHECK (sent_at IS NULL OR sending_until IS NULL)
 );
+
+-- The quota's count: an account's receipts let through in the last hour.
+CREATE INDEX receipts_admitted_idx ON receipts (account_id, admitted_at)
+    WHERE admitted_at IS NOT NULL;

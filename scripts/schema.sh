@@ -120,9 +120,9 @@ done
 -- the domains idempotency_key, fingerprint, http_status and attempt_count, the types idem_fence
 -- and idem_claimed, and the functions idem_advance, idem_finish, idem_commit_fence, idem_commit
 -- and idem_claim (which reads api_keys and credentials_version). The rest is the payments
--- domain's (crates/domain): accounts, api_keys, credentials_version and its trigger, payments,
--- refunds, audit_events, jobs, receipts, events, webhook_endpoints, webhook_attempts,
--- processor_events, and their domains.
+-- domain's (crates/domain): accounts, api_keys, verified_emails, credentials_version and its
+-- trigger, payments, refunds, audit_events, jobs, receipts, events, webhook_endpoints,
+-- webhook_attempts, processor_events, and their domains.
 HEADER
   "$PG_DUMP" --schema-only --no-owner --no-privileges -d "$SCRATCH_URL" |
     grep -v -E '^(--|SET |SELECT pg_catalog\.set_config\(|\\restrict |\\unrestrict )' |

@@ -41,6 +41,30 @@ enum AccountsCommand {
         #[arg(long)]
         name: String,
     },
+    /// Vouch for an email address as the account's own: test-mode receipts go only to these.
+    VerifyEmail {
+        /// The account, `acct_…`.
+        #[arg(long)]
+        account: AccountId,
+        /// The address.
+        #[arg(long)]
+        email: String,
+    },
+    /// Forget a verified address of the account: receipts to it are withheld from then on.
+    ForgetEmail {
+        /// The account, `acct_…`.
+        #[arg(long)]
+        account: AccountId,
+        /// The address.
+        #[arg(long)]
+        email: String,
+    },
+    /// List the account's verified addresses, one a line on standard output.
+    Emails {
+        /// The account, `acct_…`.
+        #[arg(long)]
+        account: AccountId,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -89,6 +113,25 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let (account, key, secret) = accounts::create_account(&pool, &name).await?;
             eprintln!("created account {} ({}) with key {}", account.id, account.name, key.id);
             println!("{}", secret.expose());
+            Ok(())
+        }
+        Command::Accounts(AccountsCommand::VerifyEmail { account, email }) => {
+            let pool = connect(&settings).await?;
+            accounts::verify_email(&pool, &account, &email).await?;
+            eprintln!("{email} is a verified address of account {account}");
+            Ok(())
+        }
+        Command::Accounts(AccountsCommand::ForgetEmail { account, email }) => {
+            let pool = connect(&settings).await?;
+            accounts::forget_email(&pool, &account, &email).await?;
+            eprintln!("{email} is no longer a verified address of account {account}");
+            Ok(())
+        }
+        Command::Accounts(AccountsCommand::Emails { account }) => {
+            let pool = connect(&settings).await?;
+            for email in accounts::verified_emails(&pool, &account).await? {
+                println!("{email}");
+            }
             Ok(())
         }
         Command::Keys(KeysCommand::Create { account }) => {

@@ -1,4 +1,5 @@
-//! Accounts (tenants) and their secret API keys.
+//! Accounts (tenants), their secret API keys, and their verified email addresses (where a
+//! test-mode receipt may go).
 //!
 //! A secret key is `sk_test_` followed by 32 random alphanumeric characters (about 190 bits from
 //! the operating system's generator). It is returned once, when it is created; the database keeps
@@ -208,6 +209,66 @@ pub async fn name(
         .fetch_optional(executor)
         .await?;
     Ok(name)
+}
+
+/// Records `email` as a verified address of account `account_id`: the operator vouches for it
+/// (`payments-api accounts verify-email`). A test-mode receipt goes only to such an address
+/// ([`crate::receipts`]). Stored lower case; verifying an address again is not an error.
+pub async fn verify_email(
+    executor: impl PgExecutor<'_>,
+    account_id: &AccountId,
+    email: &str,
+) -> Result<(), DomainError> {
+    crate::payments::validate_email("email", email)?;
+    let inserted = sqlx::query!(
+        "INSERT INTO verified_emails (account_id, email) VALUES ($1, lower($2))
+         ON CONFLICT (account_id, email) DO NOTHING",
+        account_id as &AccountId,
+        email,
+    )
+    .execute(executor)
+    .await;
+    match inserted {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(err)) if err.is_foreign_key_violation() => {
+            Err(DomainError::NotFound("account"))
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Forgets a verified address of an account: receipts to it are withheld from then on.
+pub async fn forget_email(
+    executor: impl PgExecutor<'_>,
+    account_id: &AccountId,
+    email: &str,
+) -> Result<(), DomainError> {
+    let forgotten = sqlx::query!(
+        "DELETE FROM verified_emails WHERE account_id = $1 AND email = lower($2)",
+        account_id as &AccountId,
+        email,
+    )
+    .execute(executor)
+    .await?
+    .rows_affected();
+    if forgotten == 0 {
+        return Err(DomainError::NotFound("verified email of the account"));
+    }
+    Ok(())
+}
+
+/// The verified addresses of an account, in order.
+pub async fn verified_emails(
+    executor: impl PgExecutor<'_>,
+    account_id: &AccountId,
+) -> Result<Vec<String>, DomainError> {
+    let emails = sqlx::query_scalar!(
+        "SELECT email FROM verified_emails WHERE account_id = $1 ORDER BY email",
+        account_id as &AccountId
+    )
+    .fetch_all(executor)
+    .await?;
+    Ok(emails)
 }
 
 #[cfg(test)]

@@ -306,3 +306,12 @@ fn deliveries_run_32_at_once_8_per_account_2_per_endpoint_and_none_is_refused() 
     let err = load(&[("PAYMENTS__WEBHOOKS__MAX_DELIVERIES", "5000")]).unwrap_err().to_string();
     assert!(err.contains("webhooks.max_deliveries"), "{err}");
 }
+
+#[test]
+fn an_account_may_have_100_receipts_sent_an_hour_by_default_and_not_none() {
+    assert_eq!(load(&[]).unwrap().worker.receipts_per_account_per_hour, 100);
+    let var = "PAYMENTS__WORKER__RECEIPTS_PER_ACCOUNT_PER_HOUR";
+    assert_eq!(load(&[(var, "5")]).unwrap().worker.receipts_per_account_per_hour, 5);
+    let err = load(&[(var, "0")]).unwrap_err().to_string();
+    assert!(err.contains("worker.receipts_per_account_per_hour") && err.contains(var), "{err}");
+}

@@ -173,6 +173,12 @@ impl Settings {
         if webhooks.max_deliveries > 1024 {
             return Err(invalid("webhooks.max_deliveries", "must be at most 1024".into()));
         }
+        if self.worker.receipts_per_account_per_hour == 0 {
+            return Err(invalid(
+                "worker.receipts_per_account_per_hour",
+                "must be at least 1 (a receipt beyond it is recorded, not sent)".into(),
+            ));
+        }
         let smtp_url = self.worker.smtp_url.expose_secret();
         if !smtp_url.is_empty() && !["smtp://", "smtps://"].iter().any(|s| smtp_url.starts_with(s))
         {

@@ -27,6 +27,9 @@ pub struct WorkerSettings {
     pub smtp_url: SecretString,
     /// The sender of receipts.
     pub receipt_from: String,
+    /// Receipts one account may have let through to be sent in any hour (the last 60 minutes);
+    /// beyond it a receipt is recorded and withheld for good, not retried.
+    pub receipts_per_account_per_hour: u32,
     /// The worker's own `/metrics` port on 127.0.0.1; 0 turns it off.
     pub metrics_port: u16,
 }

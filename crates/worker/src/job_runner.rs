@@ -37,7 +37,7 @@ impl<P: CardProcessor> Worker<P> {
                 }
                 Ok(Work::Receipt(receipt)) => {
                     tracing::Instrument::instrument(
-                        jobs::send_receipt(&self.ctx.pool, self.mailer.as_ref(), receipt),
+                        self.receipts.send(&self.ctx.pool, receipt),
                         span.clone(),
                     )
                     .await

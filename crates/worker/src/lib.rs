@@ -42,7 +42,7 @@ use sqlx::PgPool;
 use tokio::sync::watch;
 
 use crate::deliveries::Until;
-use crate::jobs::{LogMailer, Mailer, SmtpMailer};
+use crate::jobs::{LogMailer, Mailer, ReceiptSender, SmtpMailer};
 use crate::webhooks::Deliverer;
 
 /// At most this many batches per loop in one pass, so a pass always ends.
@@ -77,7 +77,7 @@ pub struct Worker<P> {
     ctx: Context<P>,
     engine: Engine,
     settings: WorkerSettings,
-    mailer: Arc<dyn Mailer>,
+    receipts: ReceiptSender,
     deliverer: Deliverer,
 }
 
@@ -118,7 +118,7 @@ impl<P: CardProcessor> Worker<P> {
                 .with_fast_path(settings.idempotency.fast_path),
             engine,
             settings: settings.worker.clone(),
-            mailer,
+            receipts: ReceiptSender::new(mailer, &settings.worker),
             deliverer: Deliverer::new(&settings.webhooks)?,
         })
     }

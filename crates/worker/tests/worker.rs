@@ -22,7 +22,7 @@ use payments_domain::refunds::NewRefund;
 use payments_domain::{AccountId, PaymentId};
 use payments_settings::Settings;
 use payments_testkit::{WAIT, eventually};
-use payments_worker::jobs::{Mailer, Receipt, ReceiptOutcome, SmtpMailer, send_receipt};
+use payments_worker::jobs::{Mailer, Receipt, ReceiptOutcome, ReceiptSender, SmtpMailer};
 use payments_worker::{PassReport, Worker};
 use processor_sim::{FaultConfig, Simulator};
 use provider::{ProcessorClient, ProcessorConfig};
@@ -82,6 +82,8 @@ async fn harness_with(pool: PgPool, overrides: &[(&str, &str)]) -> Harness {
     let ctx = Context::new(pool.clone(), Arc::new(processor), "http://test".into());
     let engine = Engine::new(pool.clone(), settings.engine_config(), Arc::new(NoObserver));
     let (account, _, _) = payments_domain::accounts::create_account(&pool, "shop").await.unwrap();
+    // Every payment is in test mode: receipts go only to the account's verified addresses.
+    payments_domain::accounts::verify_email(&pool, &account.id, "Jo@Example.com").await.unwrap();
     Harness { pool, sim, ctx, engine, settings, mailer: Arc::default(), account: account.id }
 }
 
@@ -190,9 +192,15 @@ impl Harness {
         PaymentId::parse(body["id"].as_str().unwrap()).unwrap()
     }
 
-    /// A payment made in one go with a receipt to send (its job staged); returns its answer.
+    /// A payment made in one go with a receipt to send to the account's verified address (its
+    /// job staged); returns its answer.
     async fn paid_with_receipt(&self, key: &str) -> idem::StoredResponse {
-        let params = self.create_params(CaptureMethod::Automatic, Some("jo@example.com"));
+        self.paid_with_receipt_to(key, "jo@example.com").await
+    }
+
+    /// A payment made in one go with a receipt to send to `email`; returns its answer.
+    async fn paid_with_receipt_to(&self, key: &str, email: &str) -> idem::StoredResponse {
+        let params = self.create_params(CaptureMethod::Automatic, Some(email));
         let value = serde_json::to_value(&params).unwrap();
         let Claim::Acquired(lease) = self.claim(key, operations::CREATE_PAYMENT, &value).await
         else {
@@ -874,19 +882,102 @@ async fn two_runs_of_one_receipt_job_at_once_send_it_once(pool: PgPool) {
         .unwrap();
     let job: ReceiptJob = serde_json::from_value(payload).unwrap();
     let mailer = Arc::new(FirstSendWaits::default());
+    let sender = Arc::new(ReceiptSender::new(mailer.clone(), &h.settings.worker));
 
     let first = tokio::spawn({
-        let (pool, mailer, job) = (h.pool.clone(), mailer.clone(), job.clone());
-        async move { send_receipt(&pool, mailer.as_ref(), &job).await }
+        let (pool, sender, job) = (h.pool.clone(), sender.clone(), job.clone());
+        async move { sender.send(&pool, &job).await }
     });
     mailer.entered.notified().await;
-    let second = send_receipt(&h.pool, mailer.as_ref(), &job).await;
+    let second = sender.send(&h.pool, &job).await;
     assert!(second.is_err(), "the second run waits for the first: {second:?}");
     mailer.go.notify_one();
     assert_eq!(first.await.unwrap(), Ok(ReceiptOutcome::Sent));
-    let later = send_receipt(&h.pool, mailer.as_ref(), &job).await;
-    assert_eq!(later, Ok(ReceiptOutcome::SentBefore));
+    let later = sender.send(&h.pool, &job).await;
+    assert_eq!(later, Ok(ReceiptOutcome::Settled));
     assert_eq!(mailer.sent.load(Ordering::SeqCst), 1, "one send for one payment");
+}
+
+/// What became of each receipt, by address: whether it was sent, and why not.
+async fn receipt_rows(pool: &PgPool) -> Vec<(String, bool, Option<String>)> {
+    sqlx::query_as(
+        "SELECT email, sent_at IS NOT NULL, not_sent_reason FROM receipts ORDER BY created_at, email",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// In test mode a receipt goes only to an address the account verified: to another, it is
+/// recorded (rendered as it would have gone) and withheld for good, and its job is done.
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_receipt_to_an_address_the_account_did_not_verify_is_recorded_not_sent(pool: PgPool) {
+    let h = harness(pool).await;
+    h.paid_with_receipt_to("to-a-stranger", "victim@elsewhere.example").await;
+    h.paid_with_receipt_to("to-its-own", "JO@example.com").await;
+
+    let report = h.pass().await;
+    assert_eq!((report.jobs_done, report.jobs_retried), (2, 0), "{report:?}");
+    assert_eq!(h.mailer.sent.load(Ordering::SeqCst), 1, "only the verified address got one");
+    let rows = receipt_rows(&h.pool).await;
+    assert_eq!(
+        rows,
+        [
+            ("victim@elsewhere.example".into(), false, Some("unverified_recipient".into())),
+            ("JO@example.com".into(), true, None),
+        ]
+    );
+    let body: String =
+        sqlx::query_scalar("SELECT body FROM receipts WHERE email = 'victim@elsewhere.example'")
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert!(body.contains("10.00 USD"), "recorded as it would have gone: {body}");
+
+    // Withheld for good: verifying the address later sends nothing for it, and no job is left.
+    payments_domain::accounts::verify_email(&h.pool, &h.account, "victim@elsewhere.example")
+        .await
+        .unwrap();
+    sqlx::query("UPDATE jobs SET done_at = NULL, run_at = now()").execute(&h.pool).await.unwrap();
+    assert_eq!(h.pass().await.jobs_done, 2);
+    assert_eq!(h.mailer.sent.load(Ordering::SeqCst), 1);
+}
+
+/// An account's receipts beyond its hourly quota are recorded and withheld, not retried; another
+/// account's receipts still go, and so do the first account's once its earlier ones are an hour
+/// old.
+#[sqlx::test(migrations = "../../migrations")]
+async fn receipts_beyond_an_accounts_hourly_quota_are_recorded_not_sent(pool: PgPool) {
+    let mut h =
+        harness_with(pool, &[("PAYMENTS__WORKER__RECEIPTS_PER_ACCOUNT_PER_HOUR", "2")]).await;
+    for n in 0..3 {
+        h.paid_with_receipt(&format!("receipt-{n}")).await;
+    }
+    let report = h.pass().await;
+    assert_eq!((report.jobs_done, report.jobs_retried, report.jobs_dead), (3, 0, 0));
+    assert_eq!(h.mailer.sent.load(Ordering::SeqCst), 2);
+    let reasons: Vec<Option<String>> =
+        receipt_rows(&h.pool).await.into_iter().map(|(_, _, reason)| reason).collect();
+    assert_eq!(reasons.iter().filter(|r| r.as_deref() == Some("quota_exceeded")).count(), 1);
+
+    // Another account has its own quota.
+    let (other, _, _) =
+        payments_domain::accounts::create_account(&h.pool, "other shop").await.unwrap();
+    payments_domain::accounts::verify_email(&h.pool, &other.id, "jo@example.com").await.unwrap();
+    let first = std::mem::replace(&mut h.account, other.id);
+    h.paid_with_receipt("other-0").await;
+    assert_eq!(h.pass().await.jobs_done, 1);
+    assert_eq!(h.mailer.sent.load(Ordering::SeqCst), 3, "another account's receipt went");
+
+    // An hour later the first account's quota has room again.
+    sqlx::query("UPDATE receipts SET admitted_at = admitted_at - interval '61 minutes'")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    h.account = first;
+    h.paid_with_receipt("receipt-later").await;
+    assert_eq!(h.pass().await.jobs_done, 1);
+    assert_eq!(h.mailer.sent.load(Ordering::SeqCst), 4);
 }
 
 #[sqlx::test(migrations = "../../migrations")]

@@ -93,6 +93,39 @@ async fn keys_revoke_refuses_the_key_from_then_on(pool: PgPool) {
     assert!(!output.status.success());
 }
 
+/// The least machinery that makes test-mode receipts usable: the operator vouches for an
+/// account's own addresses, lists them, and forgets one.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn accounts_verify_email_lists_and_forgets_the_accounts_own_addresses(pool: PgPool) {
+    let url = database_url(&pool);
+    let env = [("DATABASE_URL", url.as_str())];
+    let (account, _, _) = payments_domain::accounts::create_account(&pool, "shop").await.unwrap();
+    let account = account.id.to_string();
+    for email in ["Billing@Shop.example", "owner@shop.example", "billing@shop.example"] {
+        let args = ["accounts", "verify-email", "--account", &account, "--email", email];
+        let output = payments_api(&args, &env).await;
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    }
+    let list = ["accounts", "emails", "--account", account.as_str()];
+    let emails = || payments_api(&list, &env);
+    let listed = String::from_utf8(emails().await.stdout).unwrap();
+    assert_eq!(listed, "billing@shop.example\nowner@shop.example\n", "lower case, once each");
+
+    let forget =
+        ["accounts", "forget-email", "--account", &account, "--email", "OWNER@shop.example"];
+    assert!(payments_api(&forget, &env).await.status.success());
+    assert_eq!(String::from_utf8(emails().await.stdout).unwrap(), "billing@shop.example\n");
+    assert!(!payments_api(&forget, &env).await.status.success(), "forgotten already");
+
+    // Not an address, or not an account: refused, and nothing stored.
+    for (account, email) in [(account.as_str(), "not an address"), ("acct_nope", "a@shop.example")]
+    {
+        let args = ["accounts", "verify-email", "--account", account, "--email", email];
+        assert!(!payments_api(&args, &env).await.status.success(), "{account} {email}");
+    }
+    assert_eq!(String::from_utf8(emails().await.stdout).unwrap(), "billing@shop.example\n");
+}
+
 #[sqlx::test(migrations = false)]
 async fn migrate_creates_a_missing_database_and_is_idempotent(pool: PgPool) {
     let fresh = format!("payments_cli_{}", std::process::id());

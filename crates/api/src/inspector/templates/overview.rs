@@ -5,7 +5,7 @@ use idem::inspect::{KeyLists, KeySummary};
 use maud::{Markup, html};
 use payments_domain::Account;
 use payments_domain::jobs::PendingJob;
-use payments_domain::receipts::ReceiptLine;
+use payments_domain::receipts::{NotSentReason, ReceiptLine};
 use payments_domain::webhooks::{DeliveryLine, Outcome};
 
 use super::{age, page, short};
@@ -143,15 +143,28 @@ fn receipts(receipts: &[ReceiptLine]) -> Markup {
         table {
             tr {
                 th { "payment" } th { "account" } th { "to" } th { "recorded (UTC)" }
-                th { "sent (UTC)" }
+                th { "sent (UTC), or why not" }
             }
             @for receipt in receipts {
                 tr {
                     td { code { (receipt.payment_id) } } td { code { (receipt.account_id) } }
                     td { (receipt.email) } td { (receipt.created) }
-                    td { (receipt.sent.as_deref().unwrap_or("not sent (no SMTP server)")) }
+                    td { (receipt_status(receipt)) }
                 }
             }
         }
+    }
+}
+
+/// When a receipt was sent, or why it was not: withheld for good, or not yet (a send to come, or
+/// retried; with no SMTP server configured a receipt counts as sent once logged).
+fn receipt_status(receipt: &ReceiptLine) -> &str {
+    match (&receipt.sent, receipt.not_sent_reason) {
+        (Some(sent), _) => sent,
+        (None, Some(NotSentReason::UnverifiedRecipient)) => {
+            "not sent: test mode, and not an address the account verified"
+        }
+        (None, Some(NotSentReason::QuotaExceeded)) => "not sent: the account's hourly quota",
+        (None, None) => "not yet",
     }
 }
