@@ -457,6 +457,9 @@ async fn a_delivery_stuck_on_a_silent_receiver_delays_neither_receipts_nor_the_r
     .await
     .unwrap();
 
+    // A receipt goes only to an address its account verified.
+    payments_domain::accounts::verify_email(&h.pool, &account, "jo@example.com").await.unwrap();
+
     let (stop_tx, running) = h.running();
     eventually("the delivery in hand", WAIT, || async { silent.open.load(Ordering::SeqCst) == 1 })
         .await;
