@@ -499,7 +499,7 @@ CREATE TABLE public.webhook_endpoints (
     account_id text NOT NULL,
     url text NOT NULL,
     enabled_events text[] NOT NULL,
-    secret text NOT NULL,
+    secret bytea NOT NULL,
     status text DEFAULT 'enabled'::text NOT NULL,
     consecutive_failures integer DEFAULT 0 NOT NULL,
     failing_since timestamp with time zone,

@@ -41,8 +41,10 @@ CREATE TABLE webhook_endpoints (
     url                  text NOT NULL,
     -- Event types delivered; `{*}` is every type.
     enabled_events       text[] NOT NULL CHECK (cardinality(enabled_events) > 0),
-    -- `whsec_…`: shown once, at creation; the worker signs with it.
-    secret               text NOT NULL,
+    -- `whsec_…`, sealed (ChaCha20-Poly1305 under `webhooks.sealing_key`, the endpoint's id
+    -- authenticated with it: webhooks/sealed.rs): shown once, at creation; the worker opens it
+    -- to sign a delivery.
+    secret               bytea NOT NULL,
     status               text NOT NULL DEFAULT 'enabled' CHECK (status IN ('enabled', 'disabled')),
     -- The endpoint's health (crates/domain/src/deliveries/health.rs): failed attempts in a row,
     -- since when, and a pause. Past `webhooks.pause_after_failures` failures over

@@ -41,6 +41,8 @@ B=http://127.0.0.1:$PORT
 SIM=http://127.0.0.1:$SIM_PORT
 WORK=$(mktemp -d)
 TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+# The database is made afresh: a fresh key seals its endpoints' secrets.
+SEALING_KEY=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
 
 children=()
 cleanup() {
@@ -66,7 +68,7 @@ api() { # log file, failpoints
   PAYMENTS__PROCESSOR__CONNECT_TIMEOUT_MS=1000 PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS=2000 \
   PAYMENTS__PROCESSOR__MAX_RETRIES=0 PAYMENTS__IDEMPOTENCY__LEASE_MS=8000 \
   PAYMENTS__INSPECTOR__ENABLED=true PAYMENTS__INSPECTOR__TOKEN=$TOKEN \
-  PAYMENTS__LOG__FILTER=warn PAYMENTS_FAILPOINTS=$2 \
+  PAYMENTS__WEBHOOKS__SEALING_KEY=$SEALING_KEY PAYMENTS__LOG__FILTER=warn PAYMENTS_FAILPOINTS=$2 \
     "$BIN/payments-api" serve 2>"$1" &
   children+=($!)
   wait_for "$B/readyz"

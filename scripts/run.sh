@@ -45,6 +45,13 @@ export PAYMENTS__PROCESSOR__BASE_URL=${PAYMENTS__PROCESSOR__BASE_URL:-http://127
 export PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK=${PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK:-true}
 export PAYMENTS__INSPECTOR__ENABLED=${PAYMENTS__INSPECTOR__ENABLED:-true}
 export PAYMENTS__INSPECTOR__TOKEN=${PAYMENTS__INSPECTOR__TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
+# The key that seals webhook endpoints' signing secrets, unless one is given: made once and kept
+# beside the build, since the endpoints of the last run, still in the database, need it to open.
+SEALING_KEY_FILE=${CARGO_TARGET_DIR:-$ROOT/target}/run-sealing-key
+if [ -z "${PAYMENTS__WEBHOOKS__SEALING_KEY:-}" ] && [ ! -s "$SEALING_KEY_FILE" ]; then
+  (umask 077 && od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$SEALING_KEY_FILE")
+fi
+export PAYMENTS__WEBHOOKS__SEALING_KEY=${PAYMENTS__WEBHOOKS__SEALING_KEY:-$(cat "$SEALING_KEY_FILE")}
 
 # The stand-in's webhooks (charge.*) go to the API, signed with a fresh secret both sides share.
 export PAYMENTS__PROCESSOR__WEBHOOK_SECRET=${PAYMENTS__PROCESSOR__WEBHOOK_SECRET:-whsec_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}

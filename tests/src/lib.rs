@@ -27,12 +27,20 @@ pub struct TestApp {
     pub http: reqwest::Client,
 }
 
-/// Settings for a test server: port 0, every connection of the tests' one address allowed,
-/// everything else the defaults, with `overrides` applied (pairs of environment variable and
-/// value).
+/// The key that seals webhook signing secrets in the tests (`webhooks.sealing_key`, which has no
+/// default): 32 bytes of 0x5e.
+pub const SEALING_KEY: (&str, &str) = (
+    "PAYMENTS__WEBHOOKS__SEALING_KEY",
+    "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e",
+);
+
+/// Settings for a test server: port 0, every connection of the tests' one address allowed, the
+/// tests' sealing key, everything else the defaults, with `overrides` applied (pairs of
+/// environment variable and value).
 pub fn test_settings(overrides: &[(&str, &str)]) -> Settings {
     let mut env = vec![("PAYMENTS__HTTP__PORT".to_owned(), "0".to_owned())];
     env.push((ONE_ADDRESS.0.to_owned(), ONE_ADDRESS.1.to_owned()));
+    env.push((SEALING_KEY.0.to_owned(), SEALING_KEY.1.to_owned()));
     env.extend(overrides.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     match Settings::load_from(env) {
         Ok(settings) => settings,

@@ -228,6 +228,7 @@ impl System {
             ("PAYMENTS__PROCESSOR__RETRY_AFTER_CAP_MS", "50".into()),
             ("PAYMENTS__DATABASE__ACQUIRE_TIMEOUT_MS", "1000".into()),
             ("PAYMENTS__LOG__FILTER", "warn".into()),
+            (crate::SEALING_KEY.0, crate::SEALING_KEY.1.into()),
         ]
     }
 

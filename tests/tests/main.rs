@@ -23,5 +23,6 @@ mod processor_webhooks;
 mod proof;
 mod round_trips;
 mod webhook_fairness;
+mod secrets;
 mod webhook_log;
 mod webhooks;

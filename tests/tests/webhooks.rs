@@ -16,7 +16,7 @@ use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use payments_domain::jobs::Work;
-use payments_tests::{TestApp, assert_problem, json, spawn_with_sim, test_settings};
+use payments_tests::{SEALING_KEY, TestApp, assert_problem, json, spawn_with_sim, test_settings};
 use payments_worker::Worker;
 use payments_worker::jobs::LogMailer;
 use provider::ProcessorClient;
@@ -692,6 +692,7 @@ async fn a_worker_sigkilled_mid_delivery_is_followed_by_one_that_delivers_and_th
             ("PAYMENTS__WEBHOOKS__TIMEOUT_MS", timeout_ms.to_owned()),
             ("PAYMENTS__WORKER__METRICS_PORT", "0".to_owned()),
             ("PAYMENTS__LOG__FILTER", "warn".to_owned()),
+            (SEALING_KEY.0, SEALING_KEY.1.to_owned()),
         ]
     };
     // A long-running worker with a long delivery timeout: it is inside the hanging delivery
@@ -912,6 +913,7 @@ async fn deliveries_ignore_a_proxy_named_by_the_environment(pool: PgPool) {
         ("DATABASE_URL", sys.db_url.clone()),
         ("PAYMENTS__PROCESSOR__BASE_URL", sys.sim.url.clone()),
         ("PAYMENTS__WORKER__METRICS_PORT", "0".to_owned()),
+        (SEALING_KEY.0, SEALING_KEY.1.to_owned()),
         ("HTTP_PROXY", proxy_url.clone()),
         ("http_proxy", proxy_url.clone()),
         ("HTTPS_PROXY", proxy_url.clone()),

@@ -28,6 +28,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use idem::Engine;
 use payments_domain::operations::Context;
+use payments_domain::webhooks::SealingKeys;
 use provider::ProcessorClient;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -155,11 +156,18 @@ impl Application {
         );
         let runner = Runner::new(engine.clone(), tasks.clone());
         let processor = ProcessorClient::new(settings.processor.client_config())?;
-        let operations =
-            Context::new(pool.clone(), Arc::new(processor), edge.public_base_url.clone())
-                .with_charge_metadata(settings.processor.charge_metadata.clone())
-                .with_batches(settings.idempotency.batch_phases)
-                .with_fast_path(settings.idempotency.fast_path);
+        let keys = settings.sealing_keys()?;
+        let sealing_keys = Arc::new(SealingKeys::new(keys.current.0, keys.old.iter().map(|k| k.0)));
+        tracing::info!(key = %sealing_keys.current_id(), "webhook signing secrets sealed");
+        let operations = Context::new(
+            pool.clone(),
+            Arc::new(processor),
+            edge.public_base_url.clone(),
+            sealing_keys,
+        )
+        .with_charge_metadata(settings.processor.charge_metadata.clone())
+        .with_batches(settings.idempotency.batch_phases)
+        .with_fast_path(settings.idempotency.fast_path);
         let limits = crate::limits::Limits::new(&settings.rate_limit);
         // Ends once the state, and with it the limits, is dropped.
         limits.prune_every(crate::limits::PRUNE_PERIOD);

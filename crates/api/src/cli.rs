@@ -4,6 +4,7 @@
 //! can capture it; everything else goes to standard error.
 
 use clap::{Parser, Subcommand};
+use payments_domain::webhooks::{self, SealingKeys};
 use payments_domain::{AccountId, ApiKeyId, accounts};
 use payments_settings::ExposeSecret as _;
 
@@ -31,6 +32,17 @@ enum Command {
     /// Manage secret API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Manage webhook endpoints.
+    #[command(subcommand)]
+    Webhooks(WebhooksCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum WebhooksCommand {
+    /// Seal every endpoint's signing secret sealed by an old key again with
+    /// `webhooks.sealing_key`, so that the old key can go (docs/webhooks.md, "Replacing the
+    /// sealing key").
+    Reseal,
 }
 
 #[derive(Debug, Subcommand)]
@@ -176,8 +188,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("revoked key {key_id}");
             Ok(())
         }
+        Command::Webhooks(WebhooksCommand::Reseal) => {
+            let keys = settings.sealing_keys()?;
+            let keys = SealingKeys::new(keys.current.0, keys.old.iter().map(|k| k.0));
+            let pool = connect(&settings).await?;
+            let resealed = webhooks::reseal(&pool, &keys, RESEAL_BATCH).await?;
+            eprintln!("sealed {resealed} signing secret(s) again with key {}", keys.current_id());
+            Ok(())
+        }
     }
 }
+
+/// Endpoints sealed again per transaction by `webhooks reseal`.
+const RESEAL_BATCH: i64 = 500;
 
 /// A fresh server has no `payments` database yet; `migrate` makes it, as `make run` expects.
 async fn create_database_if_missing(settings: &Settings) -> anyhow::Result<()> {

@@ -161,6 +161,7 @@ impl From<DomainError> for ApiError {
             DomainError::Invalid { param, message } => Self::invalid_request(param, message),
             DomainError::NotFound(what) => Self::resource_missing(format!("No such {what}.")),
             corrupt @ DomainError::Corrupt(_) => Self::internal(&corrupt),
+            sealed @ DomainError::Unsealable(_) => Self::internal(&sealed),
         }
     }
 }

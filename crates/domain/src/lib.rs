@@ -44,4 +44,7 @@ pub enum DomainError {
     /// A stored value does not have the shape this code writes.
     #[error("corrupt record: {0}")]
     Corrupt(&'static str),
+    /// A signing secret does not open with the sealing keys (`webhooks.sealing_key`, old keys).
+    #[error("a webhook endpoint's signing secret does not open: {0}")]
+    Unsealable(#[from] webhooks::Unsealable),
 }

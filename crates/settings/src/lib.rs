@@ -34,7 +34,7 @@ pub use log::{LogFormat, LogSettings};
 pub use processor::ProcessorSettings;
 pub use ranges::AddressRanges;
 pub use server::{ForwardedHeader, HttpSettings, RateLimitSettings};
-pub use webhooks::WebhookSettings;
+pub use webhooks::{SEALING_KEY_BYTES, SealingKey, SealingKeys, WebhookSettings};
 pub use worker::WorkerSettings;
 
 /// The defaults, compiled in so that a binary runs from any directory.
@@ -119,6 +119,22 @@ impl Settings {
             .try_deserialize()?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// The keys that seal webhook endpoints' signing secrets. The API and the worker need them
+    /// (other commands do not), and refuse to start without `webhooks.sealing_key`.
+    pub fn sealing_keys(&self) -> Result<SealingKeys, SettingsError> {
+        match self.webhooks.read_sealing_keys() {
+            Ok(Some(keys)) => Ok(keys),
+            Ok(None) => Err(validate::invalid(
+                "webhooks.sealing_key",
+                "must be set: 64 hexadecimal digits (32 bytes, e.g. from `openssl rand -hex 32`) \
+                 that seal the webhook endpoints' signing secrets (make run keeps one under \
+                 target/)"
+                    .into(),
+            )),
+            Err((setting, reason)) => Err(validate::invalid(setting, reason)),
+        }
     }
 
     /// The base of public links, without a trailing slash, once the port is known.

@@ -147,10 +147,13 @@ fn secrets_never_print() {
         ("PAYMENTS__WORKER__SMTP_URL", "smtps://mail:opensesame@smtp.example.com"),
         ("PAYMENTS__INSPECTOR__ENABLED", "true"),
         ("PAYMENTS__INSPECTOR__TOKEN", "correcthorsebatterystaple"),
+        ("PAYMENTS__WEBHOOKS__SEALING_KEY", &"ab".repeat(32)),
+        ("PAYMENTS__WEBHOOKS__OLD_SEALING_KEYS", &"cd".repeat(32)),
     ])
     .unwrap();
-    let printed = format!("{settings:?}");
-    for secret in ["hunter2", "swordfish", "opensesame", "correcthorse"] {
+    let keys = settings.sealing_keys().unwrap();
+    let printed = format!("{settings:?} {keys:?}");
+    for secret in ["hunter2", "swordfish", "opensesame", "correcthorse", "abab", "cdcd", "171"] {
         assert!(!printed.contains(secret), "{secret} in {printed}");
     }
 }
@@ -314,4 +317,33 @@ fn an_account_may_have_100_receipts_sent_an_hour_by_default_and_not_none() {
     assert_eq!(load(&[(var, "5")]).unwrap().worker.receipts_per_account_per_hour, 5);
     let err = load(&[(var, "0")]).unwrap_err().to_string();
     assert!(err.contains("worker.receipts_per_account_per_hour") && err.contains(var), "{err}");
+}
+
+#[test]
+fn the_sealing_key_is_required_to_serve_and_read_as_hex_with_old_keys_after_it() {
+    let var = "PAYMENTS__WEBHOOKS__SEALING_KEY";
+    // Not set: the settings load (migrations and accounts need no key), serving does not.
+    let unset = load(&[]).unwrap().sealing_keys().unwrap_err().to_string();
+    assert!(unset.contains("webhooks.sealing_key") && unset.contains(var), "{unset}");
+    let current = "00".repeat(31) + "7f";
+    let old = ["11".repeat(32), "FF".repeat(32)];
+    let keys = load(&[(var, &current), ("PAYMENTS__WEBHOOKS__OLD_SEALING_KEYS", &old.join(", "))])
+        .unwrap()
+        .sealing_keys()
+        .unwrap();
+    assert_eq!(keys.current.0[31], 0x7f);
+    assert_eq!(keys.old, [SealingKey([0x11; 32]), SealingKey([0xff; 32])]);
+    // Written wrong: refused by every command, and the text is not repeated.
+    for bad in ["abc", &"zz".repeat(32), &"ab".repeat(33)] {
+        let err = load(&[(var, bad)]).unwrap_err().to_string();
+        assert!(err.contains("webhooks.sealing_key") && err.contains(var), "{err}");
+        assert!(!err.contains(bad), "{err}");
+    }
+    let err = load(&[(var, &current), ("PAYMENTS__WEBHOOKS__OLD_SEALING_KEYS", "12, 34")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("webhooks.old_sealing_keys"), "{err}");
+    // Old keys without a current one seal nothing.
+    let err = load(&[("PAYMENTS__WEBHOOKS__OLD_SEALING_KEYS", &old[0])]).unwrap_err().to_string();
+    assert!(err.contains("webhooks.sealing_key"), "{err}");
 }

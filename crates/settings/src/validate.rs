@@ -209,6 +209,11 @@ impl Settings {
                 "must be empty or start with http:// or https:// (the page links to it)".into(),
             ));
         }
+        // Written wrong is refused by every command; missing, only by those that need the keys
+        // (`Settings::sealing_keys`).
+        if let Err((setting, reason)) = self.webhooks.read_sealing_keys() {
+            return Err(invalid(setting, reason));
+        }
         if self.idempotency.claim_timeout_ms == 0 {
             return Err(invalid("idempotency.claim_timeout_ms", "must be at least 1".into()));
         }
@@ -230,7 +235,7 @@ impl Settings {
     }
 }
 
-fn invalid(setting: &'static str, reason: String) -> SettingsError {
+pub(crate) fn invalid(setting: &'static str, reason: String) -> SettingsError {
     let env = if setting == "database.url" {
         "DATABASE_URL or PAYMENTS__DATABASE__URL".to_owned()
     } else {

@@ -111,15 +111,16 @@ impl<P: CardProcessor> Worker<P> {
         mailer: Arc<dyn Mailer>,
     ) -> anyhow::Result<Self> {
         let engine = Engine::new(pool.clone(), settings.engine_config(), Arc::new(NoObserver));
+        let sealing_keys = webhooks::sealing_keys(settings)?;
         Ok(Self {
-            ctx: Context::new(pool, processor, public_base_url)
+            ctx: Context::new(pool, processor, public_base_url, sealing_keys.clone())
                 .with_charge_metadata(settings.processor.charge_metadata.clone())
                 .with_batches(settings.idempotency.batch_phases)
                 .with_fast_path(settings.idempotency.fast_path),
             engine,
             settings: settings.worker.clone(),
             receipts: ReceiptSender::new(mailer, &settings.worker),
-            deliverer: Deliverer::new(&settings.webhooks)?,
+            deliverer: Deliverer::new(&settings.webhooks, sealing_keys)?,
         })
     }
 

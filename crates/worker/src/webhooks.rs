@@ -30,8 +30,10 @@ use std::time::{Duration, Instant};
 use payments_backoff::{Backoff, Jitter};
 use payments_domain::deliveries::{Caps, FailureRecorded, HealthRules, health};
 use payments_domain::jobs::{self, Job, WebhookJob};
-use payments_domain::webhooks::{self, AddressRule, Attempt, Failure, Outcome, SIGNATURE_HEADER};
-use payments_settings::WebhookSettings;
+use payments_domain::webhooks::{
+    self, AddressRule, Attempt, Failure, Outcome, SIGNATURE_HEADER, SealingKeys,
+};
+use payments_settings::{Settings, WebhookSettings};
 use sqlx::{PgExecutor, PgPool};
 
 use crate::jobs::SEND_TIMEOUT;
@@ -39,6 +41,14 @@ use crate::jobs::SEND_TIMEOUT;
 mod failure;
 
 use failure::{Failed, RefusedName, error_chain, failure_of};
+
+/// The keys that open the endpoints' signing secrets (and seal one, when the completer finishes a
+/// keyed creation): `webhooks.sealing_key` and the old ones. Without one the worker does not
+/// start.
+pub fn sealing_keys(settings: &Settings) -> anyhow::Result<Arc<SealingKeys>> {
+    let keys = settings.sealing_keys()?;
+    Ok(Arc::new(SealingKeys::new(keys.current.0, keys.old.iter().map(|key| key.0))))
+}
 
 /// Resolves names for deliveries, keeping only the addresses the rule permits.
 #[derive(Debug, Clone)]
@@ -73,6 +83,8 @@ pub struct Deliverer {
     rule: Arc<AddressRule>,
     settings: WebhookSettings,
     health: HealthRules,
+    /// Open the endpoints' sealed signing secrets.
+    sealing_keys: Arc<SealingKeys>,
 }
 
 /// What one delivery job came to.
@@ -89,8 +101,8 @@ pub enum Delivered {
 }
 
 impl Deliverer {
-    /// A deliverer for these settings.
-    pub fn new(settings: &WebhookSettings) -> anyhow::Result<Self> {
+    /// A deliverer for these settings, opening signing secrets with `sealing_keys`.
+    pub fn new(settings: &WebhookSettings, sealing_keys: Arc<SealingKeys>) -> anyhow::Result<Self> {
         let rule = Arc::new(AddressRule {
             allow_loopback: settings.allow_loopback,
             deny_ranges: settings.deny_ranges.ranges().to_vec(),
@@ -116,7 +128,7 @@ impl Deliverer {
             longest_pause: Duration::from_millis(settings.backoff_cap_ms.max(settings.pause_ms)),
             disable_after: Duration::from_secs(u64::from(settings.disable_after_hours) * 3600),
         };
-        Ok(Self { client, rule, settings: settings.clone(), health })
+        Ok(Self { client, rule, settings: settings.clone(), health, sealing_keys })
     }
 
     /// The caps on deliveries run at once, across every worker.
@@ -186,8 +198,12 @@ impl Deliverer {
             // Disabled or deleted since: nothing to deliver.
             return finish(pool, job, true, "").await;
         };
+        // A secret that does not open (its key was dropped from the settings) fails the job, as
+        // the database being away would: the operator's to mend, the delivery kept meanwhile.
+        let secret = self.sealing_keys.open(&endpoint.secret, &endpoint.id);
+        let secret = secret.map_err(|err| format!("endpoint {}: {err}", endpoint.id))?;
         let started = Instant::now();
-        let answer = self.send(&endpoint.url, &endpoint.secret, event.to_json()).await;
+        let answer = self.send(&endpoint.url, secret.expose(), event.to_json()).await;
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let horizon_ms = u64::from(self.settings.horizon_hours) * 3_600_000;
         let (status_code, failure, error, refused) = match answer {
@@ -312,8 +328,11 @@ mod tests {
             backoff_base_ms: base,
             backoff_cap_ms: cap,
             horizon_hours: 72,
+            sealing_key: String::new().into(),
+            old_sealing_keys: String::new().into(),
         };
-        Deliverer::new(&settings).unwrap_or_else(|err| panic!("{err}"))
+        let keys = Arc::new(SealingKeys::new([1; 32], []));
+        Deliverer::new(&settings, keys).unwrap_or_else(|err| panic!("{err}"))
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use payments_domain::deliveries::{self, Caps};
 use payments_domain::events::{self, EventType};
-use payments_domain::webhooks::{self, EnabledEvents, EndpointStatus};
+use payments_domain::webhooks::{self, EnabledEvents, EndpointStatus, SealingKeys};
 use payments_domain::{AccountId, WebhookEndpointId};
 use payments_settings::Settings;
 use payments_testkit::{WAIT, eventually};
@@ -111,12 +111,16 @@ struct Harness {
     mailer: Arc<CountingMailer>,
 }
 
+/// The sealing key of the settings, as the endpoints' secrets are sealed with it.
+const SEALING_KEY: &str = "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e";
+
 /// Settings with loopback allowed, short timeouts and passes, and `overrides`.
 async fn harness(pool: PgPool, overrides: &[(&str, &str)]) -> Harness {
     let mut env = vec![
         ("PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK", "true"),
         ("PAYMENTS__WEBHOOKS__TIMEOUT_MS", "2000"),
         ("PAYMENTS__WORKER__INTERVAL_MS", "50"),
+        ("PAYMENTS__WEBHOOKS__SEALING_KEY", SEALING_KEY),
     ];
     env.extend_from_slice(overrides);
     let settings =
@@ -156,7 +160,8 @@ impl Harness {
     async fn endpoint(&self, account: &AccountId, url: &str) -> WebhookEndpointId {
         let mut conn = self.pool.acquire().await.unwrap();
         let url = reqwest::Url::parse(url).unwrap();
-        webhooks::create(&mut conn, account, &url, &EnabledEvents::All).await.unwrap().id
+        let keys = SealingKeys::new([0x5e; 32], []);
+        webhooks::create(&mut conn, &keys, account, &url, &EnabledEvents::All).await.unwrap().id
     }
 
     /// `n` events of the account, each staging a delivery to every endpoint it has.

@@ -19,6 +19,7 @@ use payments_domain::operations::{
 };
 use payments_domain::payments::{CaptureMethod, NewPayment};
 use payments_domain::refunds::NewRefund;
+use payments_domain::webhooks::SealingKeys;
 use payments_domain::{AccountId, PaymentId};
 use payments_settings::Settings;
 use payments_testkit::{WAIT, eventually};
@@ -71,6 +72,7 @@ async fn harness_with(pool: PgPool, overrides: &[(&str, &str)]) -> Harness {
     let mut env = vec![
         ("PAYMENTS__PROCESSOR__BASE_URL".to_owned(), sim.clone()),
         ("PAYMENTS__WORKER__JOB_MAX_ATTEMPTS".to_owned(), "3".to_owned()),
+        ("PAYMENTS__WEBHOOKS__SEALING_KEY".to_owned(), "5e".repeat(32)),
     ];
     env.extend(overrides.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
     let settings = Settings::load_from(env).unwrap();
@@ -79,7 +81,8 @@ async fn harness_with(pool: PgPool, overrides: &[(&str, &str)]) -> Harness {
         ..settings.processor.client_config()
     })
     .unwrap();
-    let ctx = Context::new(pool.clone(), Arc::new(processor), "http://test".into());
+    let keys = Arc::new(SealingKeys::new([0x5e; 32], []));
+    let ctx = Context::new(pool.clone(), Arc::new(processor), "http://test".into(), keys);
     let engine = Engine::new(pool.clone(), settings.engine_config(), Arc::new(NoObserver));
     let (account, _, _) = payments_domain::accounts::create_account(&pool, "shop").await.unwrap();
     // Every payment is in test mode: receipts go only to the account's verified addresses.
@@ -1066,6 +1069,7 @@ async fn sigterm_mid_pass_exits_cleanly_without_losing_the_item(pool: PgPool) {
         .env("DATABASE_URL", url)
         .env("PAYMENTS__PROCESSOR__BASE_URL", &h.sim)
         .env("PAYMENTS__LOG__FILTER", "warn")
+        .env("PAYMENTS__WEBHOOKS__SEALING_KEY", "5e".repeat(32))
         .env_remove("RUST_LOG")
         .kill_on_drop(true)
         .spawn()

@@ -209,6 +209,16 @@ impl<T> Keyed<'_, T> {
         state.runner.run(self.request(&operation)?, operation).await
     }
 
+    /// Like [`run`](Self::run), the stored answer and whether it is a replay
+    /// ([`Runner::answer`](super::Runner::answer)).
+    pub async fn answer<O: StartedOperation>(
+        &self,
+        state: &AppState,
+        operation: O,
+    ) -> Result<(idem::StoredResponse, bool), ApiError> {
+        state.runner.answer(self.request(&operation)?, operation).await
+    }
+
     /// The request as the engine claims it, for `operation`.
     fn request<O: StartedOperation>(&self, operation: &O) -> Result<idem::Request, ApiError> {
         let params =

@@ -43,8 +43,20 @@ impl Runner {
     pub async fn run<O: Operation + 'static>(
         &self,
         request: idem::Request,
-        mut operation: O,
+        operation: O,
     ) -> Result<Response, ApiError> {
+        let (stored, replayed) = self.answer(request, operation).await?;
+        Ok(stored_response(stored, replayed))
+    }
+
+    /// What [`run`](Self::run) answers, as the stored answer and whether it is a replay, for a
+    /// handler that sends it otherwise than as stored (an endpoint's creation opens its sealed
+    /// secret).
+    pub async fn answer<O: Operation + 'static>(
+        &self,
+        request: idem::Request,
+        mut operation: O,
+    ) -> Result<(StoredResponse, bool), ApiError> {
         let mut open = None;
         if operation.claims_in_first_phase() {
             if let Some(claim) = self.engine.cached_answer(&request).await {
@@ -92,13 +104,13 @@ impl Runner {
     }
 }
 
-/// The answer to what a request's task did.
+/// The answer to what a request's task did, and whether it is a replay.
 fn answered(
     task: Result<Result<Ran, idem::IdemError>, tokio::task::JoinError>,
     key: &IdempotencyKey,
-) -> Result<Response, ApiError> {
+) -> Result<(StoredResponse, bool), ApiError> {
     match task {
-        Ok(Ok(Ran::Driven(Ok(stored)))) => Ok(stored_response(stored, false)),
+        Ok(Ok(Ran::Driven(Ok(stored)))) => Ok((stored, false)),
         Ok(Ok(Ran::Driven(Err(interrupted)))) => Err(interrupted_error(interrupted)),
         Ok(Ok(Ran::Claimed(claim))) => claimed(claim, key),
         // Other requests kept taking the key and giving it back: it is in use, and a retry with
@@ -113,14 +125,14 @@ fn answered(
     }
 }
 
-/// The answer to a claim decided without a lease.
-fn claimed(claim: Claim, key: &IdempotencyKey) -> Result<Response, ApiError> {
+/// The answer to a claim decided without a lease (a replay, or a refusal).
+fn claimed(claim: Claim, key: &IdempotencyKey) -> Result<(StoredResponse, bool), ApiError> {
     match claim {
         // A lease is driven on the operation's task, never answered here.
         Claim::Acquired(_) => {
             Err(ApiError::internal(&std::io::Error::other("a claimed lease came back undriven")))
         }
-        Claim::Replay(stored) => Ok(stored_response(stored, true)),
+        Claim::Replay(stored) => Ok((stored, true)),
         Claim::InUse => Err(in_use()),
         Claim::Mismatch { method, path } => Err(ApiError::new(
             ProblemCode::IdempotencyKeyReused,

@@ -4,12 +4,15 @@
 //! The URL is held to the address rule (`payments_domain::webhooks::AddressRule`): `http` or
 //! `https`, no address that is not globally reachable (loopback allowed by
 //! `webhooks.allow_loopback`) or that `webhooks.deny_ranges` refuses. The signing secret is in
-//! the creation's answer only. The delivery log shows each attempt's coarse outcome
+//! the creation's answer only, and kept sealed everywhere else (`webhooks::SealingKeys`): in the
+//! endpoint's row and in the creation's stored answer, which this module opens as it sends it.
+//! The delivery log shows each attempt's coarse outcome
 //! (`payments_domain::webhooks::Failure`), never an error's text or its timing.
 
 use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
+use payments_domain::DomainError;
 use payments_domain::ids::WebhookEndpointId;
 use payments_domain::operations::{
     CreateEndpoint, CreateEndpointParams, UpdateEndpoint, UpdateEndpointParams,
@@ -167,15 +170,22 @@ pub async fn create(
     // Refusals before the claim store nothing for the key.
     let url = rule(&state).check_url(&body.value.url)?;
     let enabled_events = EnabledEvents::parse(&body.value.enabled_events)?;
+    let keys = &state.operations.sealing_keys;
     let Some(key) = key else {
         let mut conn = state.pool.acquire().await?;
-        let endpoint = webhooks::create(&mut conn, &account, &url, &enabled_events).await?;
-        return Ok(stored_response(webhooks::created_answer(&endpoint), false));
+        let endpoint = webhooks::create(&mut conn, keys, &account, &url, &enabled_events).await?;
+        let sent = webhooks::reveal_secret(webhooks::created_answer(&endpoint), keys);
+        return Ok(stored_response(sent.map_err(DomainError::from)?, false));
     };
     let params = CreateEndpointParams { account_id: account.clone(), url, enabled_events };
-    let operation = CreateEndpoint::new(state.operations.public_base_url.clone(), params);
+    let base = state.operations.public_base_url.clone();
+    let operation = CreateEndpoint::new(base, keys.clone(), params);
     let keyed = Keyed { account: &account, credential: None, key: &key, meta: &meta, body: &body };
-    keyed.run(&state, operation).await
+    // Stored (and kept in memory) with the secret sealed; opened here, in the first answer and in
+    // every replay alike.
+    let (stored, replayed) = keyed.answer(&state, operation).await?;
+    let sent = webhooks::reveal_secret(stored, keys).map_err(DomainError::from)?;
+    Ok(stored_response(sent, replayed))
 }
 
 /// `GET /v1/webhook_endpoints`

@@ -39,6 +39,46 @@ async fn a_bad_setting_stops_start_up_naming_the_setting() {
     assert!(stderr.contains("log.filter") && stderr.contains("PAYMENTS__LOG__FILTER"), "{stderr}");
 }
 
+/// The key that seals webhook signing secrets, which `serve` needs.
+const SEALING_KEY: (&str, &str) = (
+    "PAYMENTS__WEBHOOKS__SEALING_KEY",
+    "4242424242424242424242424242424242424242424242424242424242424242",
+);
+
+#[tokio::test]
+async fn serving_without_a_sealing_key_stops_start_up_naming_it() {
+    let output = payments_api(&["serve"], &[("PAYMENTS__HTTP__PORT", "0")]).await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("PAYMENTS__WEBHOOKS__SEALING_KEY"), "{stderr}");
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn reseal_seals_every_secret_again_with_the_new_key(pool: PgPool) {
+    use payments_domain::webhooks::{self, AddressRule, EnabledEvents, SealingKeys};
+    let (account, _, _) = payments_domain::accounts::create_account(&pool, "shop").await.unwrap();
+    let rule = AddressRule { allow_loopback: false, deny_ranges: Vec::new() };
+    let url = rule.check_url("https://example.com/hook").unwrap();
+    let old = SealingKeys::new([0x42; 32], []);
+    let mut conn = pool.acquire().await.unwrap();
+    let all = EnabledEvents::All;
+    let endpoint = webhooks::create(&mut conn, &old, &account.id, &url, &all).await.unwrap();
+    let secret = old.open(&endpoint.secret, &endpoint.id).unwrap();
+    let (database, new_key) = (database_url(&pool), "17".repeat(32));
+    let env = [
+        ("DATABASE_URL", database.as_str()),
+        (SEALING_KEY.0, new_key.as_str()),
+        ("PAYMENTS__WEBHOOKS__OLD_SEALING_KEYS", SEALING_KEY.1),
+    ];
+    let output = payments_api(&["webhooks", "reseal"], &env).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("sealed 1 signing secret(s) again"), "{stderr}");
+    let new_only = SealingKeys::new([0x17; 32], []);
+    let found = webhooks::find(&pool, &account.id, &endpoint.id).await.unwrap().unwrap();
+    assert_eq!(new_only.open(&found.secret, &endpoint.id).unwrap().expose(), secret.expose());
+}
+
 #[tokio::test]
 async fn help_describes_the_command_itself_not_the_crate() {
     let output = payments_api(&["--help"], &[]).await;
@@ -205,6 +245,7 @@ async fn json_logs_carry_the_request_and_account_ids_and_never_the_key(pool: PgP
         .env("DATABASE_URL", &url)
         .env("PAYMENTS__HTTP__PORT", port.to_string())
         .env("PAYMENTS__LOG__FORMAT", "json")
+        .env(SEALING_KEY.0, SEALING_KEY.1)
         .env_remove("RUST_LOG")
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)

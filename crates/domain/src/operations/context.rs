@@ -7,6 +7,7 @@ use idem::batch::Batcher;
 use sqlx::PgPool;
 
 use crate::payments;
+use crate::webhooks::SealingKeys;
 
 /// What every operation needs.
 pub struct Context<P> {
@@ -16,6 +17,8 @@ pub struct Context<P> {
     pub processor: Arc<P>,
     /// The base of problem `type` links in stored answers.
     pub public_base_url: Arc<str>,
+    /// The keys that seal webhook endpoints' signing secrets (`webhooks.sealing_key`).
+    pub sealing_keys: Arc<SealingKeys>,
     /// Further `metadata[…]` members for every new charge (`processor.charge_metadata`).
     pub charge_metadata: Arc<BTreeMap<String, String>>,
     /// The batches the last phase of new payments share (`idem::batch`), or `None` to send each
@@ -29,10 +32,23 @@ pub struct Context<P> {
 
 impl<P> Context<P> {
     /// A context with no further charge metadata, whose phases go in batches.
-    pub fn new(pool: PgPool, processor: Arc<P>, public_base_url: Arc<str>) -> Self {
+    pub fn new(
+        pool: PgPool,
+        processor: Arc<P>,
+        public_base_url: Arc<str>,
+        sealing_keys: Arc<SealingKeys>,
+    ) -> Self {
         let charged = Some(Batcher::new(pool.clone(), payments::batch::Charged));
         let charge_metadata = Arc::default();
-        Self { pool, processor, public_base_url, charge_metadata, charged, fast_path: true }
+        Self {
+            pool,
+            processor,
+            public_base_url,
+            sealing_keys,
+            charge_metadata,
+            charged,
+            fast_path: true,
+        }
     }
 
     /// The same, with a new payment's phases on the fast path or the reference road.
@@ -58,6 +74,7 @@ impl<P> Clone for Context<P> {
             pool: self.pool.clone(),
             processor: self.processor.clone(),
             public_base_url: self.public_base_url.clone(),
+            sealing_keys: self.sealing_keys.clone(),
             charge_metadata: self.charge_metadata.clone(),
             charged: self.charged.clone(),
             fast_path: self.fast_path,

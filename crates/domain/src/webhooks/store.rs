@@ -1,24 +1,29 @@
 //! The endpoints' SQL: register one under the account's bound, read, list, disable or delete
-//! them, and read what a delivery job needs.
+//! them, read what a delivery job needs, and seal their secrets again under a new key.
 
-use sqlx::{Acquire as _, PgConnection, PgExecutor};
+use sqlx::{Acquire as _, PgConnection, PgExecutor, PgPool};
 
-use super::{EnabledEvents, Endpoint, EndpointStatus, MAX_ENDPOINTS_PER_ACCOUNT};
+use super::{
+    EnabledEvents, Endpoint, EndpointStatus, MAX_ENDPOINTS_PER_ACCOUNT, SealedSecret, SealingKeys,
+    SigningSecret,
+};
 use crate::DomainError;
 use crate::events::{Event, EventRow, EventType};
-use crate::ids::{self, AccountId, EventId, WebhookEndpointId};
+use crate::ids::{AccountId, EventId, WebhookEndpointId};
 
-/// Registers an endpoint with a fresh secret. The URL must have passed [`AddressRule::check_url`].
+/// Registers an endpoint with a fresh secret, sealed with `keys`. The URL must have passed
+/// [`AddressRule::check_url`].
 ///
 /// [`AddressRule::check_url`]: super::AddressRule::check_url
 pub async fn create(
     conn: &mut PgConnection,
+    keys: &SealingKeys,
     account_id: &AccountId,
     url: &url::Url,
     enabled_events: &EnabledEvents,
 ) -> Result<Endpoint, DomainError> {
     let id = WebhookEndpointId::generate();
-    let secret = ids::with_random_suffix("whsec", 32);
+    let secret = keys.seal(&SigningSecret::generate(), &id);
     // The account's row lock first, in a statement of its own, then the count and the insert: a
     // statement reads what committed before it began, so a count in the statement that waited
     // for the lock would miss an endpoint a concurrent creation committed meanwhile, and both
@@ -37,14 +42,15 @@ pub async fn create(
            AND (SELECT count(*) FROM webhook_endpoints
                  WHERE account_id = $2 AND deleted_at IS NULL) < $6
         RETURNING id AS "id: _", account_id AS "account_id: _", url,
-                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
+                  enabled_events AS "enabled_events: _", secret AS "secret: _",
+                  status AS "status: _",
                   extract(epoch FROM created_at)::bigint AS "created!"
         "#,
         &id as &WebhookEndpointId,
         account_id as &AccountId,
         url.as_str(),
         enabled_events as &EnabledEvents,
-        secret,
+        &secret as &SealedSecret,
         MAX_ENDPOINTS_PER_ACCOUNT,
     )
     .fetch_optional(&mut *tx)
@@ -68,7 +74,8 @@ pub async fn find(
     let endpoint = sqlx::query_as!(
         Endpoint,
         r#"SELECT id AS "id: _", account_id AS "account_id: _", url,
-                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
+                  enabled_events AS "enabled_events: _", secret AS "secret: _",
+                  status AS "status: _",
                   extract(epoch FROM created_at)::bigint AS "created!"
              FROM webhook_endpoints
             WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL"#,
@@ -106,7 +113,8 @@ pub async fn list(
     let endpoints = sqlx::query_as!(
         Endpoint,
         r#"SELECT id AS "id: _", account_id AS "account_id: _", url,
-                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
+                  enabled_events AS "enabled_events: _", secret AS "secret: _",
+                  status AS "status: _",
                   extract(epoch FROM created_at)::bigint AS "created!"
              FROM webhook_endpoints
             WHERE account_id = $1 AND deleted_at IS NULL
@@ -134,7 +142,8 @@ pub async fn set_status(
                   paused_until = NULL, pauses = 0
             WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
         RETURNING id AS "id: _", account_id AS "account_id: _", url,
-                  enabled_events AS "enabled_events: _", secret, status AS "status: _",
+                  enabled_events AS "enabled_events: _", secret AS "secret: _",
+                  status AS "status: _",
                   extract(epoch FROM created_at)::bigint AS "created!""#,
         id as &WebhookEndpointId,
         account_id as &AccountId,
@@ -178,7 +187,7 @@ pub async fn delivery(
                   (extract(epoch FROM now() - e.created_at) * 1000)::bigint AS "age_ms!",
                   w.id AS "endpoint_id?: WebhookEndpointId", w.url AS "url?",
                   w.enabled_events AS "enabled_events?: EnabledEvents",
-                  w.secret AS "secret?", w.status AS "status?: EndpointStatus",
+                  w.secret AS "secret?: SealedSecret", w.status AS "status?: EndpointStatus",
                   extract(epoch FROM w.created_at)::bigint AS "endpoint_created?"
              FROM events e
              LEFT JOIN webhook_endpoints w
@@ -211,4 +220,43 @@ pub async fn delivery(
         created: r.created,
     });
     Ok(Some((event, endpoint, r.age_ms)))
+}
+
+/// Seals again with the current key every signing secret an old key sealed, a batch of at most
+/// `batch` rows per transaction; returns how many were sealed again. Once it has run, and
+/// `idempotency.retention_hours` have passed since the key was replaced (stored answers of
+/// creations hold secrets sealed under it until they expire), the old key can be dropped from
+/// `webhooks.old_sealing_keys`. A secret that does not open stops it with the error.
+pub async fn reseal(pool: &PgPool, keys: &SealingKeys, batch: i64) -> Result<u64, DomainError> {
+    let current = keys.current_id();
+    let mut resealed = 0;
+    loop {
+        let mut tx = pool.begin().await?;
+        let rows = sqlx::query!(
+            r#"SELECT id AS "id: WebhookEndpointId", secret AS "secret: SealedSecret"
+                 FROM webhook_endpoints
+                WHERE substring(secret FROM 2 FOR 4) <> $1
+                ORDER BY id LIMIT $2 FOR UPDATE"#,
+            current.as_bytes(),
+            batch,
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        if rows.is_empty() {
+            return Ok(resealed);
+        }
+        for row in rows {
+            let secret = keys.open(&row.secret, &row.id)?;
+            let sealed = keys.seal(&secret, &row.id);
+            sqlx::query!(
+                "UPDATE webhook_endpoints SET secret = $2 WHERE id = $1",
+                &row.id as &WebhookEndpointId,
+                &sealed as &SealedSecret,
+            )
+            .execute(&mut *tx)
+            .await?;
+            resealed += 1;
+        }
+        tx.commit().await?;
+    }
 }

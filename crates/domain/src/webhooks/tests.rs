@@ -260,3 +260,49 @@ proptest::proptest! {
         }
     }
 }
+
+fn sealed_endpoint(keys: &SealingKeys, secret: &SigningSecret) -> Endpoint {
+    let id = WebhookEndpointId::parse("we_test1").unwrap();
+    Endpoint {
+        secret: keys.seal(secret, &id),
+        id,
+        account_id: "acct_1".parse().unwrap(),
+        url: "https://example.com/hook".into(),
+        enabled_events: EnabledEvents::All,
+        status: EndpointStatus::Enabled,
+        created: 1_700_000_000,
+    }
+}
+
+#[test]
+fn an_endpoint_prints_no_secret() {
+    let keys = SealingKeys::new([3; 32], []);
+    let secret = SigningSecret::generate();
+    let printed = format!("{:?}", sealed_endpoint(&keys, &secret));
+    assert!(printed.contains("we_test1"), "{printed}");
+    assert!(!printed.contains(&secret.expose()["whsec_".len()..]), "{printed}");
+}
+
+#[test]
+fn the_stored_creation_holds_the_secret_sealed_and_the_answer_sent_holds_it_in_plain() {
+    let keys = SealingKeys::new([3; 32], []);
+    let secret = SigningSecret::generate();
+    let endpoint = sealed_endpoint(&keys, &secret);
+    let stored = created_answer(&endpoint);
+    let random = &secret.expose()["whsec_".len()..];
+    assert!(!String::from_utf8_lossy(&stored.body).contains(random));
+    let sent = reveal_secret(stored.clone(), &keys).unwrap();
+    // What the answer was before secrets were sealed, byte for byte.
+    let mut plain = endpoint.to_value(false);
+    plain["secret"] = Value::String(secret.expose().to_owned());
+    assert_eq!(String::from_utf8(sent.body.clone()).unwrap(), plain.to_string());
+    assert_eq!((sent.status, &sent.headers), (stored.status, &stored.headers));
+    // Every replay opens the same stored bytes to the same answer.
+    assert_eq!(reveal_secret(stored.clone(), &keys).unwrap(), sent);
+    // Without the key that sealed it, nothing is revealed.
+    let other = SealingKeys::new([4; 32], []);
+    assert!(matches!(reveal_secret(stored, &other), Err(Unsealable::UnknownKey(_))));
+    // A refusal stored for the key is sent as stored.
+    let refused = StoredResponse::json(400, br#"{"code":"invalid_request"}"#.to_vec());
+    assert_eq!(reveal_secret(refused.clone(), &keys).unwrap(), refused);
+}

@@ -135,7 +135,7 @@ async fn an_endpoint_with_an_unknown_status_or_event_type_is_an_error(pool: PgPo
     sql(
         &pool,
         "INSERT INTO webhook_endpoints (id, account_id, url, enabled_events, secret)
-         SELECT 'we_1', id, 'https://example.com/', '{payment.failed}', 'whsec_1' FROM accounts;
+         SELECT 'we_1', id, 'https://example.com/', '{payment.failed}', '\\x01' FROM accounts;
          INSERT INTO events (id, account_id, type, object)
          SELECT 'evt_1', id, 'payment.failed', '{}' FROM accounts;
          INSERT INTO webhook_attempts (endpoint_id, event_id, attempt, duration_ms, outcome)
@@ -203,7 +203,8 @@ async fn a_delivery_staged_with_its_event_reads_back_as_a_webhook_job(pool: PgPo
     let mut conn = pool.acquire().await.unwrap();
     let url = url::Url::parse("https://example.com/hook").unwrap();
     let all = webhooks::EnabledEvents::All;
-    let endpoint = webhooks::create(&mut conn, &account, &url, &all).await.unwrap();
+    let keys = webhooks::SealingKeys::new([5; 32], []);
+    let endpoint = webhooks::create(&mut conn, &keys, &account, &url, &all).await.unwrap();
     let event = events::record(&mut conn, &account, EventType::RefundFailed, b"{}").await.unwrap();
     let claim = std::time::Duration::from_secs(60);
     let others = jobs::claim(&pool, 10, claim).await.unwrap();

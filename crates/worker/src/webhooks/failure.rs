@@ -105,8 +105,11 @@ mod tests {
             backoff_base_ms: 1000,
             backoff_cap_ms: 10_000,
             horizon_hours: 72,
+            sealing_key: String::new().into(),
+            old_sealing_keys: String::new().into(),
         };
-        Deliverer::new(&settings).unwrap_or_else(|err| panic!("{err}"))
+        let keys = std::sync::Arc::new(payments_domain::webhooks::SealingKeys::new([1; 32], []));
+        Deliverer::new(&settings, keys).unwrap_or_else(|err| panic!("{err}"))
     }
 
     /// What a delivery to `url` comes to: its class, and whether for good.
