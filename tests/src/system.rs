@@ -194,12 +194,18 @@ pub struct System {
 }
 
 /// An account: its id and secret key.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Account {
     /// `acct_…`
     pub id: String,
-    /// `sk_test_…`
+    /// `sk_test_…`. Never printed.
     pub secret: String,
+}
+
+impl std::fmt::Debug for Account {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Account").field("id", &self.id).finish_non_exhaustive()
+    }
 }
 
 impl System {

@@ -1,7 +1,7 @@
 //! Secrets at rest, end to end: a webhook endpoint's signing secret is sealed in its row and in
 //! the stored answer of its creation, and a replay still answers it byte for byte, from a server
 //! that keeps the answer in memory or from one that reads it, and after the sealing key was
-//! replaced.
+//! replaced. And no `Debug` of what holds a secret prints it.
 
 use payments_tests::{SEALING_KEY, TestApp, json};
 use serde_json::{Value, json};
@@ -84,4 +84,26 @@ async fn an_unkeyed_creation_answers_its_secret_and_keeps_it_sealed(pool: PgPool
     let read = json(app.get(&format!("/v1/webhook_endpoints/{id}"), &key).await).await;
     assert_eq!(read["id"], created["id"]);
     assert!(read.get("secret").is_none_or(Value::is_null), "{read}");
+}
+
+#[test]
+fn no_debug_of_what_holds_a_secret_prints_it() {
+    let account = payments_tests::system::Account {
+        id: "acct_1".into(),
+        secret: "sk_test_hunter2hunter2".into(),
+    };
+    let endpoint = payments_api::routes::webhook_endpoints::WebhookEndpointDoc {
+        id: "we_1".into(),
+        object: "webhook_endpoint".into(),
+        url: "https://example.com/hook".into(),
+        enabled_events: vec!["*".into()],
+        status: "enabled".into(),
+        created: 0,
+        secret: Some("whsec_swordfishswordfish".into()),
+    };
+    let printed = format!("{account:?} {endpoint:?}");
+    assert!(printed.contains("acct_1") && printed.contains("we_1"), "{printed}");
+    for secret in ["hunter2", "swordfish"] {
+        assert!(!printed.contains(secret), "{secret} in {printed}");
+    }
 }

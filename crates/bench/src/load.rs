@@ -17,12 +17,18 @@ use crate::Scenario;
 pub const BODY: &str = r#"{"amount":1000,"currency":"usd","payment_method":"pm_card_visa"}"#;
 
 /// Where the requests go and who sends them.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Target {
     /// `http://127.0.0.1:port/v1/payments`
     pub url: String,
-    /// The account's secret key.
+    /// The account's secret key. Never printed.
     pub secret: String,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target").field("url", &self.url).finish_non_exhaustive()
+    }
 }
 
 /// Which idempotency key the request numbered `n` of a run sends.
@@ -273,5 +279,13 @@ mod tests {
         assert_eq!(replay, ["0", "1", "2", "0"]);
         let storm: Vec<String> = (0..9).map(|n| keys(Scenario::Storm).key(n)).collect();
         assert_eq!(storm, ["r-0", "r-0", "r-0", "r-0", "r-1", "r-1", "r-1", "r-1", "r-2"]);
+    }
+
+    #[test]
+    fn a_target_prints_no_secret_key() {
+        let target =
+            Target { url: "http://127.0.0.1:1/v1/payments".into(), secret: "sk_x9".into() };
+        let printed = format!("{target:?}");
+        assert!(printed.contains("127.0.0.1:1") && !printed.contains("sk_x9"), "{printed}");
     }
 }

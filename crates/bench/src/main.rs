@@ -58,8 +58,9 @@ impl Scenario {
     }
 }
 
-/// Measures the payments API against the floor pgbench sets with the same SQL.
-#[derive(Debug, Parser)]
+/// Measures the payments API against the floor pgbench sets with the same SQL. No `Debug`: the
+/// database URL may hold a password.
+#[derive(Parser)]
 #[command(name = "payments-bench", version)]
 struct Args {
     /// A PostgreSQL server that preloads pg_stat_statements, trust authentication, as a

@@ -25,14 +25,20 @@ use sqlx::migrate::MigrateDatabase;
 use sqlx::{PgPool, Postgres};
 
 /// What the handler needs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Receiver {
     /// The receiver's own database.
     pub pool: PgPool,
-    /// The endpoint's `whsec_…`, as the API showed it once.
+    /// The endpoint's `whsec_…`, as the API showed it once. Never printed.
     pub secret: String,
     /// How far a delivery's timestamp may be from now.
     pub tolerance: Duration,
+}
+
+impl std::fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver").field("tolerance", &self.tolerance).finish_non_exhaustive()
+    }
 }
 
 /// Creates the receiver's two tables, if missing.

@@ -25,7 +25,8 @@ use processor_sim::{
 /// Faults and these settings can be changed at run time with `PUT /_sim/faults` (a JSON document
 /// of the same names); counters are at `GET /_sim/stats`. All state lives in memory: a restart
 /// forgets every charge and key.
-#[derive(Debug, Parser)]
+// No `Debug`: the arguments hold the webhook secret.
+#[derive(Parser)]
 #[command(name = "processor-sim", version)]
 struct Args {
     /// Address to listen on.

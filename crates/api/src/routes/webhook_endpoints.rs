@@ -61,8 +61,9 @@ pub struct UpdateWebhookEndpointRequest {
     pub disabled: bool,
 }
 
-/// A webhook endpoint as the API shows it (the document's `WebhookEndpoint`).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+/// A webhook endpoint as the API shows it (the document's `WebhookEndpoint`). Its `Debug` leaves
+/// the secret out.
+#[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = WebhookEndpoint)]
 pub struct WebhookEndpointDoc {
     /// `we_…`
@@ -80,6 +81,16 @@ pub struct WebhookEndpointDoc {
     /// `whsec_…`: in the answer to the creation only. Verify each delivery's
     /// `Payments-Signature` with it.
     pub secret: Option<String>,
+}
+
+impl std::fmt::Debug for WebhookEndpointDoc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookEndpointDoc")
+            .field("id", &self.id)
+            .field("url", &self.url)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One attempt of an endpoint's delivery log (the document's `WebhookAttempt`). Only a coarse

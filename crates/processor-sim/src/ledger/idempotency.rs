@@ -16,9 +16,9 @@ use crate::faults::{FaultConfig, Idempotency};
 const MAX_KEY_LENGTH: usize = 255;
 
 /// A POST, as the idempotency rules see it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub(crate) struct Post<'a> {
-    /// The caller's API key: idempotency keys belong to it.
+    /// The caller's API key: idempotency keys belong to it. Never printed.
     pub api_key: &'a str,
     /// The `Idempotency-Key` header, if sent.
     pub key: Option<&'a str>,
