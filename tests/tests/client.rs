@@ -13,9 +13,14 @@ fn quick() -> RetryPolicy {
         max_attempts: 10,
         base: Duration::from_millis(5),
         cap: Duration::from_millis(50),
-        request_timeout: Duration::from_secs(5),
         ..RetryPolicy::default()
     }
+}
+
+/// A client of the API at `address` with the quick policy and five seconds per request.
+fn client(address: &str, secret: &str, policy: RetryPolicy) -> Client {
+    let builder = Client::builder(address, secret).retry_policy(policy);
+    builder.request_timeout(Duration::from_secs(5)).build().unwrap()
 }
 
 async fn sim_json(sim: &str, path: &str) -> serde_json::Value {
@@ -33,7 +38,7 @@ async fn the_client_survives_lost_processor_answers_with_one_charge(pool: PgPool
         .send()
         .await
         .unwrap();
-    let client = Client::with_policy(&app.address, &secret, quick());
+    let client = client(&app.address, &secret, quick());
     for n in 0..5 {
         let payment = client
             .create_payment(&NewPayment::new(1000 + n, "usd", "pm_card_visa"), None)
@@ -51,7 +56,7 @@ async fn the_client_survives_lost_processor_answers_with_one_charge(pool: PgPool
 async fn a_decline_and_a_reused_key_are_typed_final_errors(pool: PgPool) {
     let (app, _sim) = spawn_with_sim(pool, &[]).await;
     let (_, secret) = app.create_account("shop").await;
-    let client = Client::with_policy(&app.address, &secret, quick());
+    let client = client(&app.address, &secret, quick());
     let declined = client
         .create_payment(&NewPayment::new(500, "usd", "pm_card_chargeDeclined"), Some("d1"))
         .await
@@ -83,7 +88,7 @@ async fn a_decline_and_a_reused_key_are_typed_final_errors(pool: PgPool) {
 async fn capture_refund_and_list_through_the_client(pool: PgPool) {
     let (app, _sim) = spawn_with_sim(pool, &[]).await;
     let (_, secret) = app.create_account("shop").await;
-    let client = Client::with_policy(&app.address, &secret, quick());
+    let client = client(&app.address, &secret, quick());
     let mut manual = NewPayment::new(1000, "eur", "pm_card_mastercard");
     manual.capture_method = Some("manual".into());
     let authorized = client.create_payment(&manual, None).await.unwrap().value;
@@ -105,7 +110,7 @@ async fn capture_refund_and_list_through_the_client(pool: PgPool) {
 async fn a_client_that_cannot_reach_the_api_gives_up_with_its_key() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let policy = RetryPolicy { max_attempts: 3, ..quick() };
-    let client = Client::with_policy(&format!("http://127.0.0.1:{port}"), "sk_test_x", policy);
+    let client = client(&format!("http://127.0.0.1:{port}"), "sk_test_x", policy);
     match client.create_payment(&NewPayment::new(500, "usd", "pm_card_visa"), Some("keep-me")).await
     {
         Err(Error::GaveUp { key, attempts, .. }) => {

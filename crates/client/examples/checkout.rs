@@ -31,7 +31,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let before: serde_json::Value =
         http.get(format!("{sim}/_sim/stats")).send().await?.json().await?;
 
-    let client = Client::new(&api, &key);
+    let client = Client::new(&api, &key)?;
     let mut order = NewPayment::new(4200, "usd", "pm_card_visa");
     order.description = Some("Checkout example".into());
     let outcome = client.create_payment(&order, None).await;

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::retry::is_retryable;
-use crate::{Code, Error, List, NewPayment, Payment, Problem, Refund, RetryPolicy};
+use crate::{ClientBuilder, Code, Error, List, NewPayment, Payment, Problem, Refund, RetryPolicy};
 
 /// The answer to an idempotent call, with what it took to get it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,8 +24,8 @@ pub struct Idempotent<T> {
     pub attempts: u32,
 }
 
-/// The client.
-#[derive(Debug, Clone)]
+/// The client. Its `Debug` never shows the secret key.
+#[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     base_url: String,
@@ -33,20 +33,34 @@ pub struct Client {
     pub(crate) policy: RetryPolicy,
 }
 
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("base_url", &self.base_url)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Client {
-    /// A client for the API at `base_url`, acting with the secret key `secret`.
-    pub fn new(base_url: &str, secret: &str) -> Self {
-        Self::with_policy(base_url, secret, RetryPolicy::default())
+    /// A client for the API at `base_url`, acting with the secret key `secret`, with the default
+    /// retry policy and timeouts ([`ClientBuilder`] for others).
+    pub fn new(base_url: &str, secret: &str) -> Result<Self, Error> {
+        Self::builder(base_url, secret).build()
     }
 
-    /// A client with its own retry policy.
-    pub fn with_policy(base_url: &str, secret: &str, policy: RetryPolicy) -> Self {
-        Self {
-            http: reqwest::Client::new(),
-            base_url: base_url.trim_end_matches('/').to_owned(),
-            secret: secret.to_owned(),
-            policy,
-        }
+    /// A client to make with options other than the defaults.
+    pub fn builder(base_url: &str, secret: &str) -> ClientBuilder {
+        ClientBuilder::new(base_url, secret)
+    }
+
+    pub(crate) fn from_parts(
+        http: reqwest::Client,
+        base_url: String,
+        secret: String,
+        policy: RetryPolicy,
+    ) -> Self {
+        Self { http, base_url, secret, policy }
     }
 
     /// Creates a payment. `key` names the operation; `None` makes a fresh UUIDv4.
@@ -142,8 +156,7 @@ impl Client {
             let mut request = self
                 .http
                 .request(method.clone(), format!("{}{path}", self.base_url))
-                .bearer_auth(&self.secret)
-                .timeout(self.policy.request_timeout);
+                .bearer_auth(&self.secret);
             if let Some(key) = &key {
                 request = request.header("Idempotency-Key", key);
             }

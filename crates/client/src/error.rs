@@ -1,5 +1,5 @@
 //! What a call can end in: the API's problems with their codes typed, and the client's own
-//! failures (it gave up, or could not read an answer).
+//! failures (it gave up, could not read an answer, or could not be made).
 
 use serde::Deserialize;
 
@@ -102,6 +102,9 @@ pub enum Error {
     /// An answer this client could not read.
     #[error("unreadable answer: {0}")]
     Decode(String),
+    /// The client could not be made (its HTTP stack could not be set up).
+    #[error("the client could not be made: {0}")]
+    Setup(String),
 }
 
 impl Error {

@@ -15,21 +15,24 @@
 //! # async fn example() -> Result<(), payments_client::Error> {
 //! use payments_client::{Client, NewPayment};
 //!
-//! let client = Client::new("http://127.0.0.1:8080", "sk_test_…");
+//! let client = Client::new("http://127.0.0.1:8080", "sk_test_…")?;
 //! let payment = client.create_payment(&NewPayment::new(500, "usd", "pm_card_visa"), None).await?;
 //! println!("{} ({}), key {}", payment.value.id, payment.value.status, payment.key);
 //! # Ok(()) }
 //! ```
 //!
-//! Here: what the crate offers. The calls are in `client`, when and how long it waits before
-//! trying again in `retry`, the API's objects in `resources`, what a call can end in in `error`.
+//! Here: what the crate offers. The calls are in `client`, how a client is made (its timeouts:
+//! every request has one) in `builder`, when and how long it waits before trying again in
+//! `retry`, the API's objects in `resources`, what a call can end in in `error`.
 
+mod builder;
 mod client;
 mod error;
 mod resources;
 mod retry;
 pub mod webhooks;
 
+pub use builder::{ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 pub use client::{Client, Idempotent};
 pub use error::{Code, Error, Problem};
 pub use resources::{List, NewPayment, Payment, Refund};

@@ -17,8 +17,6 @@ pub struct RetryPolicy {
     pub base: Duration,
     /// Largest back-off ceiling.
     pub cap: Duration,
-    /// Limit for one request.
-    pub request_timeout: Duration,
     /// The longest `Retry-After` honoured: a server (or a proxy on the way) that asks for an
     /// hour does not get to park the caller for an hour.
     pub retry_after_cap: Duration,
@@ -30,7 +28,6 @@ impl Default for RetryPolicy {
             max_attempts: 8,
             base: Duration::from_millis(100),
             cap: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(30),
             retry_after_cap: Duration::from_secs(30),
         }
     }
