@@ -111,7 +111,7 @@ page=$(curl -s "$B/inspector/keys/$key_id" -H "Authorization: Bearer $TOKEN")
 point=$(sed -n 's/.*<code id="recovery-point">\([a-z_]*\)<.*/\1/p' <<<"$page")
 [ "$point" = payment_created ] || fail "the inspector shows the recovery point '$point'"
 echo "   recovery point: $point (the payment is processing; the charge is not recorded yet)"
-echo "   open $B/inspector/keys/$key_id?token=$TOKEN"
+echo "   open $B/inspector/keys/$key_id (operator token: $TOKEN)"
 
 echo "4. The client retries with the same Idempotency-Key (409 while the dead process's lease runs)"
 waited=0

@@ -78,8 +78,9 @@ cat >&2 <<MSG
       -d '{"amount":500,"currency":"usd","payment_method":"pm_card_visa"}'
     curl -s $BASE/v1/payments -H "Authorization: Bearer $KEY"
 
-  Watch the keys and their phases in the inspector (read-only; the link carries its token):
-    $BASE/inspector?token=$PAYMENTS__INSPECTOR__TOKEN
+  Watch the keys and their phases in the inspector (read-only; it asks for this token once):
+    $BASE/inspector
+    operator token: $PAYMENTS__INSPECTOR__TOKEN
 
   Ctrl-C stops everything that \`make run\` started.
 

@@ -1,7 +1,9 @@
 //! The inspector, end to end: the pages as a real headless browser (Debian's `chromium`) renders
-//! them, after a test created the keys they show. `make test` installs chromium when it is missing
-//! and sets PAYMENTS_REQUIRE_BROWSER=1; without a browser and without that variable the browser
-//! test says so and passes, so that `cargo test` works on a laptop without one.
+//! them, after a test created the keys they show and the browser logged in through the form. `make
+//! test` installs chromium when it is missing and sets PAYMENTS_REQUIRE_BROWSER=1; without a
+//! browser and without that variable the browser test says so and passes, so that `cargo test`
+//! works on a laptop without one. The login itself (a POST, a strict cookie, limited guesses) is
+//! checked without a browser too.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -111,6 +113,27 @@ fn count_pixels(path: &std::path::Path, colours: &[[u8; 3]]) -> (Vec<usize>, usi
     (counts, not_white)
 }
 
+/// A page on another port of 127.0.0.1 (the same site as the API, so its strict cookie counts)
+/// that posts `token` to the inspector's login form as soon as it loads, sending the browser on
+/// to `next` with its session cookie: what an operator typing the token does. Its URL.
+async fn logging_in(app: &TestApp, token: &str, next: &str) -> String {
+    let page = format!(
+        "<!doctype html><form method=\"post\" action=\"{}/inspector/login\">\
+         <input name=\"token\" value=\"{token}\"><input name=\"next\" value=\"{next}\"></form>\
+         <script>document.forms[0].submit()</script>",
+        app.address
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let serve = move || {
+        let page = page.clone();
+        async move { axum::response::Html(page) }
+    };
+    let router = axum::Router::new().route("/", axum::routing::get(serve));
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    url
+}
+
 /// The row id of the key `key`.
 async fn key_id(pool: &PgPool, key: &str) -> i64 {
     sqlx::query_scalar("SELECT id FROM idempotency_keys WHERE idempotency_key = $1")
@@ -137,16 +160,22 @@ async fn a_browser_sees_the_keys_a_test_created_and_their_phases_in_order(pool: 
     let refused = render(&browser, &app.url("/inspector")).await;
     assert!(refused.contains("Operator token required"), "{refused}");
     assert!(!refused.contains("order-7731"), "{refused}");
-    let wrong = render(&browser, &app.url("/inspector?token=not-the-token-at-all")).await;
+    let wrong =
+        render(&browser, &logging_in(&app, "not-the-token-at-all", "/inspector").await).await;
     assert!(wrong.contains("not the operator token") && !wrong.contains("order-7731"), "{wrong}");
+    // A token in the address is not read.
+    let in_url = render(&browser, &app.url(&format!("/inspector?token={TOKEN}"))).await;
+    assert!(in_url.contains("Operator token required") && !in_url.contains("order-7731"));
 
-    // The token in the URL becomes a cookie, and the browser follows the redirect with it.
-    let overview = render(&browser, &app.url(&format!("/inspector?token={TOKEN}"))).await;
+    // The posted token becomes a cookie, and the browser follows the redirect with it.
+    let overview = render(&browser, &logging_in(&app, TOKEN, "/inspector").await).await;
     assert!(overview.contains("Corner Shop"), "{overview}");
     assert!(overview.contains(&format!("/inspector/keys/{key_id}")), "{overview}");
     assert!(overview.contains("order-7731") && overview.contains("answered 201"), "{overview}");
 
-    let page = render(&browser, &app.url(&format!("/inspector/keys/{key_id}?token={TOKEN}"))).await;
+    let page =
+        render(&browser, &logging_in(&app, TOKEN, &format!("/inspector/keys/{key_id}")).await)
+            .await;
     let claimed = position(&page, "claimed (attempt 1)");
     let created = position(&page, "payment.created");
     let charged = position(&page, "payment.charged");
@@ -174,7 +203,7 @@ async fn a_browser_draws_the_state_diagram_of_a_key_at_its_recovery_point_and_on
     faults(json!({"error_rate": 1.0})).await;
     assert_eq!(app.post("/v1/payments", &secret, Some("drawn"), &body).await.status(), 503);
     let key_id = key_id(&pool, "drawn").await;
-    let url = app.url(&format!("/inspector/keys/{key_id}?token={TOKEN}"));
+    let url = logging_in(&app, TOKEN, &format!("/inspector/keys/{key_id}")).await;
     // The screenshots stay under target/ for a person to look at.
     let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     // The fills of the box where the key stands now, and of a box it passed (diagram/svg.rs).
@@ -318,4 +347,91 @@ async fn a_key_waiting_for_a_person_is_listed_first_and_with_its_account(pool: P
     let recent = &recent[..recent.find("Jobs staged or dead").unwrap()];
     assert!(position(recent, "shop") < position(recent, "stuck"), "{recent}");
     assert!(position(recent, "stuck") < position(recent, "calm"), "{recent}");
+}
+
+/// A POST to the login form, as a browser sends it, without following the answer's redirect.
+async fn post_login(app: &TestApp, form: &str, forwarded_for: Option<&str>) -> reqwest::Response {
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build();
+    let mut request = http
+        .unwrap()
+        .post(app.url("/inspector/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form.to_owned());
+    if let Some(client) = forwarded_for {
+        request = request.header("x-forwarded-for", client);
+    }
+    app.send(request).await
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn the_token_is_posted_once_for_a_strict_cookie_and_never_read_from_a_url(pool: PgPool) {
+    let (app, _sim) = app(pool).await;
+    // A token in the address is not read: the login form, and no cookie.
+    let in_url = app.send(app.http.get(app.url(&format!("/inspector?token={TOKEN}")))).await;
+    assert_eq!(in_url.status(), 401);
+    assert!(in_url.headers().get("set-cookie").is_none());
+    let form = in_url.text().await.unwrap();
+    assert!(form.contains("<form method=\"post\" action=\"/inspector/login\">"), "{form}");
+
+    // Posted, it opens a session: a cookie that holds no token, HttpOnly, Secure, SameSite=Strict,
+    // and the browser is sent back to the page it asked for.
+    let form = format!("token={TOKEN}&next=%2Finspector%2Fkeys%2F7");
+    let posted = post_login(&app, &form, None).await;
+    assert_eq!(posted.status(), 303);
+    assert_eq!(posted.headers()["location"], "/inspector/keys/7");
+    let cookie = posted.headers()["set-cookie"].to_str().unwrap().to_owned();
+    for attribute in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/inspector"] {
+        assert!(cookie.split("; ").any(|a| a == attribute), "{attribute} in {cookie}");
+    }
+    assert!(!cookie.contains(TOKEN), "{cookie}");
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let page = app.send(app.http.get(app.url("/inspector")).header("cookie", &session)).await;
+    assert_eq!(page.status(), 200);
+    // A forged session is a wrong credential, and the browser is told to drop it.
+    let forged = format!("{}x", &session);
+    let refused = app.send(app.http.get(app.url("/inspector")).header("cookie", forged)).await;
+    assert_eq!(refused.status(), 401);
+    assert!(refused.headers()["set-cookie"].to_str().unwrap().contains("Max-Age=0"));
+
+    // A login never sends the browser off the inspector.
+    let form = format!("token={TOKEN}&next=https%3A%2F%2Fevil.example");
+    let away = post_login(&app, &form, None).await;
+    assert_eq!(away.headers()["location"], "/inspector");
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn wrong_tokens_lock_their_source_out_and_the_right_one_waits_too(pool: PgPool) {
+    let (app, _sim) = app(pool).await;
+    for _ in 0..5 {
+        let wrong = post_login(&app, "token=not-the-operator-token", None).await;
+        assert_eq!(wrong.status(), 401);
+        assert!(wrong.text().await.unwrap().contains("not the operator token"));
+    }
+    // Locked out: not even the right token is compared, by the form or as a Bearer token.
+    let locked = post_login(&app, &format!("token={TOKEN}"), None).await;
+    assert_eq!(locked.status(), 429);
+    assert!(locked.headers()["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+    assert!(locked.headers().get("set-cookie").is_none());
+    let bearer = app.send(app.http.get(app.url("/inspector")).bearer_auth(TOKEN)).await;
+    assert_eq!(bearer.status(), 429);
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn wrong_tokens_from_many_addresses_meet_a_bound_in_all(pool: PgPool) {
+    let settings = [
+        ("PAYMENTS__INSPECTOR__ENABLED", "true"),
+        ("PAYMENTS__INSPECTOR__TOKEN", TOKEN),
+        // The tests' connections come from 127.0.0.1: trusted, it names the client.
+        ("PAYMENTS__HTTP__TRUSTED_PROXIES", "127.0.0.1"),
+    ];
+    let (app, _sim) = spawn_with_sim(pool, &settings).await;
+    // Each address far below its own bound, all of them together at the bound in all.
+    for n in 0..60 {
+        let client = format!("198.51.100.{n}");
+        let wrong = post_login(&app, "token=not-the-operator-token", Some(&client)).await;
+        assert_eq!(wrong.status(), 401, "guess {n}");
+    }
+    let fresh = post_login(&app, &format!("token={TOKEN}"), Some("203.0.113.1")).await;
+    assert_eq!(fresh.status(), 429);
+    assert!(fresh.headers().contains_key("retry-after"));
 }

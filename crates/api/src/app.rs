@@ -87,6 +87,8 @@ pub struct Services {
     pub unverified_webhooks: Semaphore,
     /// Readiness probes, which share the check in progress (`/readyz`).
     pub readiness: crate::routes::health::Readiness,
+    /// Wrong operator tokens the inspector heard, per source and in all.
+    pub inspector_guesses: crate::inspector::Guesses,
 }
 
 /// A bound, not yet serving, API server.
@@ -189,6 +191,7 @@ impl Application {
             openapi,
             unverified_webhooks,
             readiness: Default::default(),
+            inspector_guesses: Default::default(),
         }));
         let router = edge::wrap(router(api, state), edge);
         Ok(Self {

@@ -188,8 +188,8 @@ impl Settings {
         if !token.chars().all(|c| c.is_ascii_alphanumeric() || "-_.~".contains(c)) {
             return Err(invalid(
                 "inspector.token",
-                "may hold only letters, digits, `-`, `_`, `.` and `~` (it travels in a URL and a \
-                 cookie)"
+                "may hold only letters, digits, `-`, `_`, `.` and `~` (it travels in a form and a \
+                 header)"
                     .into(),
             ));
         }

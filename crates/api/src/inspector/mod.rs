@@ -10,36 +10,38 @@
 //!   stored answer, byte for byte.
 //!
 //! Off unless `inspector.enabled`; every page asks for the operator token (`inspector.token`),
-//! given once as `?token=…` (which sets an HttpOnly cookie) or as `Authorization: Bearer …`.
-//! It shows no secret key, no token of the processor, and payment methods only masked. A page
-//! about a key still in flight refreshes itself every two seconds.
+//! posted once from the login form (`POST /inspector/login`, which sets an `HttpOnly; Secure;
+//! SameSite=Strict` session cookie) or sent as `Authorization: Bearer …`, never read from a URL;
+//! wrong tokens are limited per source and in all (`guesses`). It shows no secret key, no token
+//! of the processor, no webhook secret, and payment methods only masked. A page about a key
+//! still in flight refreshes itself every two seconds.
 //!
-//! This module holds the routes and the operator check; the pages are `templates`, the diagram
-//! `diagram`, its legend `legend`, the stored answer's masking `body`. The data
+//! This module holds the routes; the login and the operator check are `login`, the bound on
+//! wrong tokens `guesses`, the pages `templates`, the diagram `diagram`, its legend `legend`, the
+//! stored answer's masking `body`. The data
 //! comes from the tables' owners: `idem::inspect` for the keys and their attempts, the domain's
 //! modules for the rest.
 
 mod body;
 mod diagram;
+mod guesses;
 mod legend;
+mod login;
 mod templates;
 
+pub use guesses::Guesses;
+pub use login::{COOKIE, Operator, SESSION};
+
 use axum::Router;
-use axum::extract::{FromRequestParts, Path, State};
-use axum::http::request::Parts;
+use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::get;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use idem::inspect;
 use maud::Markup;
 use payments_domain::{AccountId, accounts, audit, jobs, receipts, webhooks};
-use payments_settings::ExposeSecret as _;
-use sha2::{Digest, Sha256};
 
 use crate::app::AppState;
-
-/// The cookie that carries the operator token after `?token=…`.
-const COOKIE: &str = "payments_inspector";
 /// Accounts shown on the overview (the first by name).
 const ACCOUNTS: i64 = 50;
 /// Keys shown per account on the overview.
@@ -49,59 +51,10 @@ const FLAGGED: i64 = 50;
 
 /// The inspector's routes; `app` mounts them only when `inspector.enabled`.
 pub fn router() -> Router<AppState> {
-    Router::new().route("/inspector", get(overview)).route("/inspector/keys/{id}", get(key_page))
-}
-
-/// An operator who presented the token.
-#[derive(Debug)]
-pub struct Operator;
-
-impl FromRequestParts<AppState> for Operator {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
-        let expected = Sha256::digest(state.settings.inspector.token.expose_secret().as_bytes());
-        let matches = |presented: &str| Sha256::digest(presented.as_bytes()) == expected;
-        let query_token = parts.uri.query().and_then(|q| {
-            form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "token").map(|(_, v)| v)
-        });
-        if let Some(token) = query_token {
-            if !matches(&token) {
-                return Err(login(true));
-            }
-            // Trade the token in the URL for a cookie, and drop it from the address bar.
-            let cookie = format!("{COOKIE}={token}; Path=/inspector; HttpOnly; SameSite=Strict");
-            let mut response = Redirect::to(parts.uri.path()).into_response();
-            if let Ok(value) = HeaderValue::from_str(&cookie) {
-                response.headers_mut().insert(header::SET_COOKIE, value);
-            }
-            return Err(response);
-        }
-        let bearer = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let cookie = parts
-            .headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .find_map(|c| c.trim().strip_prefix(COOKIE)?.strip_prefix('='));
-        match bearer.or(cookie) {
-            Some(token) if matches(token) => Ok(Operator),
-            Some(_) => Err(login(true)),
-            None => Err(login(false)),
-        }
-    }
-}
-
-/// The 401 page: a form that asks for the token.
-fn login(wrong: bool) -> Response {
-    let mut response = html(StatusCode::UNAUTHORIZED, templates::login(wrong));
-    response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    response
+    Router::new()
+        .route("/inspector", get(overview))
+        .route("/inspector/login", post(login::login))
+        .route("/inspector/keys/{id}", get(key_page))
 }
 
 /// `GET /inspector`

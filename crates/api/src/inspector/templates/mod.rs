@@ -43,7 +43,7 @@ fn page(title: &str, refresh: bool, body: Markup) -> Markup {
 }
 
 /// The 401 page: a form that asks for the token.
-pub fn login(wrong: bool) -> Markup {
+pub fn login(wrong: bool, next: &str) -> Markup {
     page(
         "Inspector: operator token required",
         false,
@@ -54,10 +54,23 @@ pub fn login(wrong: bool) -> Markup {
                 "This page shows the server's idempotency keys. Enter the operator token ("
                 code { "inspector.token" } "; " code { "make run" } " prints it)."
             }
-            form method="get" {
+            form method="post" action="/inspector/login" {
+                input type="hidden" name="next" value=(next);
                 input type="password" name="token" autocomplete="off" aria-label="operator token";
                 " " button type="submit" { "Open" }
             }
+        },
+    )
+}
+
+/// The `429` page: too many wrong tokens; the next try in `seconds`.
+pub fn too_many_guesses(seconds: u64) -> Markup {
+    page(
+        "Inspector: too many wrong tokens",
+        false,
+        html! {
+            h1 { "Too many wrong tokens" }
+            p { "Try again in " (seconds) " s." }
         },
     )
 }
