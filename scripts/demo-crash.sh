@@ -64,7 +64,7 @@ charges() { curl -s "$SIM/_sim/stats" | sed -n 's/.*"charges_created":\([0-9]*\)
 # A short lease (the shortest start-up allows with one 2 s processor call), so that the retry
 # can take the dead process's key over within seconds instead of the default minute.
 api() { # log file, failpoints
-  PAYMENTS__HTTP__PORT=$PORT PAYMENTS__PROCESSOR__BASE_URL=$SIM \
+  PAYMENTS__HTTP__PORT=$PORT PAYMENTS__HTTP__ADMIN_PORT=0 PAYMENTS__PROCESSOR__BASE_URL=$SIM \
   PAYMENTS__PROCESSOR__CONNECT_TIMEOUT_MS=1000 PAYMENTS__PROCESSOR__REQUEST_TIMEOUT_MS=2000 \
   PAYMENTS__PROCESSOR__MAX_RETRIES=0 PAYMENTS__IDEMPOTENCY__LEASE_MS=8000 \
   PAYMENTS__INSPECTOR__ENABLED=true PAYMENTS__INSPECTOR__TOKEN=$TOKEN \

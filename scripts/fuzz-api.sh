@@ -61,7 +61,8 @@ wait_for "http://127.0.0.1:$SIM_PORT/_sim/stats"
 API_PORT=$(free_port)
 # The database is made afresh: a fresh key seals its endpoints' secrets.
 PAYMENTS__HTTP__PORT=$API_PORT PAYMENTS__PROCESSOR__BASE_URL=http://127.0.0.1:$SIM_PORT \
-  PAYMENTS__RATE_LIMIT__PER_SECOND=0 PAYMENTS__RATE_LIMIT__ANONYMOUS_PER_SECOND=0 PAYMENTS__WORKER__METRICS_PORT=0 \
+  PAYMENTS__RATE_LIMIT__PER_SECOND=0 PAYMENTS__RATE_LIMIT__ANONYMOUS_PER_SECOND=0 \
+  PAYMENTS__WORKER__METRICS_PORT=0 PAYMENTS__HTTP__ADMIN_PORT=0 \
   PAYMENTS__WEBHOOKS__SEALING_KEY=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n') \
   "$BIN/payments-api" serve >target/fuzz-api.log 2>&1 &
 PIDS+=($!)

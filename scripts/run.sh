@@ -82,6 +82,9 @@ cat >&2 <<MSG
     $BASE/inspector
     operator token: $PAYMENTS__INSPECTOR__TOKEN
 
+  Metrics and the readiness checks, on the admin listener (this machine only):
+    http://${PAYMENTS__HTTP__ADMIN_HOST:-127.0.0.1}:${PAYMENTS__HTTP__ADMIN_PORT:-8081}/metrics
+
   Ctrl-C stops everything that \`make run\` started.
 
 MSG

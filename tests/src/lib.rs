@@ -21,6 +21,8 @@ pub const ONE_ADDRESS: (&str, &str) = ("PAYMENTS__HTTP__MAX_CONNECTIONS_PER_SOUR
 pub struct TestApp {
     /// `http://127.0.0.1:{port}`
     pub address: String,
+    /// The admin listener's, `http://127.0.0.1:{admin port}` (`/metrics`, readiness's checks).
+    pub admin_address: String,
     /// The test database.
     pub pool: PgPool,
     /// A client with no default headers.
@@ -34,11 +36,12 @@ pub const SEALING_KEY: (&str, &str) = (
     "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e",
 );
 
-/// Settings for a test server: port 0, every connection of the tests' one address allowed, the
-/// tests' sealing key, everything else the defaults, with `overrides` applied (pairs of
-/// environment variable and value).
+/// Settings for a test server: port 0 (and 0 for the admin listener), every connection of the
+/// tests' one address allowed, the tests' sealing key, everything else the defaults, with
+/// `overrides` applied (pairs of environment variable and value).
 pub fn test_settings(overrides: &[(&str, &str)]) -> Settings {
     let mut env = vec![("PAYMENTS__HTTP__PORT".to_owned(), "0".to_owned())];
+    env.push(("PAYMENTS__HTTP__ADMIN_PORT".to_owned(), "0".to_owned()));
     env.push((ONE_ADDRESS.0.to_owned(), ONE_ADDRESS.1.to_owned()));
     env.push((SEALING_KEY.0.to_owned(), SEALING_KEY.1.to_owned()));
     env.extend(overrides.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
@@ -67,13 +70,19 @@ impl TestApp {
             Err(err) => panic!("the app did not build: {err:#}"),
         };
         let address = format!("http://127.0.0.1:{}", app.port());
+        let admin_address = format!("http://127.0.0.1:{}", app.admin_port());
         tokio::spawn(app.run_until(std::future::pending()));
-        Self { address, pool, http: reqwest::Client::new() }
+        Self { address, admin_address, pool, http: reqwest::Client::new() }
     }
 
     /// `{address}{path}`
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.address)
+    }
+
+    /// `{admin_address}{path}`
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("{}{path}", self.admin_address)
     }
 
     /// Creates an account; returns its id and secret key.

@@ -235,6 +235,8 @@ impl System {
             ("PAYMENTS__DATABASE__ACQUIRE_TIMEOUT_MS", "1000".into()),
             ("PAYMENTS__LOG__FILTER", "warn".into()),
             (crate::SEALING_KEY.0, crate::SEALING_KEY.1.into()),
+            // Several servers run at once: each admin listener on a free port.
+            ("PAYMENTS__HTTP__ADMIN_PORT", "0".into()),
         ]
     }
 

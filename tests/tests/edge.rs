@@ -146,12 +146,19 @@ async fn readiness_fails_while_the_database_is_unreachable_and_recovers(pool: Pg
         .connect_lazy_with((*options).clone().host("127.0.0.1").port(proxy.port()));
     let app = TestApp::spawn_with(pool, serving_pool, &[]).await;
 
-    let ready = app.send(app.http.get(app.url("/readyz"))).await;
+    let ready = app.send(app.http.get(app.admin_url("/readyz"))).await;
     assert_eq!(ready.status(), 200);
     assert_eq!(json(ready).await["checks"]["database"], "ok");
+    // The public listener says as much by its status, and nothing of what it checked.
+    let terse = app.send(app.http.get(app.url("/readyz"))).await;
+    assert_eq!(terse.status(), 200);
+    assert_eq!(json(terse).await, serde_json::json!({"status": "ready"}));
 
     proxy.block();
-    let unready = app.send(app.http.get(app.url("/readyz"))).await;
+    let terse = app.send(app.http.get(app.url("/readyz"))).await;
+    assert_eq!(terse.status(), 503);
+    assert_eq!(json(terse).await, serde_json::json!({"status": "unavailable"}));
+    let unready = app.send(app.http.get(app.admin_url("/readyz"))).await;
     assert_eq!(unready.status(), 503);
     let unready = json(unready).await;
     assert_eq!(unready["status"], "unavailable");
@@ -175,7 +182,7 @@ async fn readiness_fails_while_the_database_is_unreachable_and_recovers(pool: Pg
 #[sqlx::test(migrations = false)]
 async fn readiness_fails_while_migrations_are_missing(pool: PgPool) {
     let app = TestApp::spawn(pool.clone()).await;
-    let response = app.send(app.http.get(app.url("/readyz"))).await;
+    let response = app.send(app.http.get(app.admin_url("/readyz"))).await;
     assert_eq!(response.status(), 503);
     assert_eq!(json(response).await["checks"]["schema_version"], serde_json::Value::Null);
     payments_api::MIGRATOR.run(&pool).await.unwrap();
@@ -199,7 +206,7 @@ async fn readiness_holds_when_the_schema_is_ahead_and_fails_when_one_migration_i
     .execute(&pool)
     .await
     .unwrap();
-    let ahead = app.send(app.http.get(app.url("/readyz"))).await;
+    let ahead = app.send(app.http.get(app.admin_url("/readyz"))).await;
     assert_eq!(ahead.status(), 200, "a newer schema must not take the old release out");
     let checks = json(ahead).await["checks"].clone();
     assert_eq!(
@@ -214,7 +221,7 @@ async fn readiness_holds_when_the_schema_is_ahead_and_fails_when_one_migration_i
         .execute(&pool)
         .await
         .unwrap();
-    let edited = app.send(app.http.get(app.url("/readyz"))).await;
+    let edited = app.send(app.http.get(app.admin_url("/readyz"))).await;
     assert_eq!(edited.status(), 503);
     assert_eq!(json(edited).await["checks"]["missing_migrations"].as_i64(), Some(1));
 
@@ -225,7 +232,7 @@ async fn readiness_holds_when_the_schema_is_ahead_and_fails_when_one_migration_i
         .execute(&pool)
         .await
         .unwrap();
-    let behind = app.send(app.http.get(app.url("/readyz"))).await;
+    let behind = app.send(app.http.get(app.admin_url("/readyz"))).await;
     assert_eq!(behind.status(), 503);
     let checks = json(behind).await["checks"].clone();
     assert_eq!(
@@ -246,7 +253,8 @@ async fn the_openapi_document_and_the_router_agree(pool: PgPool) {
     assert!(document["openapi"].as_str().unwrap().starts_with("3.1"));
     let paths = document["paths"].as_object().unwrap();
     let operations: usize = paths.values().map(|item| item.as_object().unwrap().len()).sum();
-    assert_eq!((paths.len(), operations), (17, 23), "{:?}", paths.keys());
+    // `/metrics` is on the admin listener, apart from the API and its document.
+    assert_eq!((paths.len(), operations), (16, 22), "{:?}", paths.keys());
     for (template, item) in paths {
         let path = template
             .replace("{id}", if template.starts_with("/v1/refunds") { "re_x" } else { "pay_x" })

@@ -249,7 +249,8 @@ async fn a_client_that_stops_reading_its_answers_is_disconnected(pool: PgPool) {
     // The count follows the close by a moment: wait for it, with a deadline.
     let counted = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            let metrics = app.send(app.http.get(app.url("/metrics"))).await.text().await.unwrap();
+            let metrics = app.http.get(app.admin_url("/metrics"));
+            let metrics = app.send(metrics).await.text().await.unwrap();
             let count = metrics
                 .lines()
                 .find_map(|line| line.strip_prefix("http_write_stalled_connections_total "))

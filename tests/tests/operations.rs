@@ -1,6 +1,7 @@
-//! What operators rely on: metrics and per-account rate limits.
+//! What operators rely on: metrics (on the admin listener, never the public one) and per-account
+//! rate limits.
 
-use payments_tests::{TestApp, assert_problem, spawn_with_sim};
+use payments_tests::{TestApp, assert_problem, json, spawn_with_sim};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -16,7 +17,10 @@ async fn metrics_count_requests_by_route_replays_and_processor_calls(pool: PgPoo
     let id = "pay_doesnotexist000000000000";
     assert_eq!(app.get(&format!("/v1/payments/{id}"), &key).await.status(), 404);
 
-    let response = app.send(app.http.get(app.url("/metrics"))).await;
+    // Not on the public listener.
+    let public = app.send(app.http.get(app.url("/metrics"))).await;
+    assert_problem(public, 404, "resource_missing").await;
+    let response = app.send(app.http.get(app.admin_url("/metrics"))).await;
     assert_eq!(response.status(), 200);
     assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
     let text = response.text().await.unwrap();
@@ -62,4 +66,32 @@ async fn an_account_over_its_rate_is_told_when_to_retry_and_nothing_is_stored(po
 
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     assert_eq!(app.post("/v1/payments", &busy, Some("k"), &body).await.status(), 201);
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn the_admin_listener_serves_metrics_and_readiness_checks_and_the_public_one_neither(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool).await;
+    assert_ne!(app.admin_address, app.address);
+    let admin = |path: &'static str| app.send(app.http.get(app.admin_url(path)));
+    let metrics = admin("/metrics").await;
+    assert_eq!(metrics.status(), 200);
+    assert!(metrics.text().await.unwrap().contains("# TYPE"), "Prometheus text");
+    let ready = json(admin("/readyz").await).await;
+    assert_eq!((&ready["status"], &ready["checks"]["database"]), (&json!("ready"), &json!("ok")));
+    assert_eq!(admin("/healthz").await.status(), 200);
+    // Only those three: the API is not served there.
+    assert_eq!(admin("/v1/payments").await.status(), 404);
+    assert_eq!(admin("/openapi.json").await.status(), 404);
+
+    // The public listener: no metrics, a readiness without its checks, and neither in its
+    // document.
+    let public = app.send(app.http.get(app.url("/metrics"))).await;
+    assert_problem(public, 404, "resource_missing").await;
+    let ready = json(app.send(app.http.get(app.url("/readyz"))).await).await;
+    assert_eq!(ready, json!({"status": "ready"}));
+    let document = json(app.send(app.http.get(app.url("/openapi.json"))).await).await;
+    assert!(document["paths"].get("/metrics").is_none(), "{}", document["paths"]);
+    assert!(document["paths"].get("/readyz").is_some());
 }

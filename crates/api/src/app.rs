@@ -38,6 +38,7 @@ use tower::ServiceExt;
 use utoipa::openapi::OpenApi;
 use utoipa_axum::routes;
 
+use crate::admin::AdminListener;
 use crate::edge::{self, EdgeConfig, EdgeLimits};
 use crate::error::{ApiError, ProblemCode};
 use crate::idempotency::Runner;
@@ -95,6 +96,8 @@ pub struct Services {
 #[derive(Debug)]
 pub struct Application {
     listener: TcpListener,
+    /// `/metrics` and the detailed readiness, on an address of their own.
+    admin: AdminListener,
     router: Router,
     shutdown_grace: Duration,
     header_read_timeout: Duration,
@@ -193,9 +196,13 @@ impl Application {
             readiness: Default::default(),
             inspector_guesses: Default::default(),
         }));
+        let (admin_host, admin_port) =
+            (&state.settings.http.admin_host, state.settings.http.admin_port);
+        let admin = AdminListener::bind(admin_host, admin_port, state.clone()).await?;
         let router = edge::wrap(router(api, state), edge);
         Ok(Self {
             listener,
+            admin,
             router,
             shutdown_grace,
             header_read_timeout,
@@ -219,6 +226,11 @@ impl Application {
         self.listener.local_addr()
     }
 
+    /// The port of the admin listener (`/metrics`, the detailed readiness).
+    pub fn admin_port(&self) -> u16 {
+        self.admin.port()
+    }
+
     /// Serves until SIGTERM or Ctrl-C.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         self.run_until(shutdown_signal()).await
@@ -234,6 +246,7 @@ impl Application {
             stop.await;
             let _ = stopping_tx.send(true);
         });
+        tokio::spawn(self.admin.serve(stopping_rx.clone()));
         let graceful = GracefulShutdown::new();
         let connections = Arc::new(Semaphore::new(self.max_connections));
         let timer = TokioTimer::new();
@@ -345,7 +358,6 @@ pub fn pool(settings: &Settings) -> anyhow::Result<PgPool> {
 pub fn api() -> (Router<AppState>, OpenApi) {
     ApiRouter::default()
         .with(health::routes)
-        .routes(routes!(crate::metrics::render))
         .routes(routes!(crate::openapi::serve))
         .with(problems::routes)
         .with(payments::routes)

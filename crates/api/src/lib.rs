@@ -3,7 +3,9 @@
 //! A request flows: `edge` (request id, size check, span, panic recovery, problem rendering) →
 //! the router → an extractor chain (`auth::Authenticated`, `extract::ApiQuery`/`JsonBody`) → a
 //! handler in `routes`, which calls into `payments_domain`. Every error is an `error::ApiError`.
+//! `/metrics` and the detailed readiness are on a listener of their own (`admin`).
 
+pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod cli;

@@ -1,4 +1,5 @@
-//! Numbers to watch: `GET /metrics` in Prometheus text format.
+//! Numbers to watch: `GET /metrics` in Prometheus text format, on the admin listener
+//! (`crate::admin`), not the public one.
 //!
 //! - `http_requests_total{method,route,status}` and `http_request_duration_seconds{method,route}`:
 //!   by route template (`/v1/payments/{id}`), never by raw path, so ids do not explode the series;
@@ -35,17 +36,7 @@ pub async fn track(request: Request, next: Next) -> Response {
     response
 }
 
-/// `GET /metrics`
-#[utoipa::path(
-    get,
-    path = "/metrics",
-    operation_id = "metrics",
-    tag = "operations",
-    summary = "Prometheus metrics (text exposition format)",
-    responses(
-        (status = 200, description = crate::openapi::OK, body = String, content_type = "text/plain")
-    )
-)]
+/// `GET /metrics` on the admin listener.
 pub async fn render() -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],

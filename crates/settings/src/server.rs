@@ -13,6 +13,11 @@ pub struct HttpSettings {
     pub host: String,
     /// Port to listen on; 0 picks a free one.
     pub port: u16,
+    /// Address of the admin listener (`/metrics`, the detailed readiness): loopback unless the
+    /// operator's scraper must reach it from elsewhere.
+    pub admin_host: String,
+    /// Port of the admin listener; 0 picks a free one.
+    pub admin_port: u16,
     /// The base of links the API hands out; empty means `http://{host}:{port}`.
     pub public_base_url: String,
     /// Largest accepted request body.

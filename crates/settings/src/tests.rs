@@ -59,6 +59,17 @@ fn environment_variables_override_the_defaults() {
 }
 
 #[test]
+fn the_admin_listener_is_on_loopback_and_a_port_of_its_own() {
+    let settings = load(&[]).unwrap();
+    assert_eq!((settings.http.admin_host.as_str(), settings.http.admin_port), ("127.0.0.1", 8081));
+    let err = load(&[("PAYMENTS__HTTP__ADMIN_PORT", "8080")]).unwrap_err().to_string();
+    assert!(err.contains("http.admin_port") && err.contains("PAYMENTS__HTTP__ADMIN_PORT"), "{err}");
+    let elsewhere = [("PAYMENTS__HTTP__ADMIN_PORT", "8080"), ("PAYMENTS__HTTP__ADMIN_HOST", "::1")];
+    assert!(load(&elsewhere).is_ok(), "another address may share the port number");
+    assert!(load(&[("PAYMENTS__HTTP__PORT", "0"), ("PAYMENTS__HTTP__ADMIN_PORT", "0")]).is_ok());
+}
+
+#[test]
 fn a_port_that_is_not_a_number_names_the_setting() {
     let err = load(&[("PAYMENTS__HTTP__PORT", "eighty")]).unwrap_err().to_string();
     assert!(err.contains("http.port"), "{err}");

@@ -12,6 +12,15 @@ impl Settings {
             check_base_url(&self.http.public_base_url)
                 .map_err(|reason| invalid("http.public_base_url", reason))?;
         }
+        if self.http.admin_port != 0
+            && self.http.admin_port == self.http.port
+            && self.http.admin_host == self.http.host
+        {
+            return Err(invalid(
+                "http.admin_port",
+                "must differ from http.port: the admin listener is a listener of its own".into(),
+            ));
+        }
         if self.http.body_limit_bytes == 0 {
             return Err(invalid("http.body_limit_bytes", "must be at least 1".into()));
         }

@@ -1,5 +1,7 @@
 //! `GET /healthz` (the process is alive) and `GET /readyz` (it can serve: the database answers and
-//! its schema is at the version this binary was built for).
+//! its schema is at the version this binary was built for). The public listener's `/readyz` says
+//! only that, by its status, as a load balancer needs; what was checked (the database's state,
+//! the schema's versions) is for operators, on the admin listener's `/readyz` (`crate::admin`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,7 +39,9 @@ pub async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Readiness: 200 when the database answers and every migration this binary knows is applied.
+/// Readiness: 200 `{"status":"ready"}` when the database answers and every migration this binary
+/// knows is applied, else 503 `{"status":"unavailable"}`; the checks themselves are on the admin
+/// listener ([`readyz_with_checks`]).
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -51,9 +55,21 @@ pub async fn healthz() -> Json<Value> {
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let pool = state.pool.clone();
-    let (status, body) = state.readiness.answer(|| async move { check(&pool).await }).await;
+    let (status, body) = probe(&state).await;
+    (status, Json(json!({ "status": body["status"] })))
+}
+
+/// The admin listener's `GET /readyz`: the public answer with what was checked (the database's
+/// state, the schema's version, the version this binary expects, the migrations missing).
+pub async fn readyz_with_checks(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    let (status, body) = probe(&state).await;
     (status, Json(body))
+}
+
+/// The answer of the check under way, or of a new one: both listeners' probes share it.
+async fn probe(state: &AppState) -> Probe {
+    let pool = state.pool.clone();
+    state.readiness.answer(|| async move { check(&pool).await }).await
 }
 
 /// Readiness probes that arrive while one checks the database share its check and its answer,

@@ -244,6 +244,7 @@ async fn json_logs_carry_the_request_and_account_ids_and_never_the_key(pool: PgP
         .arg("serve")
         .env("DATABASE_URL", &url)
         .env("PAYMENTS__HTTP__PORT", port.to_string())
+        .env("PAYMENTS__HTTP__ADMIN_PORT", "0")
         .env("PAYMENTS__LOG__FORMAT", "json")
         .env(SEALING_KEY.0, SEALING_KEY.1)
         .env_remove("RUST_LOG")
