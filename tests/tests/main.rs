@@ -22,7 +22,7 @@ mod processor_faults;
 mod processor_webhooks;
 mod proof;
 mod round_trips;
-mod webhook_fairness;
 mod secrets;
+mod webhook_fairness;
 mod webhook_log;
 mod webhooks;
