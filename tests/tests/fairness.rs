@@ -145,3 +145,35 @@ async fn requests_without_an_api_key_meet_a_limit_per_address(pool: PgPool) {
         assert_eq!(app.get("/v1/payments", &key).await.status(), 200);
     }
 }
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_kept_alive_connection_idle_after_an_answer_is_closed_before_the_header_timeout(
+    pool: PgPool,
+) {
+    let settings = [
+        ("PAYMENTS__HTTP__IDLE_TIMEOUT_MS", "300"),
+        ("PAYMENTS__HTTP__HEADER_READ_TIMEOUT_MS", "10000"),
+    ];
+    let (app, _sim) = spawn_with_sim(pool, &settings).await;
+    let address = app.address.trim_start_matches("http://").to_owned();
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    // Headers that trickle in, a pause longer than the idle bound between their bytes: a request
+    // in progress is not idle.
+    let mut busy = TcpStream::connect(&address).await.unwrap();
+    busy.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    busy.write_all(b"Host: x\r\n\r\n").await.unwrap();
+    let answer = answer_within(&mut busy, Duration::from_secs(5)).await.expect("answered");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // Kept alive after its answer, then idle: closed once the idle bound has passed.
+    let mut idle = TcpStream::connect(&address).await.unwrap();
+    idle.write_all(request).await.unwrap();
+    let answer = answer_within(&mut idle, Duration::from_secs(5)).await.expect("answered");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let since = Instant::now();
+    let closed = answer_within(&mut idle, Duration::from_secs(5)).await;
+    assert_eq!(closed.as_deref(), Some(""), "the server closed the idle connection");
+    assert!(since.elapsed() < Duration::from_secs(2), "closed after {:?}", since.elapsed());
+}

@@ -7,10 +7,10 @@
 //! retry on the next process resumes at once instead of answering `409` until the lease expires.
 //!
 //! The accept loop is hyper's own connection builder rather than `axum::serve`, which runs
-//! without a timer: here every connection has a header-read timeout (which also closes idle
-//! keep-alive connections: hyper starts it for the next request as soon as an answer is written),
-//! a write timeout (`write_timeout`: a client that stops reading its answers is dropped instead of
-//! holding its connection for ever), the number of open connections is bounded, in all and per
+//! without a timer: here every connection has a header-read timeout, a shorter idle timeout after
+//! an answer (`idle_timeout`: a kept-alive connection the client does not use is closed before a
+//! slow request's headers would be), a write timeout (`write_timeout`: a client that stops reading
+//! its answers is dropped instead of holding its connection for ever), the number of open connections is bounded, in all and per
 //! source (`limits::SourceConnections`: one host cannot take every place), and each request
 //! knows its peer's address (`ConnectInfo`), from which the edge tells its client's
 //! (`limits::ClientAddress`) for the per-address limit.
@@ -42,6 +42,7 @@ use crate::admin::AdminListener;
 use crate::edge::{self, EdgeConfig, EdgeLimits};
 use crate::error::{ApiError, ProblemCode};
 use crate::idempotency::Runner;
+use crate::idle_timeout::IdleTimeout;
 use crate::limits::{ProxyTrust, SourceConnections, SourceKey};
 use crate::openapi::ApiRouter;
 use crate::routes::{
@@ -99,11 +100,8 @@ pub struct Application {
     /// `/metrics` and the detailed readiness, on an address of their own.
     admin: AdminListener,
     router: Router,
-    shutdown_grace: Duration,
-    header_read_timeout: Duration,
-    max_header_bytes: usize,
-    write_timeout: Duration,
-    max_connections: usize,
+    /// The listener's bounds: connections, their timeouts, the shutdown's grace.
+    http: payments_settings::HttpSettings,
     /// Open connections per source; a trusted proxy is not held to it.
     source_connections: SourceConnections,
     /// Which peers are trusted proxies.
@@ -143,12 +141,6 @@ impl Application {
                 settings.http.forwarded_header,
             )),
         };
-        let shutdown_grace = Duration::from_millis(settings.http.shutdown_grace_ms);
-        let header_read_timeout = Duration::from_millis(settings.http.header_read_timeout_ms);
-        let write_timeout = Duration::from_millis(settings.http.write_timeout_ms);
-        let max_header_bytes =
-            usize::try_from(settings.http.max_header_bytes).unwrap_or(usize::MAX);
-        let max_connections = settings.http.max_connections as usize;
         let source_connections = SourceConnections::new(settings.http.max_connections_per_source);
         let proxies = edge.proxies.clone();
         // Install the metrics recorder before anything records.
@@ -199,16 +191,13 @@ impl Application {
         let (admin_host, admin_port) =
             (&state.settings.http.admin_host, state.settings.http.admin_port);
         let admin = AdminListener::bind(admin_host, admin_port, state.clone()).await?;
+        let state_http = state.settings.http.clone();
         let router = edge::wrap(router(api, state), edge);
         Ok(Self {
             listener,
             admin,
             router,
-            shutdown_grace,
-            header_read_timeout,
-            max_header_bytes,
-            write_timeout,
-            max_connections,
+            http: state_http,
             source_connections,
             proxies,
             tasks,
@@ -248,12 +237,13 @@ impl Application {
         });
         tokio::spawn(self.admin.serve(stopping_rx.clone()));
         let graceful = GracefulShutdown::new();
-        let connections = Arc::new(Semaphore::new(self.max_connections));
+        let millis = Duration::from_millis;
+        let connections = Arc::new(Semaphore::new(self.http.max_connections as usize));
         let timer = TokioTimer::new();
         let mut http = http1::Builder::new();
         http.timer(timer.clone())
-            .header_read_timeout(self.header_read_timeout)
-            .max_header_size(self.max_header_bytes);
+            .header_read_timeout(millis(self.http.header_read_timeout_ms))
+            .max_header_size(usize::try_from(self.http.max_header_bytes).unwrap_or(usize::MAX));
         let mut accept_rx = stopping_rx.clone();
         loop {
             // At the bound, new connections wait in the kernel's backlog, not in memory here.
@@ -288,7 +278,11 @@ impl Application {
             let _ = stream.set_nodelay(true);
             // hyper's own timer covers only the reading of headers; a write that waits on a
             // client that stopped reading must end too.
-            let stream = WriteTimeout::new(stream, self.write_timeout, timer.clone());
+            let write_timeout = millis(self.http.write_timeout_ms);
+            let stream = WriteTimeout::new(stream, write_timeout, timer.clone());
+            // And a connection kept alive after an answer may sit idle for less than a request
+            // may take to send its headers.
+            let stream = IdleTimeout::new(stream, millis(self.http.idle_timeout_ms), timer.clone());
             let router = self.router.clone();
             let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
                 request.extensions_mut().insert(ConnectInfo(peer));
@@ -314,7 +308,7 @@ impl Application {
         }
         tracing::info!("shutting down: no new connections, finishing requests in flight");
         drop(self.listener);
-        let grace = self.shutdown_grace;
+        let grace = millis(self.http.shutdown_grace_ms);
         let tasks = self.tasks;
         let engine = self.engine;
         let drained = async move {

@@ -13,6 +13,7 @@ pub mod edge;
 pub mod error;
 pub mod extract;
 pub mod idempotency;
+pub mod idle_timeout;
 pub mod inspector;
 pub mod limits;
 pub mod metrics;

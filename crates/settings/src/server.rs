@@ -30,6 +30,9 @@ pub struct HttpSettings {
     /// Largest request line and headers, in bytes; larger is `431` and the connection closes.
     /// Bounds what a connection that is still sending its headers holds in memory.
     pub max_header_bytes: u64,
+    /// Longest a kept-alive connection may sit idle after an answer before the next request's
+    /// first byte; shorter than `header_read_timeout_ms`.
+    pub idle_timeout_ms: u64,
     /// Longest a write to the client may make no progress (the client stopped reading its
     /// answers); past it the connection is closed.
     pub write_timeout_ms: u64,

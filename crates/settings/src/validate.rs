@@ -36,6 +36,7 @@ impl Settings {
         }
         for (setting, value) in [
             ("http.header_read_timeout_ms", self.http.header_read_timeout_ms),
+            ("http.idle_timeout_ms", self.http.idle_timeout_ms),
             ("http.write_timeout_ms", self.http.write_timeout_ms),
             ("http.body_timeout_ms", self.http.body_timeout_ms),
             ("http.body_deadline_ms", self.http.body_deadline_ms),
