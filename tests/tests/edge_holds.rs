@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use payments_tests::proxy::Proxy;
-use payments_tests::{TestApp, assert_problem, json, spawn_with_sim, test_settings};
+use payments_tests::{TestApp, assert_problem, json, spawn_with_sim, start_sim, test_settings};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -290,16 +290,20 @@ async fn a_request_over_its_time_is_answered_503_with_retry_after(pool: PgPool) 
 
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn requests_beyond_the_in_flight_bound_are_shed_with_503_and_retry_after(pool: PgPool) {
-    let limits = [("PAYMENTS__HTTP__MAX_IN_FLIGHT_REQUESTS", "1")];
+    // One request holds the only place while its charge takes a while (a body that trickles in
+    // holds none: `fairness.rs`).
+    let sim =
+        start_sim(processor_sim::FaultConfig { latency_ms: 3000, ..Default::default() }).await;
+    let limits = [
+        ("PAYMENTS__HTTP__MAX_IN_FLIGHT_REQUESTS", "1"),
+        ("PAYMENTS__PROCESSOR__BASE_URL", sim.as_str()),
+    ];
     let app = TestApp::spawn_with(pool.clone(), pool, &limits).await;
     let (_, key) = app.create_account("shop").await;
-    // One request holds the only place: its body never finishes.
-    let mut stream = connect(&app).await;
-    let head = format!(
-        "POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
-         Idempotency-Key: k1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
+    let body =
+        serde_json::json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
+    let request = app.http.post(app.url("/v1/payments")).bearer_auth(&key);
+    let stream = tokio::spawn(request.header("idempotency-key", "k1").json(&body).send());
     let mut shed = None;
     for _ in 0..100 {
         let response = app.send(app.http.get(app.url("/healthz"))).await;
@@ -312,7 +316,7 @@ async fn requests_beyond_the_in_flight_bound_are_shed_with_503_and_retry_after(p
     let response = shed.expect("a request beyond the bound is shed");
     assert_eq!(response.headers()["retry-after"], "1");
     assert_problem(response, 503, "service_unavailable").await;
-    drop(stream);
+    assert_eq!(stream.await.unwrap().unwrap().status(), 201);
     // Once the place is free again, requests are served.
     let mut status = 0;
     for _ in 0..100 {
