@@ -218,36 +218,40 @@ async fn run<B: Batch>(
         let (sent, answers): (Vec<_>, Vec<_>) =
             entries.drain(..).map(|entry| ((entry.row, entry.fence), entry.answer)).unzip();
         *lock(&in_flight) = Some(Instant::now());
-        let (kept, pool, batch) = (connection.take(), &pool, &batch);
-        let sent_on = async move {
-            let mut held = match kept {
-                Some((mut idle, answered)) if answered.elapsed() >= IDLE_RECHECK => {
-                    match idle.ping().await {
-                        Ok(()) => idle,
-                        Err(_) => connect(pool, deadline).await?,
-                    }
+        // The connection first (a stale one checked, a new one made, each bounded), then the
+        // batch, whose deadline counts from there: a slow reconnect does not eat it.
+        let held = match connection.take() {
+            Some((mut idle, answered)) if answered.elapsed() >= IDLE_RECHECK => {
+                match tokio::time::timeout(deadline, idle.ping()).await {
+                    Ok(Ok(())) => Ok(idle),
+                    _ => connect(&pool, deadline).await,
                 }
-                Some((kept, _)) => kept,
-                None => connect(pool, deadline).await?,
-            };
-            let written = batch.send(&mut held, &sent).await?;
-            Ok::<_, sqlx::Error>((written, held))
+            }
+            Some((kept, _)) => Ok(kept),
+            None => connect(&pool, deadline).await,
         };
         // A connection whose statement failed, or that did not answer in time, is dropped (it
         // may be the failure); the next batch connects again.
-        let written = match tokio::time::timeout(deadline + ANSWER_GRACE, sent_on).await {
-            Ok(Ok((written, held))) => {
-                connection = Some((held, Instant::now()));
-                Ok(written)
+        let written = match held {
+            Ok(mut held) => {
+                let sent_in_time =
+                    tokio::time::timeout(deadline + ANSWER_GRACE, batch.send(&mut held, &sent));
+                match sent_in_time.await {
+                    Ok(Ok(written)) => {
+                        connection = Some((held, Instant::now()));
+                        Ok(written)
+                    }
+                    Ok(Err(err)) => Err(err),
+                    Err(_) => {
+                        tracing::warn!(
+                            rows = answers.len(),
+                            "a batch did not answer in time: its rows go alone"
+                        );
+                        Err(sqlx::Error::PoolTimedOut)
+                    }
+                }
             }
-            Ok(Err(err)) => Err(err),
-            Err(_) => {
-                tracing::warn!(
-                    rows = answers.len(),
-                    "a batch did not answer in time: its rows go alone"
-                );
-                Err(sqlx::Error::PoolTimedOut)
-            }
+            Err(err) => Err(err),
         };
         *lock(&in_flight) = None;
         let written = match written {

@@ -350,7 +350,11 @@ impl Engine {
     /// statement's is, so that a retry resumes it instead of meeting `409` for a whole lease. An
     /// error the server answered needs nothing: the takeover rolled back. Answers `err`.
     async fn not_taken(&self, key_id: i64, token: Uuid, err: IdemError) -> IdemError {
-        if matches!(&err, IdemError::Database(db) if db.as_database_error().is_some()) {
+        // The server answered (the takeover rolled back), or nothing was sent at all.
+        let nothing_taken = matches!(&err, IdemError::Database(db)
+            if db.as_database_error().is_some()
+                || matches!(db, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed));
+        if nothing_taken {
             return err;
         }
         let holding = Holding::Stored { key_id };

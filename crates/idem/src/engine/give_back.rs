@@ -55,6 +55,24 @@ pub(super) struct GiveBack {
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
 const MAX_PAUSE: Duration = Duration::from_secs(2);
 
+/// Give-backs that make connections of their own at once, in the whole process: a database that
+/// ended its connections is not flooded with new ones by every lease that waits to be given back.
+static OWN_CONNECTIONS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// How a give-back goes on in the background.
+#[derive(Debug, Clone, Copy)]
+struct Later {
+    /// Before the first try; doubles up to [`MAX_PAUSE`] after each that could not ask.
+    pause: Duration,
+    /// Tries stop once this has passed: the lease has run out by then.
+    within: Duration,
+    /// When a try that found nothing looks once more, if it came before then: the statement
+    /// that may have granted the lease must have ended by then.
+    look_again_at: Option<Instant>,
+    /// On a connection of its own (the pool's were ended), or on the pool (it had none free).
+    own_connection: bool,
+}
+
 impl Engine {
     /// Gives `back` the key at once. `Some(released)` when the database answered (`false`: the
     /// token does not hold the key); `None` when it could not be asked, and the give-back goes on
@@ -62,9 +80,15 @@ impl Engine {
     /// the statement that may have granted the lease must have ended (`claim_timeout` bounds its
     /// waits).
     pub(super) async fn give_back(&self, back: GiveBack, look_again: bool) -> Option<bool> {
+        let ended = self.config.claim_timeout * 2 + Duration::from_millis(100);
+        let look_again_at = look_again.then(|| Instant::now() + ended);
         let answered = match self.pool.acquire().await {
             Ok(mut pooled) => give_back_on(&mut pooled, &back).await,
             Err(err) => Err(err),
+        };
+        let later = |pause, own_connection| {
+            let within = self.config.lease;
+            Later { pause, within, look_again_at, own_connection }
         };
         match answered {
             Ok(true) => {
@@ -73,14 +97,19 @@ impl Engine {
             }
             Ok(false) => {
                 if look_again {
-                    let after = self.config.claim_timeout * 2 + Duration::from_millis(100);
-                    self.give_back_later(back, after, after);
+                    let once = Later { look_again_at: None, ..later(ended, false) };
+                    self.give_back_later(back, Later { within: ended, ..once });
                 }
                 Some(false)
             }
-            Err(err) if connection_lost(&err) || matches!(err, sqlx::Error::PoolTimedOut) => {
+            Err(err) if connection_lost(&err) => {
                 tracing::warn!(error = %err, "could not give a key back: trying again on connections of its own");
-                self.give_back_later(back, FIRST_PAUSE, self.config.lease);
+                self.give_back_later(back, later(FIRST_PAUSE, true));
+                None
+            }
+            Err(sqlx::Error::PoolTimedOut) => {
+                tracing::warn!("could not give a key back: no pooled connection; trying again");
+                self.give_back_later(back, later(FIRST_PAUSE, false));
                 None
             }
             Err(err) => {
@@ -90,23 +119,38 @@ impl Engine {
         }
     }
 
-    /// Tries to give `back` the key after `pause`, each time on a new connection, until the
-    /// database answers or `within` has passed (the lease has run out by then).
-    fn give_back_later(&self, back: GiveBack, pause: Duration, within: Duration) {
+    /// Tries to give `back` the key as `later` says, until the database answers (and, if it found
+    /// nothing too early, once more) or the lease has run out.
+    fn give_back_later(&self, back: GiveBack, later: Later) {
         let engine = self.clone();
         tokio::spawn(async move {
-            let deadline = Instant::now() + within;
-            let mut pause = pause;
+            let deadline = Instant::now() + later.within;
+            let mut pause = later.pause;
+            let mut look_again_at = later.look_again_at;
             loop {
                 tokio::time::sleep(pause).await;
-                match engine.give_back_on_its_own(&back).await {
-                    Ok(released) => {
-                        if released {
-                            engine.observer.event(Event::Released);
-                            tracing::info!(reason = %back.reason, "a key was given back late");
-                        }
+                let tried = if later.own_connection {
+                    engine.give_back_on_its_own(&back).await
+                } else {
+                    match engine.pool.acquire().await {
+                        Ok(mut pooled) => give_back_on(&mut pooled, &back).await,
+                        Err(err) => Err(err),
+                    }
+                };
+                match tried {
+                    Ok(true) => {
+                        engine.observer.event(Event::Released);
+                        tracing::info!(reason = %back.reason, "a key was given back late");
                         return;
                     }
+                    Ok(false) => match look_again_at.take() {
+                        Some(at) if Instant::now() < at => {
+                            tokio::time::sleep_until(at).await;
+                            pause = Duration::ZERO;
+                            continue;
+                        }
+                        _ => return,
+                    },
                     Err(err) if Instant::now() + pause < deadline => {
                         tracing::debug!(error = %err, "the database cannot give a key back yet");
                     }
@@ -115,7 +159,7 @@ impl Engine {
                         return;
                     }
                 }
-                pause = (pause * 2).min(MAX_PAUSE);
+                pause = (pause * 2).clamp(FIRST_PAUSE, MAX_PAUSE);
             }
         });
     }
@@ -123,6 +167,7 @@ impl Engine {
     /// One give-back on a connection made for it (not one of the pool's, which the server may
     /// have ended too), bounded by the pool's acquire timeout.
     async fn give_back_on_its_own(&self, back: &GiveBack) -> Result<bool, sqlx::Error> {
+        let _one_of_few = OWN_CONNECTIONS.acquire().await.map_err(|_| sqlx::Error::PoolClosed)?;
         let options = self.pool.connect_options();
         let timeout = self.pool.options().get_acquire_timeout();
         let mut connection: PgConnection = tokio::time::timeout(timeout, options.connect())

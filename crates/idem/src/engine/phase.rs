@@ -13,7 +13,8 @@
 //! ([`Interrupted::LeaseLost`]). A transaction dropped without a commit rolls back too, so an
 //! error anywhere in a phase leaves nothing behind. The phase holds its key's row from its first
 //! statement (`store::begin_holding`), so a phase that waits for a lock past its lease is not
-//! taken over meanwhile: the takeover waits for the phase, then finds the key moved on.
+//! taken over meanwhile: the takeover waits for the phase (up to its claim timeout, then `503`)
+//! and then finds the key moved on.
 
 use std::ops::{Deref, DerefMut};
 

@@ -193,15 +193,18 @@ pub(crate) struct Fence<'a> {
 
 /// What begins a phase of a stored key: `BEGIN`, and the key's row locked if this lease still
 /// holds it (`FOR NO KEY UPDATE`), sent as one simple query, so it costs no round trip of its own.
-/// From the phase's first statement to its end, a takeover waits for it (and then finds the key
-/// moved on), however long the phase waits for its other locks after its lease ran out; rows
-/// that only refer to the key (`FOR KEY SHARE`) do not wait. A lease already lost locks nothing,
-/// and the phase's fenced commit refuses it as before. Both values are typed (an integer and a
-/// UUID): nothing a client sends reaches the text.
+/// From the phase's first statement to its end, a takeover waits for it (up to its claim
+/// timeout, then `503`; after the phase, it finds the key moved on), however long the phase waits
+/// for its other locks after its lease ran out; rows that only refer to the key (`FOR KEY
+/// SHARE`) do not wait. `SKIP LOCKED`: it never waits, so it cannot fail on a timeout (which would
+/// leave the pooled connection in an aborted transaction, the `BEGIN` not being counted yet); a
+/// row locked at that moment is being taken over already (or woken), and the fenced commit
+/// decides, as for a lease already lost. Both values are typed (an integer and a UUID): nothing a
+/// client sends reaches the text.
 pub(crate) fn begin_holding(key_id: i64, token: Uuid) -> String {
     format!(
         "BEGIN; SELECT FROM idempotency_keys WHERE id = {key_id} AND owner_token = '{token}' \
-         FOR NO KEY UPDATE"
+         FOR NO KEY UPDATE SKIP LOCKED"
     )
 }
 
