@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use payments_api::Application;
-use payments_tests::system::{Account, System, scale};
+use payments_tests::system::{Account, System, database_url, scale};
 use payments_tests::{TestApp, spawn_with_sim, start_sim, test_settings};
 use serde_json::{Value, json};
 use sqlx::{Connection as _, PgPool};
@@ -356,14 +356,7 @@ async fn sessions_ended_during_a_phase_leave_the_key_free_for_a_retry_a_second_l
     ];
     // The pool the binaries make (a connection idle under a second is not checked when taken),
     // not the test's.
-    let options = pool.connect_options();
-    let url = format!(
-        "postgres://{}@{}:{}/{}",
-        options.get_username(),
-        options.get_host(),
-        options.get_port(),
-        options.get_database().unwrap()
-    );
+    let url = database_url(&pool);
     let serving = test_settings(&[("PAYMENTS__DATABASE__URL", url.as_str())]).database.pool();
     let serving = serving.unwrap();
     let app = TestApp::spawn_with(pool.clone(), serving.clone(), &settings).await;
