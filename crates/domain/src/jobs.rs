@@ -124,6 +124,15 @@ pub struct Job {
     pub attempts: i32,
 }
 
+impl Job {
+    /// A job as a claim's statement returned its row: the work is read from its `kind` and
+    /// `payload` as text, so that a row this code cannot read fails as its own job, not as the
+    /// claim of every job beside it.
+    pub(crate) fn claimed(id: i64, kind: &str, payload: Value, attempts: i32) -> Self {
+        Self { id, work: Work::from_stored(kind, payload), attempts }
+    }
+}
+
 /// Stages a job to run after the commit of the current transaction; staging the same job twice
 /// is a no-op.
 pub async fn stage(conn: &mut PgConnection, work: &Work) -> Result<(), DomainError> {
@@ -169,16 +178,7 @@ pub async fn claim(
     )
     .fetch_all(executor)
     .await?;
-    // The kind is read as text, not as a `JobKind`: a row this code cannot read must fail as its
-    // own job, not as the claim of every job beside it.
-    Ok(rows
-        .into_iter()
-        .map(|r| Job {
-            id: r.id,
-            work: Work::from_stored(&r.kind, r.payload),
-            attempts: r.attempts,
-        })
-        .collect())
+    Ok(rows.into_iter().map(|r| Job::claimed(r.id, &r.kind, r.payload, r.attempts)).collect())
 }
 
 /// Marks a job done, if the claim that ran it (`attempt`) is still the job's last one. False when

@@ -16,7 +16,7 @@ use std::time::Duration;
 use sqlx::{PgExecutor, PgPool};
 
 use crate::DomainError;
-use crate::jobs::{Job, Work};
+use crate::jobs::Job;
 
 /// The advisory lock key that serialises claims of deliveries (any fixed number: no other lock
 /// of this database uses it).
@@ -113,14 +113,7 @@ pub async fn claim(
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| Job {
-            id: r.id,
-            work: Work::from_stored(&r.kind, r.payload),
-            attempts: r.attempts,
-        })
-        .collect())
+    Ok(rows.into_iter().map(|r| Job::claimed(r.id, &r.kind, r.payload, r.attempts)).collect())
 }
 
 /// Marks done, unsent, up to `limit` due deliveries to endpoints disabled or deleted since their

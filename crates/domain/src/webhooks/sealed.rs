@@ -71,8 +71,11 @@ impl SealedSecret {
 
     /// The id of the key that sealed it, if it has the shape of a sealed secret.
     pub fn key_id(&self) -> Option<KeyId> {
-        let header = self.0.get(..HEADER_LEN)?;
-        (header[0] == FORMAT).then(|| KeyId(header[1..].try_into().unwrap_or_default()))
+        let (format, id) = self.0.get(..HEADER_LEN)?.split_first()?;
+        if *format != FORMAT {
+            return None;
+        }
+        id.try_into().ok().map(KeyId)
     }
 }
 
