@@ -202,8 +202,19 @@ impl ReceiptSender {
             }
             return Err(error);
         }
+        // Sent: the record is tried again (it is idempotent) for as long as half the hold, since a
+        // run that fails here would find the hold run out later and send a second copy.
+        let until = std::time::Instant::now() + self.rules.hold / 2;
+        let mut pause = Duration::from_millis(100);
+        while let Err(err) = receipts::mark_sent(pool, payment_id).await {
+            if std::time::Instant::now() + pause >= until {
+                return Err(format!("sent, but not recorded as sent: {err}"));
+            }
+            tracing::warn!(error = %err, "a sent receipt is not recorded yet; trying again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+        }
         metrics::counter!("worker_receipts_total", "outcome" => "sent").increment(1);
-        receipts::mark_sent(pool, payment_id).await.map_err(|err| err.to_string())?;
         Ok(ReceiptOutcome::Sent)
     }
 }

@@ -274,6 +274,13 @@ impl Deliverer {
             }
             (Outcome::Dead, Some(error)) => finish(&mut *tx, job, false, &error).await?,
         };
+        // A run whose claim another worker has taken since records nothing: not the job's
+        // outcome (the fence), and not the endpoint's health either (it would count a failure
+        // twice, or pause and disable on a stale run's word).
+        if matches!(delivered, Delivered::Lost) {
+            tx.rollback().await.map_err(|err| err.to_string())?;
+            return Ok(delivered);
+        }
         tx.commit().await.map_err(|err| err.to_string())?;
         Ok(delivered)
     }

@@ -57,10 +57,11 @@ impl InFlight {
         &self,
         read: impl Future<Output = Result<T, ApiError>>,
     ) -> Result<T, ApiError> {
+        // Both given back now, for as long as the body takes: only the account is kept.
         let account = {
             let mut held = self.held();
             held.place = None;
-            held.account.take()
+            held.account.take().map(AccountPlace::leave)
         };
         let read = tokio::time::timeout(self.body_deadline, read).await.map_err(|_| {
             ApiError::invalid_request(
@@ -72,7 +73,7 @@ impl InFlight {
             )
         })??;
         let place = self.places.clone().try_acquire_owned().map_err(|_| shed())?;
-        let account = account.map(|account| account.again()).transpose()?;
+        let account = account.map(|(accounts, account)| accounts.enter(&account)).transpose()?;
         let mut held = self.held();
         held.place = Some(place);
         held.account = account;
@@ -146,11 +147,9 @@ pub struct AccountPlace {
 }
 
 impl AccountPlace {
-    /// The same account's place again, after it was given back for a body's read.
-    fn again(self) -> Result<Self, ApiError> {
-        let (accounts, account) = (self.accounts.clone(), self.account.clone());
-        drop(self);
-        accounts.enter(&account)
+    /// Gives the place back, keeping what takes it again ([`AccountsInFlight::enter`]).
+    fn leave(self) -> (Arc<AccountsInFlight>, AccountId) {
+        (self.accounts.clone(), self.account.clone())
     }
 }
 
@@ -189,6 +188,23 @@ mod tests {
         drop(first);
         assert_eq!(accounts.count(&shop), 1);
         assert!(accounts.enter(&shop).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_holding_neither_the_servers_place_nor_the_accounts() {
+        let (places, accounts) = (Arc::new(Semaphore::new(1)), AccountsInFlight::new(1));
+        let shop = AccountId::parse("acct_shop").unwrap();
+        let in_flight = InFlight::take(places.clone(), Duration::from_secs(5)).unwrap();
+        in_flight.hold_account(accounts.enter(&shop).unwrap());
+        let read = in_flight.read_outside(async {
+            assert_eq!(places.available_permits(), 1, "the server's place is free");
+            assert_eq!(accounts.count(&shop), 0, "the account's place is free");
+            Ok(())
+        });
+        read.await.unwrap();
+        assert_eq!((places.available_permits(), accounts.count(&shop)), (0, 1), "taken again");
+        in_flight.give_back();
+        assert_eq!((places.available_permits(), accounts.count(&shop)), (1, 0));
     }
 
     #[test]
