@@ -24,7 +24,7 @@ CREATE DOMAIN currency AS text
     CONSTRAINT currency_code CHECK (VALUE ~ '^[a-z]{3}$');
 CREATE DOMAIN payment_status AS text
     CONSTRAINT payment_status_known CHECK (VALUE IN
-        ('processing', 'requires_capture', 'succeeded', 'failed', 'canceled'));
+        ('processing', 'requires_action', 'requires_capture', 'succeeded', 'failed', 'canceled'));
 CREATE DOMAIN capture_method AS text
     CONSTRAINT capture_method_known CHECK (VALUE IN ('automatic', 'manual'));
 CREATE DOMAIN refund_status AS text
@@ -49,7 +49,12 @@ CREATE TABLE payments (
     description          text,
     metadata             jsonb NOT NULL DEFAULT '{}',
     receipt_email        text,
+    -- The processor's PaymentIntent (`pi_…`), which every later call addresses, and its latest
+    -- charge (`ch_…`), which its events and the refunds name.
+    processor_payment_intent_id text UNIQUE,
     processor_charge_id  text UNIQUE,
+    -- Where the customer authenticates, while the payment `requires_action`.
+    next_action_url      text,
     failure_code         text,
     failure_message      text,
     cancellation_reason  text,
@@ -58,7 +63,9 @@ CREATE TABLE payments (
     -- Never more captured than the amount.
     CONSTRAINT payments_check CHECK (amount_captured <= amount),
     -- Never more refunded than was captured.
-    CONSTRAINT payments_check1 CHECK (amount_refunded <= amount_captured)
+    CONSTRAINT payments_check1 CHECK (amount_refunded <= amount_captured),
+    -- A payment waiting on its customer knows where to send them, and no other does.
+    CONSTRAINT payments_next_action CHECK ((status = 'requires_action') = (next_action_url IS NOT NULL))
 );
 
 -- Lists are ordered by what the client sees: `created` (created_at), newest first, with `seq`

@@ -27,6 +27,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use idem::Engine;
+use payments_domain::authentication::AuthenticationSettings;
 use payments_domain::operations::Context;
 use payments_domain::webhooks::SealingKeys;
 use provider::ProcessorClient;
@@ -163,6 +164,11 @@ impl Application {
             sealing_keys,
         )
         .with_charge_metadata(settings.processor.charge_metadata.clone())
+        .with_authentication(AuthenticationSettings::configured(
+            settings.processor.return_url(&edge.public_base_url),
+            settings.processor.authentication_check_after(),
+            settings.processor.authentication_expires_after(),
+        ))
         .with_batches(settings.idempotency.batch_phases)
         .with_fast_path(settings.idempotency.fast_path);
         let limits = crate::limits::Limits::new(&settings.rate_limit);

@@ -27,6 +27,8 @@ text_enum! {
     pub enum EventType {
         /// A payment was charged and captured at once.
         PaymentSucceeded = "payment.succeeded",
+        /// A payment waits on its customer to authenticate (3-D Secure); its outcome comes later.
+        PaymentRequiresAction = "payment.requires_action",
         /// A payment was authorized; a capture is due.
         PaymentRequiresCapture = "payment.requires_capture",
         /// A payment failed (declined, refused by the processor).

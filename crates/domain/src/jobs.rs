@@ -1,5 +1,5 @@
 //! The `jobs` table: work staged in a change's own transaction, to run after its commit at least
-//! once (receipts, webhook deliveries). Its only SQL but one: `events::record` stages an event's
+//! once (receipts, webhook deliveries, the look at a payment that waits on its customer). Its only SQL but one: `events::record` stages an event's
 //! deliveries in the statement that writes the event, which keeps a change at one round trip.
 //!
 //! A job is claimed with `FOR UPDATE SKIP LOCKED` and pushed out of sight for the claim's length
@@ -27,6 +27,8 @@ text_enum! {
         Receipt,
         /// Deliver an event to a webhook endpoint.
         Webhook,
+        /// Ask the processor what became of a payment that waits on its customer.
+        Authentication,
     }
 }
 
@@ -39,6 +41,18 @@ pub enum Work {
     Receipt(ReceiptJob),
     /// Deliver an event to an endpoint (staged by `events::record`, in SQL, in this shape).
     Webhook(WebhookJob),
+    /// Ask the processor what became of a payment that `requires_action`, if no webhook told us
+    /// first, and cancel it once its authentication has expired (`crate::authentication`).
+    Authentication(AuthenticationJob),
+}
+
+/// The input of an authentication job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthenticationJob {
+    /// The payment that waits on its customer.
+    pub payment_id: PaymentId,
+    /// When its authentication expires (unix seconds): the job then cancels it at the processor.
+    pub expires_at: i64,
 }
 
 /// The input of a receipt job.
@@ -71,14 +85,16 @@ impl Work {
         match self {
             Self::Receipt(_) => JobKind::Receipt,
             Self::Webhook(_) => JobKind::Webhook,
+            Self::Authentication(_) => JobKind::Authentication,
         }
     }
 
     /// What makes staging it twice a no-op: one receipt per payment, one delivery per event and
-    /// endpoint.
+    /// endpoint, one authentication per payment.
     pub fn dedupe_key(&self) -> String {
         match self {
             Self::Receipt(job) => job.payment_id.to_string(),
+            Self::Authentication(job) => job.payment_id.to_string(),
             Self::Webhook(job) => format!("{}:{}", job.event_id, job.endpoint_id),
         }
     }
@@ -88,6 +104,7 @@ impl Work {
         match self {
             Self::Receipt(job) => serde_json::to_value(job),
             Self::Webhook(job) => serde_json::to_value(job),
+            Self::Authentication(job) => serde_json::to_value(job),
         }
     }
 
@@ -136,13 +153,24 @@ impl Job {
 /// Stages a job to run after the commit of the current transaction; staging the same job twice
 /// is a no-op.
 pub async fn stage(conn: &mut PgConnection, work: &Work) -> Result<(), DomainError> {
+    stage_after(conn, work, Duration::ZERO).await
+}
+
+/// As [`stage`], for a job that falls due `delay` after now (by the database's clock).
+pub async fn stage_after(
+    conn: &mut PgConnection,
+    work: &Work,
+    delay: Duration,
+) -> Result<(), DomainError> {
     let payload = work.payload().map_err(|_| DomainError::Corrupt("a job's payload"))?;
     sqlx::query!(
-        "INSERT INTO jobs (kind, dedupe_key, payload) VALUES ($1, $2, $3)
+        "INSERT INTO jobs (kind, dedupe_key, payload, run_at)
+         VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')
          ON CONFLICT (kind, dedupe_key) DO NOTHING",
         work.kind() as JobKind,
         work.dedupe_key(),
         payload,
+        delay.as_millis() as f64,
     )
     .execute(conn)
     .await?;
@@ -200,6 +228,33 @@ pub async fn done(
     .await?
     .rows_affected();
     Ok(done == 1)
+}
+
+/// Puts off a job whose claim `attempt` found nothing to do yet (a payment still waiting on its
+/// customer): it runs again after `delay`, with no error recorded. The attempts keep counting
+/// (they are the claims' fence, which must never repeat); the runner does not dead-letter the
+/// jobs that wait. False (nothing recorded) when another runner claimed it since.
+pub async fn again(
+    executor: impl PgExecutor<'_>,
+    id: i64,
+    attempt: i32,
+    delay: Duration,
+) -> Result<bool, DomainError> {
+    let later = sqlx::query!(
+        r#"
+        UPDATE jobs
+           SET last_error = NULL, run_at = now() + $3 * interval '1 millisecond',
+               claimed_until = NULL
+         WHERE id = $1 AND attempts = $2 AND done_at IS NULL AND dead_at IS NULL
+        "#,
+        id,
+        attempt,
+        delay.as_millis() as f64,
+    )
+    .execute(executor)
+    .await?
+    .rows_affected();
+    Ok(later == 1)
 }
 
 /// Records a failure of the claim `attempt`: the job runs again after `delay`, or is

@@ -6,6 +6,7 @@
 
 pub mod accounts;
 pub mod audit;
+pub mod authentication;
 pub mod deliveries;
 pub mod events;
 pub mod ids;

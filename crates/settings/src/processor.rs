@@ -45,6 +45,16 @@ pub struct ProcessorSettings {
     /// `http.max_in_flight_requests` (their senders are not known yet); more are answered 503.
     /// A verified webhook counts toward `http.max_in_flight_requests` like any other request.
     pub webhook_max_unverified: u32,
+    /// Where the processor's authentication page (3-D Secure) sends the customer back; empty:
+    /// the API's `http.public_base_url`.
+    #[serde(default)]
+    pub return_url: String,
+    /// How long after a payment came to `requires_action` the worker asks the processor what
+    /// became of it, if no webhook told us first, and then how often.
+    pub authentication_check_after_s: u64,
+    /// How long a customer has to authenticate; then the worker cancels the payment at the
+    /// processor (`canceled`, `abandoned`).
+    pub authentication_expires_after_s: u64,
 }
 
 impl std::fmt::Debug for ProcessorSettings {
@@ -56,6 +66,24 @@ impl std::fmt::Debug for ProcessorSettings {
 }
 
 impl ProcessorSettings {
+    /// Where authentication sends the customer back: `return_url`, or `public_base_url`'s root.
+    pub fn return_url(&self, public_base_url: &str) -> String {
+        match self.return_url.trim() {
+            "" => format!("{}/", public_base_url.trim_end_matches('/')),
+            url => url.to_owned(),
+        }
+    }
+
+    /// `authentication_check_after_s`.
+    pub fn authentication_check_after(&self) -> Duration {
+        Duration::from_secs(self.authentication_check_after_s)
+    }
+
+    /// `authentication_expires_after_s`.
+    pub fn authentication_expires_after(&self) -> Duration {
+        Duration::from_secs(self.authentication_expires_after_s)
+    }
+
     /// The client's configuration.
     pub fn client_config(&self) -> provider::ProcessorConfig {
         provider::ProcessorConfig {

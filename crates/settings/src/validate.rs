@@ -140,6 +140,21 @@ impl Settings {
                     .into(),
             ));
         }
+        let processor = &self.processor;
+        if processor.authentication_check_after_s == 0
+            || processor.authentication_expires_after_s < processor.authentication_check_after_s
+        {
+            return Err(invalid(
+                "processor.authentication_check_after_s",
+                "must be at least 1, and at most processor.authentication_expires_after_s".into(),
+            ));
+        }
+        if !processor.return_url.trim().is_empty()
+            && !(processor.return_url.starts_with("https://")
+                || processor.return_url.starts_with("http://"))
+        {
+            return Err(invalid("processor.return_url", "must be an http(s) URL".into()));
+        }
         if self.processor.webhook_tolerance_s == 0 || self.processor.webhook_tolerance_s > 3600 {
             return Err(invalid("processor.webhook_tolerance_s", "must be from 1 to 3600".into()));
         }

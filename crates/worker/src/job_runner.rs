@@ -1,7 +1,9 @@
-//! The job runner: receipts, and every staged job that is not a webhook delivery (a kind a newer
-//! release staged, say), on a loop of their own, so that neither a stuck delivery nor a long
-//! receipt queue holds the other back.
+//! The job runner: receipts, the looks at payments that wait on their customers
+//! (`payments_domain::authentication`), and every staged job that is not a webhook delivery (a
+//! kind a newer release staged, say), on a loop of their own, so that neither a stuck delivery
+//! nor a long receipt queue holds the other back.
 
+use payments_domain::authentication::{self, Checked};
 use payments_domain::jobs::{self as queue, Work};
 use provider::CardProcessor;
 use tokio::sync::watch;
@@ -41,16 +43,31 @@ impl<P: CardProcessor> Worker<P> {
                         span.clone(),
                     )
                     .await
+                    .map(|_| Checked::Done)
+                }
+                Ok(Work::Authentication(waiting)) => {
+                    let (pool, processor) = (&self.ctx.pool, &*self.ctx.processor);
+                    let settings = &self.ctx.authentication;
+                    tracing::Instrument::instrument(
+                        authentication::check(pool, processor, settings, waiting, job.id),
+                        span.clone(),
+                    )
+                    .await
                 }
                 // A kind this release does not know, or a payload that is not its input: failed
                 // like any job, so a newer release may still run it before it is dead-lettered.
                 Err(unreadable) => Err(unreadable.to_string()),
             };
             match outcome {
-                Ok(_) => {
+                Ok(Checked::Done) => {
                     if queue::done(&self.ctx.pool, job.id, job.attempts).await? {
                         report.jobs_done += 1;
                     } else {
+                        tracing::warn!(parent: &span, "another runner claimed the job meanwhile; its run decides");
+                    }
+                }
+                Ok(Checked::Later(delay)) => {
+                    if !queue::again(&self.ctx.pool, job.id, job.attempts, delay).await? {
                         tracing::warn!(parent: &span, "another runner claimed the job meanwhile; its run decides");
                     }
                 }
@@ -64,7 +81,9 @@ impl<P: CardProcessor> Worker<P> {
     }
 
     /// Records that `job` failed with `error`: it runs again after `delay`, or is dead-lettered
-    /// once it has had `worker.job_max_attempts` attempts.
+    /// once it has had `worker.job_max_attempts` attempts. A look at a payment that waits on its
+    /// customer is never dead-lettered: its attempts count its waits too, and only it settles
+    /// the payment if no webhook comes (its delay is capped by the back-off).
     pub(crate) async fn job_failed(
         &self,
         job: &queue::Job,
@@ -73,8 +92,9 @@ impl<P: CardProcessor> Worker<P> {
         span: &tracing::Span,
         report: &mut PassReport,
     ) -> anyhow::Result<()> {
-        let dead =
-            u32::try_from(job.attempts).unwrap_or(u32::MAX) >= self.settings.job_max_attempts;
+        let waits = matches!(job.work, Ok(Work::Authentication(_)));
+        let dead = !waits
+            && u32::try_from(job.attempts).unwrap_or(u32::MAX) >= self.settings.job_max_attempts;
         if !queue::failed(&self.ctx.pool, job.id, job.attempts, error, delay, dead).await? {
             tracing::warn!(parent: span, error, "job failed, and another runner claimed it meanwhile");
         } else if dead {

@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use idem::{Engine, NoObserver};
 use payments_backoff::{Backoff, Jitter};
+use payments_domain::authentication::AuthenticationSettings;
 use payments_domain::operations::Context;
 use payments_settings::{Settings, WorkerSettings};
 use provider::{CardProcessor, ProcessorClient};
@@ -113,8 +114,13 @@ impl<P: CardProcessor> Worker<P> {
         let engine = Engine::new(pool.clone(), settings.engine_config(), Arc::new(NoObserver));
         let sealing_keys = webhooks::sealing_keys(settings)?;
         Ok(Self {
-            ctx: Context::new(pool, processor, public_base_url, sealing_keys.clone())
+            ctx: Context::new(pool, processor, public_base_url.clone(), sealing_keys.clone())
                 .with_charge_metadata(settings.processor.charge_metadata.clone())
+                .with_authentication(AuthenticationSettings::configured(
+                    settings.processor.return_url(&public_base_url),
+                    settings.processor.authentication_check_after(),
+                    settings.processor.authentication_expires_after(),
+                ))
                 .with_batches(settings.idempotency.batch_phases)
                 .with_fast_path(settings.idempotency.fast_path),
             engine,

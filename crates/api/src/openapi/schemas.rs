@@ -113,7 +113,7 @@ fn problem() -> Schema {
 }
 
 fn processor_event() -> Schema {
-    let kinds = payments_domain::processor_events::ChargeEventType::ALL.map(|t| t.to_string());
+    let kinds = payments_domain::processor_events::ProcessorEventType::ALL.map(|t| t.to_string());
     Schema::Object(
         ObjectBuilder::new()
             .schema_type(Type::Object)

@@ -135,10 +135,14 @@ pub async fn receive(
             tracing::info!(event_id = %event.id, event_type = %event.event_type, %payment_id, woke, "processor webhook recorded");
             ("recorded", Some(payment_id))
         }
+        Received::Settled { payment_id, status } => {
+            tracing::info!(event_id = %event.id, event_type = %event.event_type, %payment_id, %status, "processor webhook settled a payment that waited on its customer");
+            ("recorded", Some(payment_id))
+        }
         // Audited, logged as an error and counted by `receive`; the event itself is recorded.
         Received::ExtraCharge { payment_id, .. } => ("recorded", Some(payment_id)),
         Received::Unmatched => {
-            tracing::info!(event_id = %event.id, event_type = %event.event_type, charge = %event.charge.id, "processor webhook about a charge that is none of ours");
+            tracing::info!(event_id = %event.id, event_type = %event.event_type, object = %event.reported.id(), "processor webhook about an object that is none of ours");
             ("unmatched", None)
         }
         Received::Duplicate => ("duplicate", None),

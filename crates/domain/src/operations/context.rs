@@ -6,6 +6,7 @@ use std::sync::Arc;
 use idem::batch::Batcher;
 use sqlx::PgPool;
 
+use crate::authentication::AuthenticationSettings;
 use crate::payments;
 use crate::webhooks::SealingKeys;
 
@@ -28,6 +29,8 @@ pub struct Context<P> {
     /// (`operations/create_payment/fast_path.rs`), or the reference road, a transaction each
     /// (`idempotency.fast_path`). Both write the same.
     pub fast_path: bool,
+    /// How a payment that waits on its customer is sent on and looked after.
+    pub authentication: AuthenticationSettings,
 }
 
 impl<P> Context<P> {
@@ -40,6 +43,7 @@ impl<P> Context<P> {
     ) -> Self {
         let charged = Some(Batcher::new(pool.clone(), payments::batch::Charged));
         let charge_metadata = Arc::default();
+        let authentication = AuthenticationSettings::new(&public_base_url);
         Self {
             pool,
             processor,
@@ -48,6 +52,7 @@ impl<P> Context<P> {
             charge_metadata,
             charged,
             fast_path: true,
+            authentication,
         }
     }
 
@@ -59,6 +64,11 @@ impl<P> Context<P> {
     /// The same, with `metadata` sent with every new charge.
     pub fn with_charge_metadata(self, metadata: BTreeMap<String, String>) -> Self {
         Self { charge_metadata: Arc::new(metadata), ..self }
+    }
+
+    /// The same, with these authentication settings.
+    pub fn with_authentication(self, authentication: AuthenticationSettings) -> Self {
+        Self { authentication, ..self }
     }
 
     /// The same, with phases sent in batches or each alone.
@@ -78,6 +88,7 @@ impl<P> Clone for Context<P> {
             charge_metadata: self.charge_metadata.clone(),
             charged: self.charged.clone(),
             fast_path: self.fast_path,
+            authentication: self.authentication.clone(),
         }
     }
 }

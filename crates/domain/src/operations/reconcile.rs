@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use idem::{Interrupted, Lease, RecoveryPoint};
-use provider::{Charge, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError, ReconcileCause};
+use provider::{
+    Charge, DownstreamKey, ErrorClass, FrozenRequest, PaymentIntent, ProcessorError, ReconcileCause,
+};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
@@ -15,7 +17,7 @@ use crate::DomainError;
 use crate::audit::Subject;
 use crate::ids::PaymentId;
 use crate::payments::{Payment, PaymentStatus};
-use crate::processor_events::{self, ExtraCharge};
+use crate::processor_events::{self, ExtraCharge, Recorded};
 use crate::refunds::Refund;
 
 /// A frozen request as the key stores it.
@@ -172,6 +174,12 @@ impl Found for Charge {
     }
 }
 
+impl Found for PaymentIntent {
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
 impl Found for provider::Refund {
     fn id(&self) -> &str {
         &self.id
@@ -222,7 +230,13 @@ pub(super) async fn audit_other_charge(
     if key.generation_number() <= 1 && payment.status != PaymentStatus::Failed {
         return Ok(None);
     }
-    let recorded = payment.processor_charge_id.as_deref();
+    let recorded = match payment.status {
+        PaymentStatus::Failed => Recorded::default(),
+        _ => Recorded {
+            charge: payment.processor_charge_id.as_deref(),
+            intent: payment.processor_payment_intent_id.as_deref(),
+        },
+    };
     let Some(extra) =
         processor_events::other_succeeded_charge(&mut *tx, &payment.id, recorded).await?
     else {

@@ -14,14 +14,15 @@ use crate::ids::{EventId, PaymentId};
 use crate::jobs::{JobKind, Work};
 
 /// One payment's row of a batch: the changes of a charge recorded (its status, the amount
-/// captured, the charge), at the row's version the first phase wrote, with what `Written` says.
+/// captured, the PaymentIntent and its charge), at the row's version the first phase wrote, with what `Written` says.
 #[derive(Debug)]
 pub struct ChargedRow {
     id: PaymentId,
     version: RowVersion,
     status: PaymentStatus,
     amount_captured: i64,
-    charge_id: String,
+    intent_id: String,
+    charge_id: Option<String>,
     account_id: String,
     action: String,
     request_id: String,
@@ -34,8 +35,8 @@ pub struct ChargedRow {
 
 impl ChargedRow {
     /// The row for `changes` to the payment `id` at `version`, with what is `written` beside
-    /// them; `None` when the changes are not only a status, an amount captured and a charge (the
-    /// batch's statement sets nothing else).
+    /// them; `None` when the changes are not only a status, an amount captured, a PaymentIntent
+    /// and its charge (the batch's statement sets nothing else).
     pub fn new(
         id: &PaymentId,
         version: RowVersion,
@@ -45,13 +46,15 @@ impl ChargedRow {
         let Changes {
             status: Some(status),
             amount_captured: Some(amount_captured),
-            processor_charge_id: Some(charge_id),
+            processor_payment_intent_id: Some(intent_id),
+            processor_charge_id: charge_id,
             refunded_delta: 0,
             failure_code: None,
             failure_message: None,
             cancellation_reason: None,
             description: None,
             metadata: None,
+            next_action_url: None,
         } = *changes
         else {
             return None;
@@ -62,7 +65,8 @@ impl ChargedRow {
             version,
             status,
             amount_captured,
-            charge_id: charge_id.to_owned(),
+            intent_id: intent_id.to_owned(),
+            charge_id: charge_id.map(str::to_owned),
             account_id: written.audit.account_id.to_owned(),
             action: written.audit.action.to_owned(),
             request_id: written.audit.request_id.to_owned(),
@@ -85,7 +89,8 @@ impl ChargedRow {
         let changes = Changes {
             status: Some(self.status),
             amount_captured: Some(self.amount_captured),
-            processor_charge_id: Some(&self.charge_id),
+            processor_payment_intent_id: Some(&self.intent_id),
+            processor_charge_id: self.charge_id.as_deref(),
             ..Changes::default()
         };
         let audit = AuditEvent {
@@ -158,7 +163,8 @@ async fn charge_many(
     let details: Vec<Value> = rows.iter().map(|(row, _)| row.detail.clone()).collect();
     let fences: Vec<idem::FenceRecord> = rows.iter().map(|(_, fence)| fence.clone()).collect();
     let (ids, statuses) = (text(|row| row.id.to_string()), text(|row| row.status.to_string()));
-    let charges = text(|row| row.charge_id.clone());
+    let intents = text(|row| row.intent_id.clone());
+    let charges: Vec<Option<String>> = rows.iter().map(|(row, _)| row.charge_id.clone()).collect();
     let (actions, requests) = (text(|row| row.action.clone()), text(|row| row.request_id.clone()));
     let event_ids = text(|_| EventId::generate().to_string());
     let event_types = text(|row| row.event.to_string());
@@ -174,18 +180,20 @@ async fn charge_many(
             SELECT *
               FROM unnest($1::text[], $2::int8[], $3::text[], $4::int8[], $5::text[],
                           $6::text[], $7::text[], $8::int8[], $9::jsonb[], $10::text[],
-                          $11::text[], $12::jsonb[], $13::text[], $14::text[], $15::jsonb[])
+                          $11::text[], $12::jsonb[], $13::text[], $14::text[], $15::jsonb[],
+                          $18::text[])
                    WITH ORDINALITY AS t(payment_id, version, status, amount_captured,
                                         charge_id, action, request_id, key_id, detail,
                                         job_kind, job_key, job_payload, event_id, event_type,
-                                        object, ord)
+                                        object, intent_id, ord)
         ), updated AS (
             -- The fences are not in `input`: a composite in a many-array `unnest` would be
             -- spread over columns of its own. Each row's is `$16[ord]`.
             UPDATE payments
                SET status = input.status,
                    amount_captured = input.amount_captured,
-                   processor_charge_id = input.charge_id,
+                   processor_payment_intent_id = input.intent_id,
+                   processor_charge_id = coalesce(input.charge_id, processor_charge_id),
                    updated_at = now()
               FROM input
              WHERE payments.id = input.payment_id
@@ -221,7 +229,7 @@ async fn charge_many(
         &versions,
         &statuses,
         &captured,
-        &charges,
+        &charges as &[Option<String>],
         &actions,
         &requests,
         &key_ids,
@@ -234,6 +242,7 @@ async fn charge_many(
         &objects,
         &fences as &[idem::FenceRecord],
         JobKind::Webhook as JobKind,
+        &intents,
     )
     .fetch_all(connection)
     .await?;

@@ -138,6 +138,8 @@ pub async fn update_fenced(
                cancellation_reason = coalesce($9, cancellation_reason),
                description = CASE WHEN $10 THEN $11 ELSE description END,
                metadata = coalesce($12, metadata),
+               processor_payment_intent_id = coalesce($25, processor_payment_intent_id),
+               next_action_url = CASE WHEN $26 THEN $27 ELSE next_action_url END,
                updated_at = now()
          WHERE id = $1 AND xmin::text::bigint = $2
         RETURNING account_id, id
@@ -185,6 +187,9 @@ pub async fn update_fenced(
         object,
         JobKind::Webhook as JobKind,
         fence as &idem::FenceRecord,
+        changes.processor_payment_intent_id,
+        changes.next_action_url.is_some(),
+        changes.next_action_url.flatten(),
     )
     .fetch_optional(executor)
     .await?;

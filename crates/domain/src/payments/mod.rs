@@ -1,11 +1,8 @@
-//! Payments: the stored row and its public representation. The request and its rules are in
-//! `request`; the SQL in `store` (the reference road), `fast_path` and `batch` (its one-statement
-//! forms) and `list` (pages); a merge patch in `patch`.
+//! Payments: the stored row; its public representation in `representation`. The request and its
+//! rules are in `request`; the SQL in `store` (the reference road), `fast_path` and `batch` (its
+//! one-statement forms) and `list` (pages); a merge patch in `patch`.
 
 use std::collections::BTreeMap;
-
-use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::ids::{AccountId, PaymentId};
 use crate::money::{Amount, Currency};
@@ -18,6 +15,9 @@ pub const TEST_PAYMENT_METHODS: &[&str] = &[
     "pm_card_chargeDeclined",
     "pm_card_chargeDeclinedInsufficientFunds",
     "pm_card_chargeDeclinedExpiredCard",
+    "pm_card_authenticationRequired",
+    "pm_card_authenticationRequiredOnSetup",
+    "pm_card_threeDSecure2Required",
 ];
 
 /// Limits of the free-form fields.
@@ -35,6 +35,9 @@ text_enum! {
     pub enum PaymentStatus {
         /// Between recovery points: a request or the completer is working on it.
         Processing,
+        /// The customer must authenticate (3-D Secure) at `next_action`'s URL; the outcome
+        /// arrives later, by the processor's webhook or the worker's look at the processor.
+        RequiresAction,
         /// Authorized; waits for a capture or a cancel.
         RequiresCapture,
         /// Captured.
@@ -76,51 +79,6 @@ text_enum! {
     }
 }
 
-/// A payment as the API shows it (the OpenAPI document's `Payment` is derived from this).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-#[schema(as = Payment)]
-pub struct Representation<'a> {
-    /// `pay_…`
-    #[schema(value_type = String, pattern = "^pay_")]
-    id: &'a PaymentId,
-    /// Always `payment`.
-    #[schema(pattern = "^payment$")]
-    object: &'static str,
-    /// In the currency's minor unit.
-    #[schema(value_type = i64)]
-    amount: Amount,
-    /// Lower-case ISO 4217.
-    #[schema(value_type = String)]
-    currency: Currency,
-    status: PaymentStatus,
-    capture_method: CaptureMethod,
-    /// 0 until captured.
-    amount_captured: i64,
-    /// Refunded, or reserved by refunds in flight.
-    amount_refunded: i64,
-    /// Everything captured has been refunded.
-    refunded: bool,
-    /// The test token.
-    payment_method: &'a str,
-    description: Option<&'a str>,
-    #[schema(value_type = BTreeMap<String, String>)]
-    metadata: &'a BTreeMap<String, String>,
-    receipt_email: Option<&'a str>,
-    /// The processor's charge, `ch_…`.
-    processor_charge_id: Option<&'a str>,
-    /// The decline code of a `failed` payment.
-    failure_code: Option<&'a str>,
-    /// The decline message of a `failed` payment.
-    failure_message: Option<&'a str>,
-    /// Why a `canceled` payment was canceled.
-    #[schema(value_type = Option<String>)]
-    cancellation_reason: Option<CancellationReason>,
-    /// Unix seconds.
-    created: i64,
-    /// Always false (test mode).
-    livemode: bool,
-}
-
 /// A payment as stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Payment {
@@ -128,6 +86,8 @@ pub struct Payment {
     pub id: PaymentId,
     /// The owner.
     pub account_id: AccountId,
+    /// The idempotency key that created it (the audit records of its later changes name it).
+    pub key_id: Option<i64>,
     /// Minor units.
     pub amount: Amount,
     /// ISO 4217.
@@ -148,8 +108,12 @@ pub struct Payment {
     pub metadata: BTreeMap<String, String>,
     /// Receipt address.
     pub receipt_email: Option<String>,
+    /// `pi_…` at the processor: what every later call addresses.
+    pub processor_payment_intent_id: Option<String>,
     /// `ch_…` at the processor.
     pub processor_charge_id: Option<String>,
+    /// Where the customer authenticates, while it `requires_action`.
+    pub next_action_url: Option<String>,
     /// Decline code.
     pub failure_code: Option<String>,
     /// Decline message.
@@ -158,41 +122,6 @@ pub struct Payment {
     pub cancellation_reason: Option<CancellationReason>,
     /// Unix seconds.
     pub created: i64,
-}
-
-impl Payment {
-    /// The public representation, byte for byte, members in the documented order.
-    pub fn to_json(&self) -> Vec<u8> {
-        let representation = Representation {
-            id: &self.id,
-            object: "payment",
-            amount: self.amount,
-            currency: self.currency,
-            status: self.status,
-            capture_method: self.capture_method,
-            amount_captured: self.amount_captured,
-            amount_refunded: self.amount_refunded,
-            refunded: self.amount_captured > 0 && self.amount_refunded == self.amount_captured,
-            payment_method: &self.payment_method,
-            description: self.description.as_deref(),
-            metadata: &self.metadata,
-            receipt_email: self.receipt_email.as_deref(),
-            processor_charge_id: self.processor_charge_id.as_deref(),
-            failure_code: self.failure_code.as_deref(),
-            failure_message: self.failure_message.as_deref(),
-            cancellation_reason: self.cancellation_reason,
-            created: self.created,
-            livemode: false,
-        };
-        serde_json::to_vec(&representation).unwrap_or_default()
-    }
-
-    /// The strong ETag of a representation: changes exactly when the representation does.
-    pub fn etag_of(representation: &[u8]) -> String {
-        let digest = Sha256::digest(representation);
-        let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-        format!("\"{hex}\"")
-    }
 }
 
 /// A row of `payments` as the queries in `store` read it: every column decoded to its type, so an
@@ -212,7 +141,9 @@ struct PaymentRow {
     description: Option<String>,
     metadata: sqlx::types::Json<BTreeMap<String, String>>,
     receipt_email: Option<String>,
+    processor_payment_intent_id: Option<String>,
     processor_charge_id: Option<String>,
+    next_action_url: Option<String>,
     failure_code: Option<String>,
     failure_message: Option<String>,
     cancellation_reason: Option<CancellationReason>,
@@ -232,6 +163,7 @@ impl From<PaymentRow> for Payment {
         Self {
             id: row.id,
             account_id: row.account_id,
+            key_id: row.idempotency_key_id,
             amount: row.amount,
             currency: row.currency,
             status: row.status,
@@ -242,7 +174,9 @@ impl From<PaymentRow> for Payment {
             description: row.description,
             metadata: row.metadata.0,
             receipt_email: row.receipt_email,
+            processor_payment_intent_id: row.processor_payment_intent_id,
             processor_charge_id: row.processor_charge_id,
+            next_action_url: row.next_action_url,
             failure_code: row.failure_code,
             failure_message: row.failure_message,
             cancellation_reason: row.cancellation_reason,
@@ -265,7 +199,8 @@ macro_rules! payment_rows {
                amount AS "amount: _", currency AS "currency: _", status AS "status: _",
                capture_method AS "capture_method: _", amount_captured, amount_refunded,
                payment_method, description, metadata AS "metadata: _", receipt_email,
-               processor_charge_id, failure_code, failure_message,
+               processor_payment_intent_id, processor_charge_id, next_action_url,
+               failure_code, failure_message,
                cancellation_reason AS "cancellation_reason: _",
                extract(epoch FROM created_at)::bigint AS "created!","#
                 + $from,
@@ -289,7 +224,8 @@ macro_rules! payment_rows_if_any {
                p.amount_captured AS "amount_captured?", p.amount_refunded AS "amount_refunded?",
                p.payment_method AS "payment_method?", p.description,
                p.metadata AS "metadata?: Json<BTreeMap<String, String>>", p.receipt_email,
-               p.processor_charge_id, p.failure_code, p.failure_message,
+               p.processor_payment_intent_id, p.processor_charge_id, p.next_action_url,
+               p.failure_code, p.failure_message,
                p.cancellation_reason AS "cancellation_reason?: CancellationReason",
                extract(epoch FROM p.created_at)::bigint AS "created?","# $(+ $tail)*,
             $($args)*
@@ -336,7 +272,9 @@ macro_rules! payment_if_any {
                 description: $r.description,
                 metadata,
                 receipt_email: $r.receipt_email,
+                processor_payment_intent_id: $r.processor_payment_intent_id,
                 processor_charge_id: $r.processor_charge_id,
+                next_action_url: $r.next_action_url,
                 failure_code: $r.failure_code,
                 failure_message: $r.failure_message,
                 cancellation_reason: $r.cancellation_reason,
@@ -352,6 +290,7 @@ pub mod batch;
 mod fast_path;
 mod list;
 mod patch;
+mod representation;
 mod request;
 mod store;
 #[cfg(test)]
@@ -361,9 +300,12 @@ pub use fast_path::{Written, insert_claiming, update_fenced};
 pub(crate) use list::keyset_page;
 pub use list::{Cursor, list};
 pub(crate) use list::{finish_page, in_walk_order};
+pub use representation::{NextAction, RedirectToUrl, Representation};
 pub use patch::{Patched, PaymentPatch, apply, missing_problem, stale_problem};
 pub use request::{
     CreatePaymentRequest, NewPayment, validate_description, validate_email, validate_metadata,
     validate_metadata_entry,
 };
-pub use store::{Changes, ChargeRecord, find, find_by_key, insert, lock, lock_for_news, update};
+pub use store::{
+    Changes, ChargeRecord, find, find_by_key, insert, lock, lock_by_id, lock_for_news, update,
+};

@@ -109,6 +109,8 @@ pub struct ChargeRecord {
     pub key_id: Option<i64>,
     /// The processor's charge recorded for it, once a phase recorded one.
     pub charge_id: Option<String>,
+    /// The processor's PaymentIntent recorded for it, once a phase recorded one.
+    pub intent_id: Option<String>,
     /// Its status: `processing` until a phase records its outcome.
     pub status: PaymentStatus,
 }
@@ -124,7 +126,8 @@ pub async fn lock_for_news(
     let record = sqlx::query_as!(
         ChargeRecord,
         r#"SELECT account_id AS "account_id: _", idempotency_key_id AS key_id,
-                  processor_charge_id AS charge_id, status AS "status: _"
+                  processor_charge_id AS charge_id,
+                  processor_payment_intent_id AS intent_id, status AS "status: _"
              FROM payments WHERE id = $1
               FOR UPDATE"#,
         id as &PaymentId
@@ -132,6 +135,26 @@ pub async fn lock_for_news(
     .fetch_optional(conn)
     .await?;
     Ok(record)
+}
+
+/// Payment `id` of any account (the processor's news and the worker's jobs name a payment by
+/// its id alone), locked until the transaction ends.
+pub async fn lock_by_id(
+    conn: &mut PgConnection,
+    id: &PaymentId,
+) -> Result<Option<Payment>, DomainError> {
+    let row = payment_rows!(
+        "",
+        r#"
+               xmin::text::bigint AS row_version
+          FROM payments WHERE id = $1
+           FOR UPDATE
+        "#,
+        id as &PaymentId
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(Payment::from))
 }
 
 /// A payment of the account, locked until the transaction ends.
@@ -164,8 +187,12 @@ pub struct Changes<'a> {
     pub amount_captured: Option<i64>,
     /// Added to the refunded amount (negative to give a reservation back).
     pub refunded_delta: i64,
+    /// The processor's PaymentIntent.
+    pub processor_payment_intent_id: Option<&'a str>,
     /// The processor's charge.
     pub processor_charge_id: Option<&'a str>,
+    /// Where the customer authenticates: `Some(None)` removes it.
+    pub next_action_url: Option<Option<&'a str>>,
     /// Decline code.
     pub failure_code: Option<&'a str>,
     /// Decline message.
@@ -200,6 +227,8 @@ pub async fn update(
                cancellation_reason = coalesce($8, cancellation_reason),
                description = CASE WHEN $9 THEN $10 ELSE description END,
                metadata = coalesce($11, metadata),
+               processor_payment_intent_id = coalesce($16, processor_payment_intent_id),
+               next_action_url = CASE WHEN $17 THEN $18 ELSE next_action_url END,
                updated_at = now()
          WHERE id = $1
         RETURNING *, xmin::text::bigint AS row_version
@@ -228,6 +257,9 @@ pub async fn update(
         audit.map(|event| event.request_id),
         audit.map(|event| event.idempotency_key_id),
         audit.map(|event| &event.detail),
+        changes.processor_payment_intent_id,
+        changes.next_action_url.is_some(),
+        changes.next_action_url.flatten(),
     )
     .fetch_one(conn)
     .await?;
@@ -243,6 +275,14 @@ impl Changes<'_> {
             amount_captured: self.amount_captured.unwrap_or(payment.amount_captured),
             amount_refunded: payment.amount_refunded + self.refunded_delta,
             processor_charge_id: text(self.processor_charge_id, &payment.processor_charge_id),
+            processor_payment_intent_id: text(
+                self.processor_payment_intent_id,
+                &payment.processor_payment_intent_id,
+            ),
+            next_action_url: match self.next_action_url {
+                Some(url) => url.map(str::to_owned),
+                None => payment.next_action_url.clone(),
+            },
             failure_code: text(self.failure_code, &payment.failure_code),
             failure_message: text(self.failure_message, &payment.failure_message),
             cancellation_reason: self.cancellation_reason.or(payment.cancellation_reason),

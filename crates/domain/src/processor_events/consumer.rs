@@ -4,8 +4,9 @@
 use sqlx::PgPool;
 
 use super::extra_charge::{ExtraCharge, audit_extra_charge, report_extra_charge};
-use super::{ChargeEventType, ProcessorEvent};
+use super::{ProcessorEvent, ProcessorEventType, Reported};
 use crate::DomainError;
+use crate::authentication::{self, Settled, SettledBy};
 use crate::ids::PaymentId;
 use crate::payments::{self, ChargeRecord, PaymentStatus};
 
@@ -31,7 +32,15 @@ pub enum Received {
         /// The charge the event reports, which the payment does not account for.
         extra: ExtraCharge,
     },
-    /// Recorded, about a charge that is none of our payments': nothing else to do.
+    /// Recorded, with the outcome it reports of a payment that waited on its customer
+    /// (`crate::authentication::settle`): the payment's new status.
+    Settled {
+        /// The payment.
+        payment_id: PaymentId,
+        /// What it is now.
+        status: PaymentStatus,
+    },
+    /// Recorded, about an object that is none of our payments': nothing else to do.
     Unmatched,
     /// This event id was received before: nothing changed.
     Duplicate,
@@ -42,8 +51,7 @@ pub enum Received {
 pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, DomainError> {
     let mut tx = pool.begin().await?;
     // An id that is not one of ours in shape names none of our payments.
-    let payment_id =
-        event.charge.metadata.get("payment_id").and_then(|id| PaymentId::parse(id).ok());
+    let payment_id = event.reported.payment_id().and_then(|id| PaymentId::parse(id).ok());
     let payment = match &payment_id {
         Some(id) => payments::lock_for_news(&mut tx, id).await?,
         None => None,
@@ -53,12 +61,12 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
     // nothing.
     let inserted = sqlx::query!(
         r#"INSERT INTO processor_events
-               (id, type, charge_id, payment_id, downstream_key, charge, created)
+               (id, type, object_id, payment_id, downstream_key, object, created)
            VALUES ($1, $2, $3, $4, $5, $6, $7)
            ON CONFLICT (id) DO NOTHING"#,
         event.id,
-        event.event_type as ChargeEventType,
-        event.charge.id,
+        event.event_type as ProcessorEventType,
+        event.reported.id(),
         known.as_ref() as Option<&PaymentId>,
         event.downstream_key,
         event.object,
@@ -71,6 +79,19 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
         return Ok(Received::Duplicate);
     }
     let received = match (known, payment) {
+        (Some(payment_id), Some(payment))
+            if let Reported::Intent(intent) = &event.reported
+                && payment.status == PaymentStatus::RequiresAction =>
+        {
+            let by = SettledBy::Webhook(&event.id);
+            match authentication::settle(&mut tx, &payment_id, intent, by).await? {
+                Settled::Recorded(status, None) => Received::Settled { payment_id, status },
+                Settled::Recorded(_, Some(extra)) => Received::ExtraCharge { payment_id, extra },
+                Settled::NotYet | Settled::NotWaiting => {
+                    Received::Recorded { payment_id, woke: false }
+                }
+            }
+        }
         (Some(payment_id), Some(payment)) => match unaccounted(&payment, event) {
             Some(extra) => {
                 let (account, key_id) = (&payment.account_id, payment.key_id);
@@ -83,7 +104,8 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
             None => {
                 let woke = match payment.key_id {
                     Some(key_id) => {
-                        event.event_type.creates() && idem::wake(&mut *tx, key_id).await?
+                        event.event_type.may_answer_the_create()
+                            && idem::wake(&mut *tx, key_id).await?
                     }
                     None => false,
                 };
@@ -99,20 +121,24 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
     Ok(received)
 }
 
-/// The charge `event` reports as a success, if `payment` does not account for it: the payment
-/// records another charge, or records this one as declined (`failed`), or its outcome is
-/// recorded (it is no longer `processing`) without any charge, so no phase will ever adopt this
-/// one (the key is finished: a refusal was recorded).
+/// The charge or PaymentIntent `event` reports as a success, if `payment` does not account for
+/// it: the payment records another one, or records this one as declined (`failed`), or its
+/// outcome is recorded (it is no longer `processing` nor waiting on its customer) without any,
+/// so no phase will ever adopt this one (the key is finished: a refusal was recorded).
 fn unaccounted(payment: &ChargeRecord, event: &ProcessorEvent) -> Option<ExtraCharge> {
-    if event.event_type != ChargeEventType::Succeeded {
-        return None;
-    }
-    let accounted = match &payment.charge_id {
-        Some(recorded) => *recorded == event.charge.id && payment.status != PaymentStatus::Failed,
-        None => payment.status == PaymentStatus::Processing,
+    let recorded = match event.event_type {
+        ProcessorEventType::ChargeSucceeded => &payment.charge_id,
+        ProcessorEventType::IntentSucceeded
+        | ProcessorEventType::IntentAmountCapturableUpdated => &payment.intent_id,
+        _ => return None,
+    };
+    let reported = event.reported.id();
+    let accounted = match recorded {
+        Some(recorded) => recorded == reported && payment.status != PaymentStatus::Failed,
+        None => matches!(payment.status, PaymentStatus::Processing | PaymentStatus::RequiresAction),
     };
     (!accounted).then(|| ExtraCharge {
-        charge_id: event.charge.id.clone(),
+        charge_id: reported.to_owned(),
         downstream_key: event.downstream_key.clone(),
         recorded: payment.charge_id.clone(),
     })
@@ -133,9 +159,9 @@ mod tests {
             "refunded": false});
         ProcessorEvent {
             id: "evt_1".into(),
-            event_type: ChargeEventType::Succeeded,
+            event_type: ProcessorEventType::ChargeSucceeded,
             created: 0,
-            charge: serde_json::from_value(object.clone()).unwrap(),
+            reported: Reported::Charge(serde_json::from_value(object.clone()).unwrap()),
             object,
             downstream_key: Some("pay_1/charge".into()),
         }
@@ -143,7 +169,8 @@ mod tests {
 
     fn payment(charge_id: Option<&str>, status: PaymentStatus) -> ChargeRecord {
         let account_id = AccountId::parse("acct_1").unwrap();
-        ChargeRecord { account_id, key_id: Some(1), charge_id: charge_id.map(Into::into), status }
+        let charge_id = charge_id.map(Into::into);
+        ChargeRecord { account_id, key_id: Some(1), charge_id, intent_id: None, status }
     }
 
     #[test]
@@ -162,5 +189,7 @@ mod tests {
         assert_eq!(unaccounted(&another, &event), Some(extra(Some("ch_0"))));
         let refused = payment(None, PaymentStatus::Failed);
         assert_eq!(unaccounted(&refused, &event), Some(extra(None)));
+        // A payment that waits on its customer records its charge once the outcome comes.
+        assert_eq!(unaccounted(&payment(None, PaymentStatus::RequiresAction), &event), None);
     }
 }

@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use provider::Charge;
+use provider::{Charge, PaymentIntent};
 use provider::signature::{self, SignatureError};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ChargeEventType, ProcessorEvent};
+use super::{ProcessorEvent, ProcessorEventType, Reported};
 
 /// Why a delivery is refused: a `400`, and nothing is recorded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -20,13 +20,11 @@ pub enum Refused {
     /// The signature does not hold, or its timestamp is outside the tolerance.
     #[error("{0}")]
     Signature(#[from] SignatureError),
-    /// Signed, but not a Stripe event about a charge.
-    #[error("the payload is not an event about a charge: {0}")]
+    /// Signed, but not a Stripe event about a charge or a PaymentIntent.
+    #[error("the payload is not an event about a charge or a PaymentIntent: {0}")]
     Malformed(String),
     /// An event of a type this endpoint does not take.
-    #[error(
-        "events of type `{0}` are not taken here (only charge.succeeded, charge.failed, charge.captured, charge.refunded)"
-    )]
+    #[error("events of type `{0}` are not taken here (only {known})", known = known_types())]
     UnknownType(String),
 }
 
@@ -75,15 +73,24 @@ pub fn verify(
     if !wire.id.starts_with("evt_") || wire.id.chars().count() > ID_MAX_CHARS {
         return Err(Refused::Malformed("`id` is not an event id (`evt_…`)".into()));
     }
-    let event_type =
-        ChargeEventType::parse(&wire.event_type).ok_or(Refused::UnknownType(wire.event_type))?;
-    let charge: Charge = serde_json::from_value(wire.data.object.clone())
-        .map_err(|err| Refused::Malformed(format!("`data.object` is not a charge: {err}")))?;
+    let event_type = ProcessorEventType::parse(&wire.event_type)
+        .ok_or(Refused::UnknownType(wire.event_type))?;
+    let object = wire.data.object.clone();
+    let reported = if event_type.is_about_an_intent() {
+        let intent: PaymentIntent = serde_json::from_value(object).map_err(|err| {
+            Refused::Malformed(format!("`data.object` is not a PaymentIntent: {err}"))
+        })?;
+        Reported::Intent(intent)
+    } else {
+        let charge: Charge = serde_json::from_value(object)
+            .map_err(|err| Refused::Malformed(format!("`data.object` is not a charge: {err}")))?;
+        Reported::Charge(charge)
+    };
     Ok(ProcessorEvent {
         id: wire.id,
         event_type,
         created: wire.created,
-        charge,
+        reported,
         object: wire.data.object,
         downstream_key: wire.request.and_then(|request| request.idempotency_key),
     })
@@ -96,4 +103,9 @@ pub fn verify(
 pub fn check_header(header: Option<&str>, tolerance: Duration, now: i64) -> Result<(), Refused> {
     let header = header.ok_or(Refused::NoSignature)?;
     Ok(signature::check_header(header, tolerance, now)?)
+}
+
+/// The names of the events taken, for people.
+fn known_types() -> String {
+    ProcessorEventType::ALL.map(|t| t.to_string()).join(", ")
 }

@@ -8,7 +8,7 @@ use payments_domain::events::{self, EventType};
 use payments_domain::ids::{AccountId, EventId, PaymentId, RefundId, WebhookEndpointId};
 use payments_domain::jobs::{self, JobKind, ReceiptJob, WebhookJob, Work};
 use payments_domain::payments::{self, CancellationReason, CaptureMethod, Cursor, PaymentStatus};
-use payments_domain::processor_events::ChargeEventType;
+use payments_domain::processor_events::ProcessorEventType;
 use payments_domain::refunds::{self, RefundReason, RefundStatus};
 use payments_domain::webhooks::{self, EndpointStatus, Outcome};
 use payments_domain::{DomainError, accounts};
@@ -254,7 +254,7 @@ async fn every_stored_name_is_the_public_name(pool: PgPool) {
     names_agree(&pool, &RefundStatus::ALL).await;
     names_agree(&pool, &RefundReason::ALL).await;
     names_agree(&pool, &EventType::ALL).await;
-    names_agree(&pool, &ChargeEventType::ALL).await;
+    names_agree(&pool, &ProcessorEventType::ALL).await;
     names_agree(&pool, &EndpointStatus::ALL).await;
     names_agree(&pool, &Outcome::ALL).await;
     names_agree(&pool, &JobKind::ALL).await;

@@ -7,9 +7,9 @@
 //! events, audit records and stored answers.
 
 use idem::{Claim, Engine, IdemError, Lease, PhaseError, Request, Step};
-use provider::{CardProcessor, Charge, DownstreamKey};
+use provider::{CardProcessor, DownstreamKey, PaymentIntent};
 
-use super::{CreatePayment, CreatePoint, Recorded, charge_request};
+use super::{CreatePayment, CreatePoint, Recorded, intent_request};
 use crate::DomainError;
 use crate::ids::PaymentId;
 use crate::operations::reconcile::plan_of;
@@ -17,9 +17,9 @@ use crate::operations::{LeaseInfo, payment_answer};
 use crate::payments::{self, Payment, RowVersion, Written};
 
 /// Claims the key of a new payment with its first phase, as one statement: the payment, its audit
-/// record and the key (new, it is stored here, claimed with it), with the charge frozen at
+/// record and the key (new, it is stored here, claimed with it), with the PaymentIntent frozen at
 /// `payment_created` (`payments::insert_claiming`). The payment's id is made before, so that the
-/// frozen charge can name it. The payment made is kept for the next step.
+/// frozen request can name it. The payment made is kept for the next step.
 pub(super) async fn claim_with_payment<P: CardProcessor>(
     operation: &mut CreatePayment<P>,
     engine: &Engine,
@@ -27,7 +27,8 @@ pub(super) async fn claim_with_payment<P: CardProcessor>(
 ) -> Result<Claim, IdemError> {
     let id = PaymentId::generate();
     let (params, ctx) = (&operation.params, &operation.ctx);
-    let plan = plan_of(&charge_request(&id, &params.request, &ctx.charge_metadata));
+    let (metadata, authentication) = (&ctx.charge_metadata, &ctx.authentication);
+    let plan = plan_of(&intent_request(&id, &params.request, metadata, authentication));
     let step = Step::Call(CreatePoint::PaymentCreated, plan);
     let (account, new, request_id) = (&params.account_id, &params.request, &*request.request_id);
     let (claim, created) = engine
@@ -39,8 +40,8 @@ pub(super) async fn claim_with_payment<P: CardProcessor>(
     Ok(claim)
 }
 
-/// The last phase of a charged payment as one statement, when it can be: the first call of the
-/// key's first generation answered (nothing reconciled, no other charge to look for), and the
+/// The last phase of an authorized payment as one statement, when it can be: the first call of
+/// the key's first generation answered (nothing reconciled, no other charge to look for), and the
 /// payment's row is as the first phase left it (`version`). It writes what `charged` writes,
 /// with the answer computed before, from the row at `version` ([`Changes::apply`]), as a row of
 /// the batch of new payments' last phases (`payments::batch`) when there is one, else alone
@@ -53,11 +54,11 @@ pub(super) async fn charged_in_one(
     batches: Option<&idem::batch::Batcher<payments::batch::Charged>>,
     lease: &mut Lease,
     (payment, version): (&Payment, RowVersion),
-    charge: &Charge,
+    intent: &PaymentIntent,
     key: &DownstreamKey,
     info: &LeaseInfo,
 ) -> Result<bool, idem::Interrupted> {
-    let recorded = Recorded::of(charge, key);
+    let recorded = Recorded::of(payment, intent, key);
     let audit = recorded.audit(payment, info);
     let charged = recorded.changes.apply(payment);
     let (receipt, object) = (Recorded::receipt(&charged), charged.to_json());

@@ -1,38 +1,31 @@
 //! `POST /v1/payments`: `started` → `payment_created` → finished. The first phase inserts the
-//! payment with the charge frozen; the second calls the processor (or adopts what its webhook
-//! reported) and records the outcome with the stored answer.
+//! payment with its PaymentIntent frozen; the second creates and confirms it at the processor (or
+//! adopts what its webhook reported) and records the outcome with the stored answer: authorized,
+//! refused, or waiting on the customer (`requires_action`, whose outcome arrives after the key is
+//! finished: `crate::authentication`). The last phases' writes are in `record`.
 
 use std::collections::BTreeMap;
 
-use idem::{Claim, Engine, IdemError, Interrupted, Lease, Operation, Request, StoredResponse};
+use idem::{Claim, Engine, IdemError, Interrupted, Lease, Operation, Request};
 use provider::{
-    CardProcessor, Charge, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorError,
+    CardProcessor, DownstreamKey, ErrorClass, FrozenRequest, IntentStatus, PaymentIntent,
+    PaymentIntentRequest, ProcessorError,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use sqlx::PgConnection;
 
-use super::reconcile::{
-    adopt_or_move_on, audit_other_charge, count_reconciliation, planned_call,
-    refused_at_a_later_generation, report_extra,
-};
-use super::{
-    Context, Learnt, LeaseInfo, PaymentOperation, Refused, failure_code, final_problem, internal,
-    payment_answer, problem_answer, record_reconciled, unavailable,
-};
-use crate::DomainError;
-use crate::audit;
-use crate::audit::AuditEvent;
-use crate::events::{self, EventType};
+use super::reconcile::{adopt_or_move_on, count_reconciliation, planned_call};
+use super::reconcile::{refused_at_a_later_generation, report_extra};
+use super::{Context, Learnt, LeaseInfo, PaymentOperation, internal};
+use crate::authentication::AuthenticationSettings;
 use crate::ids::{AccountId, PaymentId};
-use crate::jobs::Work;
-use crate::payments::{
-    self, CaptureMethod, Changes, NewPayment, Payment, PaymentStatus, RowVersion,
-};
-use crate::processor_events::ExtraCharge;
+use crate::payments::{self, CaptureMethod, NewPayment, Payment, RowVersion};
 
 mod fast_path;
 mod lookups;
+mod record;
+
+use record::{Recorded, awaiting, charged, failed, refusal_of};
 
 /// The stored name of a payment creation.
 pub const CREATE_PAYMENT: &str = "payments.create";
@@ -77,33 +70,55 @@ impl<P: CardProcessor> CreatePayment<P> {
     }
 }
 
-/// The charge request for the payment `payment_id` made of `request`, frozen under its first key.
-fn charge_request(
+/// The PaymentIntent for the payment `payment_id` made of `request`, created and confirmed in one
+/// call, frozen under its first key.
+fn intent_request(
     payment_id: &PaymentId,
     request: &NewPayment,
     metadata: &BTreeMap<String, String>,
+    authentication: &AuthenticationSettings,
 ) -> FrozenRequest {
-    ChargeRequest {
+    PaymentIntentRequest {
         payment_id: payment_id.to_string(),
         amount: request.amount.get(),
         currency: request.currency.to_string(),
-        source: request.payment_method.clone(),
+        payment_method: request.payment_method.clone(),
         capture: request.capture_method == CaptureMethod::Automatic,
         description: request.description.clone(),
         metadata: metadata.clone(),
+        return_url: authentication.return_url.to_string(),
     }
     .freeze(DownstreamKey::charge(payment_id))
 }
 
-/// Whether `charge` says it is the payment `payment_id`'s (`metadata[payment_id]`).
-fn is_of(charge: &Charge, payment_id: &PaymentId) -> bool {
-    charge.metadata.get("payment_id").is_some_and(|id| payment_id == id.as_str())
+/// What a PaymentIntent's confirmation came to, as the create records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Came {
+    /// Authorized: captured (`succeeded`) or awaiting a capture (`requires_capture`).
+    Authorized,
+    /// The customer must authenticate: the answer is `requires_action`.
+    NeedsAction,
+    /// Declined (or canceled): no money moved.
+    Refused,
+    /// Not decided yet (`processing`, say): look again.
+    Undecided,
 }
 
-/// Counts a charge adopted from the processor's webhook; the audit detail of its adoption.
-fn pushed_adoption(charge_id: &str, key: &DownstreamKey) -> Value {
+impl Came {
+    fn of(intent: &PaymentIntent) -> Self {
+        match intent.status {
+            IntentStatus::Succeeded | IntentStatus::RequiresCapture => Self::Authorized,
+            IntentStatus::RequiresAction => Self::NeedsAction,
+            _ if intent.is_decided() => Self::Refused,
+            _ => Self::Undecided,
+        }
+    }
+}
+
+/// Counts a PaymentIntent adopted from the processor's webhook; the audit detail of its adoption.
+fn pushed_adoption(intent_id: &str, key: &DownstreamKey) -> Value {
     count_reconciliation("charge", "adopted");
-    json!({"outcome": "adopted", "cause": "webhook", "found": charge_id, "downstream_key": key.as_str()})
+    json!({"outcome": "adopted", "cause": "webhook", "found": intent_id, "downstream_key": key.as_str()})
 }
 
 impl<P: CardProcessor> PaymentOperation<P> for CreatePayment<P> {
@@ -125,13 +140,15 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
     async fn step(&mut self, lease: &mut Lease, at: CreatePoint) -> Result<(), Interrupted> {
         let info = LeaseInfo::of(lease);
         match at {
-            // The payment, `processing`, with its audit record, and the charge frozen at
-            // `payment_created`. (On the fast path this phase ran in the claim, as one statement:
-            // `fast_path::claim_with_payment`.)
+            // The payment, `processing`, with its audit record, and the PaymentIntent frozen at
+            // `payment_created`. (On the fast path this phase ran in the claim, as one
+            // statement: `fast_path::claim_with_payment`.)
             CreatePoint::Started => {
                 let id = PaymentId::generate();
                 let (account_id, request) = (&self.params.account_id, &self.params.request);
-                let call = charge_request(&id, request, &self.ctx.charge_metadata);
+                let (metadata, authentication) =
+                    (&self.ctx.charge_metadata, &self.ctx.authentication);
+                let call = intent_request(&id, request, metadata, authentication);
                 let mut tx = lease.begin().await?;
                 let (key_id, request_id) = (info.key_id, &*info.request_id);
                 let created =
@@ -142,16 +159,23 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
             CreatePoint::PaymentCreated => {
                 let (payment, version) = self.payment(info.key_id).await?;
                 let request = planned_call(lease).await?;
-                let Some(answered) = self.charge(lease, at, &payment, &request).await? else {
+                let Some(answered) = self.confirm(lease, at, &payment, &request).await? else {
                     // Nothing found at the processor: the call moved to its next generation.
                     return Ok(());
                 };
                 let learnt = Learnt { key: &request.key, reconciled: answered.reconciled.as_ref() };
-                match answered.charge {
-                    // A charge found by reconciliation may be a declined one.
-                    Ok(charge) if charge.paid => {
-                        self.record_charge(lease, (&payment, version), &charge, learnt, &info)
+                match answered.intent {
+                    // A PaymentIntent found by reconciliation may be a declined one.
+                    Ok(intent) if Came::of(&intent) == Came::Authorized => {
+                        self.record_charge(lease, (&payment, version), &intent, learnt, &info)
                             .await?;
+                    }
+                    Ok(intent) if Came::of(&intent) == Came::NeedsAction => {
+                        let settings = &self.ctx.authentication;
+                        let mut tx = lease.begin().await?;
+                        let answer =
+                            awaiting(&mut tx, &payment, &intent, learnt, &info, settings).await?;
+                        tx.commit_answer(answer).await?;
                     }
                     declined => {
                         let refused = refusal_of(declined, &payment)?;
@@ -181,45 +205,46 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
     }
 }
 
-/// What the charge call came to: the charge (paid or declined) or the processor's error, and
-/// what reconciliation or the processor's webhook found when it answered for the call.
+/// What the confirmation came to: the PaymentIntent (authorized, waiting on its customer, or
+/// declined) or the processor's error, and what reconciliation or the processor's webhook found
+/// when it answered for the call.
 struct Answered {
-    charge: Result<Charge, ProcessorError>,
+    intent: Result<PaymentIntent, ProcessorError>,
     reconciled: Option<Value>,
 }
 
 impl<P: CardProcessor> CreatePayment<P> {
-    /// Calls the processor with the frozen charge `request`, unless its webhook told us already
-    /// what the call made, and reconciles an answer that cannot tell. `None` when reconciliation
-    /// found nothing and moved the call to its key's next generation.
-    async fn charge(
+    /// Creates and confirms the frozen PaymentIntent `request` at the processor, unless its
+    /// webhook told us already what the call made, and reconciles an answer that cannot tell.
+    /// `None` when reconciliation found nothing and moved the call to its key's next generation.
+    async fn confirm(
         &self,
         lease: &mut Lease,
         at: CreatePoint,
         payment: &Payment,
         request: &FrozenRequest,
     ) -> Result<Option<Answered>, Interrupted> {
-        let adopted = |charge: Charge| {
-            let reconciled = Some(pushed_adoption(&charge.id, &request.key));
-            Ok(Some(Answered { charge: Ok(charge), reconciled }))
+        let adopted = |intent: PaymentIntent| {
+            let reconciled = Some(pushed_adoption(&intent.id, &request.key));
+            Ok(Some(Answered { intent: Ok(intent), reconciled }))
         };
         // A key's first run made no call under it before: nothing can have been pushed, unless
         // an earlier generation of the key was called.
         if (lease.attempts(), request.key.generation_number()) != (1, 1)
-            && let Some(charge) = self.pushed_charge(payment, &request.key).await?
+            && let Some(intent) = self.pushed_intent(payment, &request.key).await?
         {
-            return adopted(charge);
+            return adopted(intent);
         }
         idem::failpoint(|| format!("{CREATE_PAYMENT}.before_call")).await;
-        let outcome = self.ctx.processor.create_charge(request).await;
+        let outcome = self.ctx.processor.create_payment_intent(request).await;
         idem::failpoint(|| format!("{CREATE_PAYMENT}.after_call")).await;
         let err = match outcome {
-            Ok(charge) if charge.is_decided() => {
-                return Ok(Some(Answered { charge: Ok(charge), reconciled: None }));
+            Ok(intent) if Came::of(&intent) != Came::Undecided => {
+                return Ok(Some(Answered { intent: Ok(intent), reconciled: None }));
             }
             Ok(undecided) => {
-                let (charge, detail) = self.decided(lease, &request.key, undecided).await?;
-                return Ok(Some(Answered { charge: Ok(charge), reconciled: Some(detail) }));
+                let (intent, detail) = self.decided(lease, &request.key, undecided).await?;
+                return Ok(Some(Answered { intent: Ok(intent), reconciled: Some(detail) }));
             }
             Err(err) => err,
         };
@@ -227,42 +252,36 @@ impl<P: CardProcessor> CreatePayment<P> {
             // No answer: the processor's webhook may have told us meanwhile (it landed while
             // this lease was mid-call).
             ErrorClass::Transient | ErrorClass::UnknownOutcome => {
-                match self.pushed_charge(payment, &request.key).await? {
-                    Some(charge) => adopted(charge),
-                    None => Ok(Some(Answered { charge: Err(err), reconciled: None })),
+                match self.pushed_intent(payment, &request.key).await? {
+                    Some(intent) => adopted(intent),
+                    None => Ok(Some(Answered { intent: Err(err), reconciled: None })),
                 }
             }
             ErrorClass::Reconcile => {
                 let found = self.reconcile(lease, payment, &request.key, &err).await?;
-                let adopted = adopt_or_move_on(
-                    lease,
-                    at,
-                    request,
-                    payment.reconciled(),
-                    "charge",
-                    &err,
-                    found,
-                )
-                .await?;
-                Ok(adopted.map(|(charge, detail)| Answered {
-                    charge: Ok(charge),
+                let subject = payment.reconciled();
+                let adopted =
+                    adopt_or_move_on(lease, at, request, subject, "charge", &err, found).await?;
+                Ok(adopted.map(|(intent, detail)| Answered {
+                    intent: Ok(intent),
                     reconciled: Some(detail),
                 }))
             }
             ErrorClass::Final => {
-                let charge = refused_at_a_later_generation(request, Err(err))?;
-                Ok(Some(Answered { charge, reconciled: None }))
+                let intent = refused_at_a_later_generation(request, Err(err))?;
+                Ok(Some(Answered { intent, reconciled: None }))
             }
         }
     }
 
-    /// The last phase when the processor charged the card: [`charged`] in a fenced transaction,
-    /// or, on the fast path, one statement when it can be (`fast_path::charged_in_one`).
+    /// The last phase when the processor authorized the payment: [`charged`] in a fenced
+    /// transaction, or, on the fast path, one statement when it can be
+    /// (`fast_path::charged_in_one`).
     async fn record_charge(
         &self,
         lease: &mut Lease,
         (payment, version): (&Payment, Option<RowVersion>),
-        charge: &Charge,
+        intent: &PaymentIntent,
         learnt: Learnt<'_>,
         info: &LeaseInfo,
     ) -> Result<(), Interrupted> {
@@ -272,128 +291,14 @@ impl<P: CardProcessor> CreatePayment<P> {
             && learnt.key.generation_number() == 1
         {
             let (row, batches) = ((payment, version), self.ctx.charged.as_ref());
-            if fast_path::charged_in_one(batches, lease, row, charge, learnt.key, info).await? {
+            if fast_path::charged_in_one(batches, lease, row, intent, learnt.key, info).await? {
                 return Ok(());
             }
         }
         let mut tx = lease.begin().await?;
-        let (answer, extra) = charged(&mut tx, payment, charge, learnt, info).await?;
+        let (answer, extra) = charged(&mut tx, payment, intent, learnt, info).await?;
         tx.commit_answer(answer).await?;
         report_extra(&payment.id, extra.as_ref());
         Ok(())
     }
-}
-
-/// A charge the processor did not make as the refusal stored for it: adopted from a declined
-/// charge (its webhook, or the search), the answer the 402 would have been; the decline code is
-/// the outcome's reason, `failure_code` the 402's `code`. A failure that is not final interrupts
-/// the step.
-fn refusal_of(
-    declined: Result<Charge, ProcessorError>,
-    payment: &Payment,
-) -> Result<Refused, Interrupted> {
-    let err = match declined {
-        Ok(charge) => ProcessorError::Declined {
-            decline_code: charge.decline_code(),
-            message: charge
-                .failure_message
-                .clone()
-                .unwrap_or_else(|| "Your card was declined.".to_owned()),
-            charge_id: Some(charge.id),
-        },
-        Err(err) => err,
-    };
-    let problem = final_problem(&err, &payment.id).ok_or_else(|| unavailable(&err))?;
-    Ok(Refused { err, problem })
-}
-
-/// The last phase when the processor charged the card: the payment `succeeded` (or
-/// `requires_capture` for a manual capture), its receipt staged, its event recorded. Answers the
-/// stored answer, and another successful charge for the payment if one was found (and audited).
-async fn charged(
-    tx: &mut PgConnection,
-    payment: &Payment,
-    charge: &Charge,
-    learnt: Learnt<'_>,
-    info: &LeaseInfo,
-) -> Result<(StoredResponse, Option<ExtraCharge>), DomainError> {
-    record_reconciled(tx, payment.reconciled(), info, learnt.reconciled).await?;
-    let recorded = Recorded::of(charge, learnt.key);
-    let audit = recorded.audit(payment, info);
-    let payment = payments::update(tx, &payment.id, &recorded.changes, Some(&audit)).await?;
-    let extra = audit_other_charge(tx, &payment, learnt.key, info).await?;
-    if let Some(receipt) = Recorded::receipt(&payment) {
-        audit::stage_job(tx, &receipt).await?;
-    }
-    events::record(tx, &payment.account_id, recorded.event, &payment.to_json()).await?;
-    Ok((payment_answer(201, &payment, true), extra))
-}
-
-/// What recording a successful charge does to a payment, in either form of the phase.
-struct Recorded<'a> {
-    changes: Changes<'a>,
-    /// The audit record's detail.
-    detail: Value,
-    event: EventType,
-}
-
-impl<'a> Recorded<'a> {
-    fn of(charge: &'a Charge, key: &DownstreamKey) -> Self {
-        let status =
-            if charge.captured { PaymentStatus::Succeeded } else { PaymentStatus::RequiresCapture };
-        let changes = Changes {
-            status: Some(status),
-            amount_captured: Some(charge.amount_captured),
-            processor_charge_id: Some(&charge.id),
-            ..Changes::default()
-        };
-        let detail = json!({"charge": charge.id, "downstream_key": key.as_str(), "status": status});
-        let event = match status {
-            PaymentStatus::Succeeded => EventType::PaymentSucceeded,
-            _ => EventType::PaymentRequiresCapture,
-        };
-        Self { changes, detail, event }
-    }
-
-    fn audit<'p>(&self, payment: &'p Payment, info: &'p LeaseInfo) -> AuditEvent<'p> {
-        info.audit(&payment.account_id, &payment.id, "payment.charged", self.detail.clone())
-    }
-
-    /// The receipt of the payment as recorded, when it succeeded and has an address.
-    fn receipt(recorded: &Payment) -> Option<Work> {
-        Work::receipt(recorded).filter(|_| recorded.status == PaymentStatus::Succeeded)
-    }
-}
-
-/// The last phase when the processor refused the charge for good: the payment `failed`, with
-/// the processor's code and the problem's detail, its event recorded, and the problem stored as
-/// the answer. Answers it, and a successful charge for the payment after all if one was found.
-async fn failed(
-    tx: &mut PgConnection,
-    payment: &Payment,
-    refused: &Refused,
-    learnt: Learnt<'_>,
-    info: &LeaseInfo,
-    base: &str,
-) -> Result<(StoredResponse, Option<ExtraCharge>), DomainError> {
-    record_reconciled(tx, payment.reconciled(), info, learnt.reconciled).await?;
-    let Refused { err, problem } = refused;
-    let charge_id = match err {
-        ProcessorError::Declined { charge_id, .. } => charge_id.as_deref(),
-        _ => None,
-    };
-    let code = failure_code(err);
-    let changes = Changes {
-        status: Some(PaymentStatus::Failed),
-        processor_charge_id: charge_id,
-        failure_code: Some(&code),
-        failure_message: Some(&problem.detail),
-        ..Changes::default()
-    };
-    let detail = json!({"error": err.to_string()});
-    let audit = info.audit(&payment.account_id, &payment.id, "payment.failed", detail);
-    let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
-    let extra = audit_other_charge(tx, &payment, learnt.key, info).await?;
-    events::record(tx, &payment.account_id, EventType::PaymentFailed, &payment.to_json()).await?;
-    Ok((problem_answer(problem, &info.request_id, base), extra))
 }
