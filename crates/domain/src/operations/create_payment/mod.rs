@@ -300,6 +300,7 @@ fn refusal_of(
                 .clone()
                 .unwrap_or_else(|| "Your card was declined.".to_owned()),
             charge_id: Some(charge.id),
+            payment_intent: None,
         },
         Err(err) => err,
     };
