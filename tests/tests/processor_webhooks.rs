@@ -18,7 +18,9 @@ use payments_tests::{TestApp, assert_problem, json, start_sim, test_settings};
 use payments_worker::jobs::LogMailer;
 use payments_worker::{PassReport, Worker};
 use processor_sim::FaultConfig;
-use provider::{CardProcessor, Charge, FrozenRequest, ProcessorClient, ProcessorError, Refund};
+use provider::{
+    CardProcessor, Charge, FrozenRequest, PaymentIntent, ProcessorClient, ProcessorError, Refund,
+};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::watch;
@@ -323,6 +325,36 @@ impl CardProcessor for AnswerLostAfterTheWebhook {
     }
     async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
         self.client.list_refunds(charge_id).await
+    }
+    async fn create_payment_intent(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        self.client.create_payment_intent(request).await
+    }
+    async fn capture_payment_intent(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        self.client.capture_payment_intent(request).await
+    }
+    async fn cancel_payment_intent(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        self.client.cancel_payment_intent(request).await
+    }
+    async fn retrieve_payment_intent(&self, id: &str) -> Result<PaymentIntent, ProcessorError> {
+        self.client.retrieve_payment_intent(id).await
+    }
+    async fn search_payment_intents(
+        &self,
+        payment_id: &str,
+    ) -> Result<Vec<PaymentIntent>, ProcessorError> {
+        self.client.search_payment_intents(payment_id).await
+    }
+    async fn list_intent_refunds(&self, id: &str) -> Result<Vec<Refund>, ProcessorError> {
+        self.client.list_intent_refunds(id).await
     }
     fn longest_call(&self) -> Duration {
         self.client.longest_call()
@@ -639,6 +671,7 @@ impl CardProcessor for AnotherChargeReportedMidCall {
                         decline_code: "generic_decline".into(),
                         message: "Your card was declined.".into(),
                         charge_id: Some("ch_declined".into()),
+                        payment_intent: None,
                     },
                     _ => ProcessorError::Invalid {
                         status: 400,
@@ -674,6 +707,36 @@ impl CardProcessor for AnotherChargeReportedMidCall {
     }
     async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
         self.client.list_refunds(charge_id).await
+    }
+    async fn create_payment_intent(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        self.client.create_payment_intent(request).await
+    }
+    async fn capture_payment_intent(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        self.client.capture_payment_intent(request).await
+    }
+    async fn cancel_payment_intent(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        self.client.cancel_payment_intent(request).await
+    }
+    async fn retrieve_payment_intent(&self, id: &str) -> Result<PaymentIntent, ProcessorError> {
+        self.client.retrieve_payment_intent(id).await
+    }
+    async fn search_payment_intents(
+        &self,
+        payment_id: &str,
+    ) -> Result<Vec<PaymentIntent>, ProcessorError> {
+        self.client.search_payment_intents(payment_id).await
+    }
+    async fn list_intent_refunds(&self, id: &str) -> Result<Vec<Refund>, ProcessorError> {
+        self.client.list_intent_refunds(id).await
     }
     fn longest_call(&self) -> Duration {
         self.client.longest_call()
@@ -775,6 +838,33 @@ impl CardProcessor for SearchMissesTheFirstCharge {
         Ok(vec![serde_json::from_value(declined["data"]["object"].clone()).unwrap()])
     }
     async fn list_refunds(&self, _: &str) -> Result<Vec<Refund>, ProcessorError> {
+        unreachable!("no refund")
+    }
+    async fn create_payment_intent(
+        &self,
+        _: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        unreachable!("no payment intent")
+    }
+    async fn capture_payment_intent(
+        &self,
+        _: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        unreachable!("no payment intent")
+    }
+    async fn cancel_payment_intent(
+        &self,
+        _: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        unreachable!("no payment intent")
+    }
+    async fn retrieve_payment_intent(&self, _: &str) -> Result<PaymentIntent, ProcessorError> {
+        unreachable!("no payment intent")
+    }
+    async fn search_payment_intents(&self, _: &str) -> Result<Vec<PaymentIntent>, ProcessorError> {
+        unreachable!("no payment intent")
+    }
+    async fn list_intent_refunds(&self, _: &str) -> Result<Vec<Refund>, ProcessorError> {
         unreachable!("no refund")
     }
     fn longest_call(&self) -> Duration {

@@ -45,6 +45,7 @@ impl Sim {
             backoff_cap: Duration::from_millis(5),
             retry_after_cap: Duration::from_millis(5),
             search_lag: Duration::ZERO,
+            stripe_version: None,
         })
         .unwrap()
     }
@@ -149,7 +150,7 @@ async fn every_test_token_decides_the_outcome() {
             .await
             .unwrap_err();
         match err {
-            ProcessorError::Declined { decline_code, charge_id, message } => {
+            ProcessorError::Declined { decline_code, charge_id, message, .. } => {
                 assert_eq!(decline_code, expected);
                 let charge_id = charge_id.unwrap();
                 assert!(charge_id.starts_with("ch_"));
@@ -232,7 +233,8 @@ async fn captures_and_refunds_keep_the_books_straight() {
     assert_eq!((captured.amount_captured, captured.amount_refunded), (600, 400));
 
     let refund = |id: &str, amount| RefundRequest {
-        charge_id: authorized.id.clone(),
+        charge_id: Some(authorized.id.clone()),
+        payment_intent: None,
         payment_id: "pay_1".into(),
         refund_id: Some(id.into()),
         amount,

@@ -47,6 +47,12 @@ impl DownstreamKey {
         Self::derive(payment_id, &format!("cancel/k{key_id}"))
     }
 
+    /// The key for canceling payment `payment_id` when its customer's authentication expired
+    /// (the worker's authentication job: one per payment, whichever runner sends it).
+    pub fn expiry(payment_id: &str) -> Self {
+        Self::derive(payment_id, "expire")
+    }
+
     /// The key for creating refund `refund_id` at the processor.
     pub fn refund(refund_id: &str) -> Self {
         Self::derive(refund_id, "refund")

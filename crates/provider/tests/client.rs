@@ -22,6 +22,7 @@ fn config(base_url: &str) -> ProcessorConfig {
         backoff_cap: Duration::from_millis(20),
         retry_after_cap: Duration::from_secs(2),
         search_lag: Duration::ZERO,
+        stripe_version: None,
     }
 }
 
@@ -109,7 +110,8 @@ async fn refunds_and_captures_carry_their_keys_and_metadata() {
         .await;
     let client = client(&server);
     let refund = RefundRequest {
-        charge_id: "ch_1".into(),
+        charge_id: Some("ch_1".into()),
+        payment_intent: None,
         payment_id: "pay_123".into(),
         refund_id: Some("re_9".into()),
         amount: Some(200),
@@ -158,6 +160,7 @@ async fn a_decline_is_final_and_not_retried() {
             decline_code: "insufficient_funds".into(),
             message: "Your card has insufficient funds.".into(),
             charge_id: Some("ch_failed".into()),
+            payment_intent: None,
         }
     );
     assert_eq!(requests, 1);
@@ -286,17 +289,27 @@ async fn a_refused_connection_is_transient_because_nothing_was_sent() {
 }
 
 #[tokio::test]
-async fn an_unreadable_success_is_an_unknown_outcome() {
-    let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(200).set_body_string("<html>gateway</html>"))
-        .mount(&server)
-        .await;
-    let err = client(&server)
-        .create_charge(&charge_request().freeze(DownstreamKey::charge("pay_123")))
-        .await
-        .unwrap_err();
-    assert_eq!(err.class(), ErrorClass::UnknownOutcome);
+async fn an_unreadable_success_is_reconciled_and_never_sent_again() {
+    for body in ["<html>gateway</html>", r#"{"id": "ch_1", "object": "charge"}"#] {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(200).set_body_string(body))
+            .expect(1)
+            .mount(&server)
+            .await;
+        let err = client(&server)
+            .create_charge(&charge_request().freeze(DownstreamKey::charge("pay_123")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Reconcile, "{body}");
+        assert!(
+            matches!(
+                err,
+                ProcessorError::MustReconcile { cause: ReconcileCause::UnreadableAnswer, .. }
+            ),
+            "{err:?}"
+        );
+    }
 }
 
 #[test]

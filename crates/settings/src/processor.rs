@@ -1,5 +1,5 @@
-//! `[processor]`: where the card processor answers and how its client retries, the metadata
-//! every charge carries, and the processor's webhooks to us.
+//! `[processor]`: where the card processor answers, the API version its client speaks and how it
+//! retries, the metadata every charge carries, and the processor's webhooks to us.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -31,6 +31,10 @@ pub struct ProcessorSettings {
     /// that finds nothing only once the call it looks for is older than this plus the longest
     /// call.
     pub search_lag_ms: u64,
+    /// The processor's API version, sent as `Stripe-Version` on every request (a dated version,
+    /// `YYYY-MM-DD` with an optional `.name`), so that answers keep the shape the client reads
+    /// whatever the account's default; empty sends none (the account's default version).
+    pub stripe_version: String,
     /// Further `metadata[…]` members sent with every new charge (a deployment's own tags).
     /// Frozen with each charge request: changing them never changes a request in flight.
     #[serde(default)]
@@ -96,6 +100,9 @@ impl ProcessorSettings {
             backoff_cap: Duration::from_millis(self.backoff_cap_ms),
             retry_after_cap: Duration::from_millis(self.retry_after_cap_ms),
             search_lag: Duration::from_millis(self.search_lag_ms),
+            stripe_version: Some(self.stripe_version.trim())
+                .filter(|version| !version.is_empty())
+                .map(str::to_owned),
         }
     }
 }

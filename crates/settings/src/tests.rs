@@ -151,6 +151,33 @@ fn a_bad_processor_url_names_the_setting() {
 }
 
 #[test]
+fn the_processor_is_sent_a_dated_api_version_unless_the_setting_is_empty() {
+    let settings = load(&[]).unwrap();
+    let sent = settings.processor.client_config().stripe_version;
+    assert_eq!(sent.as_deref(), Some("2026-10-28.endive"), "the pinned Python SDK's version");
+    for version in ["2024-06-20", "2026-10-28.endive", "2025-03-31.basil"] {
+        let settings = load(&[("PAYMENTS__PROCESSOR__STRIPE_VERSION", version)]).unwrap();
+        assert_eq!(settings.processor.client_config().stripe_version.as_deref(), Some(version));
+    }
+    let none = load(&[("PAYMENTS__PROCESSOR__STRIPE_VERSION", "")]).unwrap();
+    assert_eq!(none.processor.client_config().stripe_version, None);
+    for version in [
+        "latest",
+        "2024-6-20",
+        "2024-13-01",
+        "2024-06-32",
+        "2024-06-20.",
+        "2024-06-20.Basil",
+        "20240620",
+    ] {
+        let err =
+            load(&[("PAYMENTS__PROCESSOR__STRIPE_VERSION", version)]).unwrap_err().to_string();
+        assert!(err.contains("processor.stripe_version"), "{version}: {err}");
+        assert!(err.contains("PAYMENTS__PROCESSOR__STRIPE_VERSION"), "{version}: {err}");
+    }
+}
+
+#[test]
 fn secrets_never_print() {
     let settings = load(&[
         ("DATABASE_URL", "postgres://u:hunter2@db:5432/x"),

@@ -110,6 +110,15 @@ impl Settings {
                 .check_lease_covers(longest + statement)
                 .map_err(|reason| invalid("idempotency.lease_ms", reason))?;
         }
+        let version = self.processor.stripe_version.trim();
+        if !(version.is_empty() || is_dated_version(version)) {
+            return Err(invalid(
+                "processor.stripe_version",
+                "must be a dated API version, `YYYY-MM-DD` with an optional `.name` (e.g. \
+                 `2026-10-28.endive`), or empty to take the account's default"
+                    .into(),
+            ));
+        }
         // Stripe's own limits on metadata: a charge form the processor refuses would fail every
         // payment with a 400 that blames the client.
         let metadata = &self.processor.charge_metadata;
@@ -282,4 +291,25 @@ fn check_base_url(url: &str) -> Result<(), String> {
         return Err("must not have a query string".into());
     }
     Ok(())
+}
+
+/// Whether `version` is a dated API version as Stripe names them: `YYYY-MM-DD`, a real month and
+/// day, then optionally `.` and a lower-case release name (`2026-10-28.endive`).
+fn is_dated_version(version: &str) -> bool {
+    let (date, name) = match version.split_once('.') {
+        Some((date, name)) => (date, Some(name)),
+        None => (version, None),
+    };
+    let name_ok = name.is_none_or(|name| {
+        !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+    });
+    let parts: Vec<&str> = date.split('-').collect();
+    let number = |part: &str, digits: usize, range: std::ops::RangeInclusive<u32>| {
+        part.len() == digits
+            && part.chars().all(|c| c.is_ascii_digit())
+            && part.parse::<u32>().is_ok_and(|n| range.contains(&n))
+    };
+    name_ok
+        && matches!(parts.as_slice(), [year, month, day]
+            if number(year, 4, 2011..=9999) && number(month, 2, 1..=12) && number(day, 2, 1..=31))
 }

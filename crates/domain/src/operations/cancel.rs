@@ -41,7 +41,8 @@ pub(super) fn cancel_request(payment_id: &str, charge_id: &str, key_id: i64) -> 
 /// The refund of the whole of `charge_id`'s authorization, which releases it.
 fn release_of(payment_id: &str, charge_id: &str) -> RefundRequest {
     RefundRequest {
-        charge_id: charge_id.to_owned(),
+        charge_id: Some(charge_id.to_owned()),
+        payment_intent: None,
         payment_id: payment_id.to_owned(),
         refund_id: None,
         amount: None,

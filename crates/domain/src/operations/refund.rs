@@ -49,7 +49,8 @@ payment_operation! {
 /// The refund `refund` of `charge_id`, frozen under the refund's key.
 fn refund_request(refund: &Refund, charge_id: &str) -> FrozenRequest {
     RefundRequest {
-        charge_id: charge_id.to_owned(),
+        charge_id: Some(charge_id.to_owned()),
+        payment_intent: None,
         payment_id: refund.payment_id.to_string(),
         refund_id: Some(refund.id.to_string()),
         amount: Some(refund.amount.get()),

@@ -1,5 +1,6 @@
-//! How an answer, or its absence, becomes a [`ProcessorError`]: a transport failure, and each
-//! HTTP status with its error body, sorted by what the caller may do about it.
+//! How an answer, or its absence, becomes a [`ProcessorError`]: a transport failure, a success
+//! whose body cannot be read, and each HTTP status with its error body, sorted by what the
+//! caller may do about it.
 
 use reqwest::StatusCode;
 
@@ -16,6 +17,16 @@ pub(super) fn transport_error(err: &reqwest::Error) -> ProcessorError {
     } else {
         // A timeout, or a connection that broke after the request was sent.
         unknown(err.to_string())
+    }
+}
+
+/// A 2xx whose body does not read as the object asked for. The processor did what it was asked:
+/// the call must not be sent again (a server that ignores idempotency keys would act twice), so
+/// the object is looked up instead, never retried, never stored as an answer.
+pub(super) fn unreadable_success(status: StatusCode, err: &serde_json::Error) -> ProcessorError {
+    ProcessorError::MustReconcile {
+        cause: ReconcileCause::UnreadableAnswer,
+        message: format!("an unreadable answer with status {status}: {err}"),
     }
 }
 
@@ -45,6 +56,7 @@ pub(super) fn status_error(status: StatusCode, body: &[u8], replayed: bool) -> P
             decline_code: error.decline_code.unwrap_or_else(|| "generic_decline".to_owned()),
             message: error.message,
             charge_id: error.charge,
+            payment_intent: error.payment_intent,
         },
         (code, Ok(error)) => ProcessorError::Invalid {
             status: code,

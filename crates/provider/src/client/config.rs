@@ -1,5 +1,5 @@
-//! How the processor is reached ([`ProcessorConfig`]): its address and key, the limits of one
-//! call and of its retries, and how far its search may trail its writes.
+//! How the processor is reached ([`ProcessorConfig`]): its address, key and API version, the
+//! limits of one call and of its retries, and how far its search may trail its writes.
 
 use std::fmt;
 use std::time::Duration;
@@ -27,6 +27,10 @@ pub struct ProcessorConfig {
     /// search that finds nothing proves nothing until the call it looks for is older than this
     /// plus the longest call.
     pub search_lag: Duration,
+    /// The API version sent as `Stripe-Version` on every request (e.g. `2026-10-28.endive`), so
+    /// that the processor answers in the shape this client was written for whatever the
+    /// account's default; `None` sends no header and takes the account's default.
+    pub stripe_version: Option<String>,
 }
 
 impl fmt::Debug for ProcessorConfig {
@@ -38,6 +42,7 @@ impl fmt::Debug for ProcessorConfig {
             .field("request_timeout", &self.request_timeout)
             .field("max_retries", &self.max_retries)
             .field("search_lag", &self.search_lag)
+            .field("stripe_version", &self.stripe_version)
             .finish_non_exhaustive()
     }
 }

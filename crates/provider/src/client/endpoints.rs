@@ -1,14 +1,16 @@
 //! The HTTP client as a [`CardProcessor`]: each call's method and path, and the lookups that read
-//! a bounded number of Stripe's search and list pages.
+//! a bounded number of Stripe's search and list pages (charges and PaymentIntents by our payment's
+//! id, refunds by their charge or their PaymentIntent).
 
 use std::time::Duration;
 
 use reqwest::Method;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use super::answer::unknown;
 use super::{CardProcessor, ProcessorClient, ProcessorError};
-use crate::types::{Charge, FrozenRequest, Refund, mask_token};
+use crate::types::{Charge, FrozenRequest, PaymentIntent, Refund, mask_token};
 
 /// Stripe's search result page.
 #[derive(Debug, Deserialize)]
@@ -37,25 +39,14 @@ fn search_literal(value: &str) -> String {
     value.replace('\\', "\\\\").replace('\'', "\\'")
 }
 
-impl CardProcessor for ProcessorClient {
-    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
-        tracing::debug!(key = %request.key, source = %request.field("source").map(mask_token).unwrap_or_default(), "creating a charge");
-        self.call(Method::POST, &request.path, Some(&request.form), Some(&request.key)).await
-    }
-
-    async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
-        self.call(Method::POST, &request.path, Some(&request.form), Some(&request.key)).await
-    }
-
-    async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
-        self.call(Method::POST, &request.path, Some(&request.form), Some(&request.key)).await
-    }
-
-    async fn retrieve_charge(&self, charge_id: &str) -> Result<Charge, ProcessorError> {
-        self.call(Method::GET, &format!("/v1/charges/{charge_id}"), None, None).await
-    }
-
-    async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
+impl ProcessorClient {
+    /// Every object that `search_path` (`/v1/charges/search`, `/v1/payment_intents/search`)
+    /// finds with `metadata[payment_id]` = `payment_id`, page after page.
+    async fn search_by_payment<T: DeserializeOwned>(
+        &self,
+        search_path: &str,
+        payment_id: &str,
+    ) -> Result<Vec<T>, ProcessorError> {
         let query = format!("metadata['payment_id']:'{}'", search_literal(payment_id));
         let mut found = Vec::new();
         let mut page: Option<String> = None;
@@ -66,9 +57,8 @@ impl CardProcessor for ProcessorClient {
             }
             let encoded = serde_urlencoded::to_string(&params)
                 .map_err(|err| unknown(format!("cannot encode a search: {err}")))?;
-            let result: SearchPage<Charge> = self
-                .call(Method::GET, &format!("/v1/charges/search?{encoded}"), None, None)
-                .await?;
+            let result: SearchPage<T> =
+                self.call(Method::GET, &format!("{search_path}?{encoded}"), None, None).await?;
             found.extend(result.data);
             match result.next_page {
                 Some(next) if result.has_more => page = Some(next),
@@ -78,10 +68,11 @@ impl CardProcessor for ProcessorClient {
         Err(unknown(format!("the search for {payment_id} has more than {MAX_PAGES} pages")))
     }
 
-    async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
+    /// Every refund whose `of` (`charge`, `payment_intent`) is `id`, page after page.
+    async fn refunds_of(&self, of: &str, id: &str) -> Result<Vec<Refund>, ProcessorError> {
         let mut found: Vec<Refund> = Vec::new();
         for _ in 0..MAX_PAGES {
-            let mut params = vec![("charge", charge_id), ("limit", "100")];
+            let mut params = vec![(of, id), ("limit", "100")];
             if let Some(last) = found.last() {
                 params.push(("starting_after", &last.id));
             }
@@ -95,7 +86,82 @@ impl CardProcessor for ProcessorClient {
                 return Ok(found);
             }
         }
-        Err(unknown(format!("the refunds of {charge_id} fill more than {MAX_PAGES} pages")))
+        Err(unknown(format!("the refunds of {id} fill more than {MAX_PAGES} pages")))
+    }
+
+    /// Sends a frozen money-moving request: its path, its form, its key.
+    async fn send<T: DeserializeOwned>(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<T, ProcessorError> {
+        self.call(Method::POST, &request.path, Some(&request.form), Some(&request.key)).await
+    }
+}
+
+impl CardProcessor for ProcessorClient {
+    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+        tracing::debug!(key = %request.key, source = %request.field("source").map(mask_token).unwrap_or_default(), "creating a charge");
+        self.send(request).await
+    }
+
+    async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+        self.send(request).await
+    }
+
+    async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
+        self.send(request).await
+    }
+
+    async fn retrieve_charge(&self, charge_id: &str) -> Result<Charge, ProcessorError> {
+        self.call(Method::GET, &format!("/v1/charges/{charge_id}"), None, None).await
+    }
+
+    async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
+        self.search_by_payment("/v1/charges/search", payment_id).await
+    }
+
+    async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
+        self.refunds_of("charge", charge_id).await
+    }
+
+    async fn create_payment_intent(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        tracing::debug!(key = %request.key, payment_method = %request.field("payment_method").map(mask_token).unwrap_or_default(), "creating a payment intent");
+        self.send(request).await
+    }
+
+    async fn capture_payment_intent(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        self.send(request).await
+    }
+
+    async fn cancel_payment_intent(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        self.send(request).await
+    }
+
+    async fn retrieve_payment_intent(
+        &self,
+        intent_id: &str,
+    ) -> Result<PaymentIntent, ProcessorError> {
+        self.call(Method::GET, &format!("/v1/payment_intents/{intent_id}"), None, None).await
+    }
+
+    async fn search_payment_intents(
+        &self,
+        payment_id: &str,
+    ) -> Result<Vec<PaymentIntent>, ProcessorError> {
+        self.search_by_payment("/v1/payment_intents/search", payment_id).await
+    }
+
+    async fn list_intent_refunds(&self, intent_id: &str) -> Result<Vec<Refund>, ProcessorError> {
+        self.refunds_of("payment_intent", intent_id).await
     }
 
     fn search_lag(&self) -> Duration {

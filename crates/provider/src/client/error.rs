@@ -26,6 +26,10 @@ pub enum ReconcileCause {
     /// A 5xx replayed for the key (`Idempotent-Replayed: true`): the processor stored a failure
     /// of the first request, which may have acted before it failed, and will answer it for ever.
     ReplayedFailure(u16),
+    /// A 2xx whose body this client cannot read: the processor acted, and a retry could make a
+    /// server that ignores idempotency keys act again, so the call is never sent again for it.
+    /// Look the object up; what it shows is what the call did.
+    UnreadableAnswer,
 }
 
 /// Why a transient failure happened.
@@ -56,6 +60,9 @@ pub enum ProcessorError {
         message: String,
         /// The failed charge, when the processor made one.
         charge_id: Option<String>,
+        /// The PaymentIntent the decline left in `requires_payment_method`, when the error
+        /// carries one (Stripe sends it whole inside the 402; only its id is kept).
+        payment_intent: Option<String>,
     },
     /// The processor refused the request as invalid (400, 404, other 4xx). Final.
     #[error("invalid request to the processor ({status}): {message}")]

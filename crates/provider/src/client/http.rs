@@ -7,7 +7,7 @@ use payments_backoff::{Backoff, Jitter};
 use reqwest::{Method, header};
 use serde::de::DeserializeOwned;
 
-use super::answer::{status_error, transport_error, unknown};
+use super::answer::{status_error, transport_error, unknown, unreadable_success};
 use super::{ErrorClass, ProcessorConfig, ProcessorError};
 use crate::keys::DownstreamKey;
 
@@ -95,6 +95,9 @@ impl ProcessorClient {
     ) -> (Result<T, ProcessorError>, Option<Duration>) {
         let url = format!("{}{path}", self.config.base_url.trim_end_matches('/'));
         let mut request = self.http.request(method, url).bearer_auth(&self.config.api_key);
+        if let Some(version) = &self.config.stripe_version {
+            request = request.header("Stripe-Version", version);
+        }
         if let Some(key) = key {
             request = request.header("Idempotency-Key", key.as_str());
         }
@@ -122,22 +125,60 @@ impl ProcessorClient {
             Err(err) => return (Err(unknown(format!("the answer broke off: {err}"))), retry_after),
         };
         if status.is_success() {
-            let parsed = serde_json::from_slice(&body)
-                .map_err(|err| unknown(format!("unreadable answer with status {status}: {err}")));
+            let parsed =
+                serde_json::from_slice(&body).map_err(|err| unreadable_success(status, &err));
             return (parsed, retry_after);
         }
         (Err(status_error(status, &body, replayed)), retry_after)
     }
 }
 
-/// A path without ids, as a metric label.
+/// A path without ids or query, as a metric label.
 fn metric_path(path: &str) -> &'static str {
+    let path = path.split_once('?').map_or(path, |(path, _query)| path);
+    let intent = path.strip_prefix("/v1/payment_intents/");
+    let charge = path.strip_prefix("/v1/charges/");
     match path {
         "/v1/charges" => "/v1/charges",
         "/v1/refunds" => "/v1/refunds",
-        p if p.starts_with("/v1/refunds?") => "/v1/refunds",
-        p if p.starts_with("/v1/charges/search") => "/v1/charges/search",
-        p if p.ends_with("/capture") => "/v1/charges/{id}/capture",
-        _ => "/v1/charges/{id}",
+        "/v1/payment_intents" => "/v1/payment_intents",
+        "/v1/charges/search" => "/v1/charges/search",
+        "/v1/payment_intents/search" => "/v1/payment_intents/search",
+        _ if intent.is_some_and(|rest| rest.ends_with("/capture")) => {
+            "/v1/payment_intents/{id}/capture"
+        }
+        _ if intent.is_some_and(|rest| rest.ends_with("/cancel")) => {
+            "/v1/payment_intents/{id}/cancel"
+        }
+        _ if intent.is_some() => "/v1/payment_intents/{id}",
+        _ if charge.is_some_and(|rest| rest.ends_with("/capture")) => "/v1/charges/{id}/capture",
+        _ if charge.is_some() => "/v1/charges/{id}",
+        // Never an id: a label per object would grow the metric without bound.
+        _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metric_path;
+
+    #[test]
+    fn metric_labels_name_the_call_without_ids_or_queries() {
+        for (path, label) in [
+            ("/v1/charges", "/v1/charges"),
+            ("/v1/charges/ch_1", "/v1/charges/{id}"),
+            ("/v1/charges/ch_1/capture", "/v1/charges/{id}/capture"),
+            ("/v1/charges/search?query=x&page=p2", "/v1/charges/search"),
+            ("/v1/refunds", "/v1/refunds"),
+            ("/v1/refunds?payment_intent=pi_1&limit=100", "/v1/refunds"),
+            ("/v1/payment_intents", "/v1/payment_intents"),
+            ("/v1/payment_intents/pi_1", "/v1/payment_intents/{id}"),
+            ("/v1/payment_intents/pi_1/capture", "/v1/payment_intents/{id}/capture"),
+            ("/v1/payment_intents/pi_1/cancel", "/v1/payment_intents/{id}/cancel"),
+            ("/v1/payment_intents/search?query=x", "/v1/payment_intents/search"),
+            ("/v1/customers/cus_1", "other"),
+        ] {
+            assert_eq!(metric_path(path), label, "{path}");
+        }
     }
 }
