@@ -203,7 +203,8 @@ async fn other_success(
     payment: &Payment,
     found_by: (&'static str, &str),
 ) -> Result<Option<ExtraCharge>, DomainError> {
-    let authorized = matches!(payment.status, PaymentStatus::Succeeded | PaymentStatus::RequiresCapture);
+    let authorized =
+        matches!(payment.status, PaymentStatus::Succeeded | PaymentStatus::RequiresCapture);
     let recorded = if authorized {
         Recorded {
             charge: payment.processor_charge_id.as_deref(),
@@ -212,12 +213,14 @@ async fn other_success(
     } else {
         Recorded::default()
     };
-    let Some(extra) = processor_events::other_succeeded_charge(&mut *tx, &payment.id, recorded).await?
+    let Some(extra) =
+        processor_events::other_succeeded_charge(&mut *tx, &payment.id, recorded).await?
     else {
         return Ok(None);
     };
     let (account, key_id) = (&payment.account_id, payment.key_id);
-    processor_events::audit_extra_charge(tx, &payment.id, account, key_id, &extra, found_by).await?;
+    processor_events::audit_extra_charge(tx, &payment.id, account, key_id, &extra, found_by)
+        .await?;
     Ok(Some(extra))
 }
 
@@ -294,10 +297,7 @@ async fn record(
 }
 
 /// Payment `id` if it still `requires_action`, and the database's time (unix seconds).
-async fn waiting(
-    pool: &PgPool,
-    id: &PaymentId,
-) -> Result<(Option<Payment>, i64), DomainError> {
+async fn waiting(pool: &PgPool, id: &PaymentId) -> Result<(Option<Payment>, i64), DomainError> {
     // A look, not a claim: the row lock ends with the transaction, at once.
     let mut tx = pool.begin().await?;
     let now = sqlx::query_scalar!(r#"SELECT extract(epoch FROM now())::bigint AS "now!""#)

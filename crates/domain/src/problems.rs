@@ -28,6 +28,8 @@ pub enum ProblemCode {
     InvalidRequest,
     /// The object is not in a state that allows the operation.
     PaymentUnexpectedState,
+    /// The payment waits on its customer to authenticate: nothing can be done to it yet.
+    PaymentRequiresAction,
     /// An amount exceeds what the object allows.
     AmountTooLarge,
     /// No usable credentials.
@@ -76,13 +78,14 @@ pub struct ProblemDoc {
 
 impl ProblemCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ProblemCode; 20] = [
+    pub const ALL: [ProblemCode; 21] = [
         Self::IdempotencyKeyMissing,
         Self::IdempotencyKeyInvalid,
         Self::IdempotencyKeyReused,
         Self::IdempotencyKeyInUse,
         Self::InvalidRequest,
         Self::PaymentUnexpectedState,
+        Self::PaymentRequiresAction,
         Self::AmountTooLarge,
         Self::AuthenticationRequired,
         Self::InvalidApiKey,
@@ -108,6 +111,7 @@ impl ProblemCode {
             Self::IdempotencyKeyInUse => "idempotency_key_in_use",
             Self::InvalidRequest => "invalid_request",
             Self::PaymentUnexpectedState => "payment_unexpected_state",
+            Self::PaymentRequiresAction => "payment_requires_action",
             Self::AmountTooLarge => "amount_too_large",
             Self::AuthenticationRequired => "authentication_required",
             Self::InvalidApiKey => "invalid_api_key",
@@ -137,6 +141,7 @@ impl ProblemCode {
             | Self::IdempotencyKeyInvalid
             | Self::InvalidRequest
             | Self::PaymentUnexpectedState
+            | Self::PaymentRequiresAction
             | Self::AmountTooLarge => 400,
             Self::AuthenticationRequired | Self::InvalidApiKey => 401,
             Self::CardDeclined => 402,
@@ -162,6 +167,7 @@ impl ProblemCode {
             Self::IdempotencyKeyInUse => "Idempotency-Key in use by a request in progress",
             Self::InvalidRequest => "Invalid request",
             Self::PaymentUnexpectedState => "Payment is not in a state that allows this",
+            Self::PaymentRequiresAction => "Payment waits on its customer's authentication",
             Self::AmountTooLarge => "Amount too large",
             Self::AuthenticationRequired => "Authentication required",
             Self::InvalidApiKey => "Invalid API key",
@@ -210,6 +216,11 @@ impl ProblemCode {
             Self::PaymentUnexpectedState => (
                 "The payment is not in a state that allows this operation, for example a capture of a payment that does not await capture.",
                 "Read the payment to see its status.",
+                "Yes.",
+            ),
+            Self::PaymentRequiresAction => (
+                "The payment `requires_action`: its customer must authenticate (3-D Secure) before it is authorized or declined, so it can be neither captured nor canceled yet. Its outcome arrives later, by the processor's webhook or the worker's look at the processor; a payment nobody authenticates is canceled when its authentication expires.",
+                "Send the customer to the URL in the payment's `next_action`, then read the payment (or listen for its `payment.requires_capture`, `payment.succeeded`, `payment.failed` or `payment.canceled` event) and try again once it `requires_capture`.",
                 "Yes.",
             ),
             Self::AmountTooLarge => (

@@ -37,14 +37,12 @@ impl<P: CardProcessor> Worker<P> {
                     report.add(&self.run_delivery(job).await?);
                     continue;
                 }
-                Ok(Work::Receipt(receipt)) => {
-                    tracing::Instrument::instrument(
-                        self.receipts.send(&self.ctx.pool, receipt),
-                        span.clone(),
-                    )
-                    .await
-                    .map(|_| Checked::Done)
-                }
+                Ok(Work::Receipt(receipt)) => tracing::Instrument::instrument(
+                    self.receipts.send(&self.ctx.pool, receipt),
+                    span.clone(),
+                )
+                .await
+                .map(|_| Checked::Done),
                 Ok(Work::Authentication(waiting)) => {
                     let (pool, processor) = (&self.ctx.pool, &*self.ctx.processor);
                     let settings = &self.ctx.authentication;

@@ -1,18 +1,12 @@
 //! `POST /v1/payments/{id}/cancel`: `started` → `cancel_started` → finished. Its phases are those
 //! of every action on an authorization (`authorization`); what is a cancel's own is here: its
-//! input, its recovery points, the release it freezes, and the adoption of a release the
-//! processor reports as done already.
+//! input, its recovery points, and the cancel of the PaymentIntent it freezes.
 
 use idem::{Interrupted, Lease, Operation};
-use provider::{
-    CardProcessor, Charge, DownstreamKey, FrozenRequest, ProcessorError, RefundRequest,
-};
+use provider::{CardProcessor, DownstreamKey, FrozenRequest};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::authorization::{Authorization, AuthorizationAction};
-use super::reconcile::{adopted, count_reconciliation};
-use super::{Context, unavailable};
 use crate::ids::{AccountId, PaymentId};
 pub use crate::payments::CancellationReason;
 
@@ -32,22 +26,21 @@ pub struct CancelParams {
     pub cancellation_reason: Option<CancellationReason>,
 }
 
-/// The release of `charge_id`'s authorization, frozen under this cancel's own key (`key_id`, the
-/// row of its idempotency key). A cancel has no amount: it releases the whole authorization.
-pub(super) fn cancel_request(payment_id: &str, charge_id: &str, key_id: i64) -> FrozenRequest {
-    release_of(payment_id, charge_id).freeze(DownstreamKey::cancel(payment_id, key_id))
-}
-
-/// The refund of the whole of `charge_id`'s authorization, which releases it.
-fn release_of(payment_id: &str, charge_id: &str) -> RefundRequest {
-    RefundRequest {
-        charge_id: Some(charge_id.to_owned()),
-        payment_intent: None,
-        payment_id: payment_id.to_owned(),
-        refund_id: None,
-        amount: None,
-        reason: None,
-    }
+/// The cancel of the PaymentIntent `intent_id`, which releases its authorization, frozen under
+/// this cancel's own key (`key_id`, the row of its idempotency key). A cancel has no amount: it
+/// releases the whole authorization.
+pub(super) fn cancel_request(
+    payment_id: &str,
+    intent_id: &str,
+    reason: Option<CancellationReason>,
+    key_id: i64,
+) -> FrozenRequest {
+    let reason = reason.map(|reason| reason.to_string());
+    FrozenRequest::cancel_intent(
+        intent_id,
+        reason.as_deref(),
+        DownstreamKey::cancel(payment_id, key_id),
+    )
 }
 
 payment_operation! {
@@ -67,29 +60,4 @@ impl<P: CardProcessor> Operation for CancelPayment<P> {
             CancelPoint::CancelStarted => cancel.act(lease, at).await,
         }
     }
-}
-
-/// Whether `charge`'s authorization is released: never captured, and all of it refunded.
-pub(super) fn released(charge: &Charge) -> bool {
-    !charge.captured && charge.amount_refunded >= charge.amount
-}
-
-/// The refusal `cause` says the charge `charge_id` is refunded already: the charge, with the
-/// audit detail of adopting its release, if it says it is released ([`released`]); `None` leaves
-/// the refusal standing (a charge captured and then refunded is not this cancel's to adopt).
-pub(super) async fn released_already<P: CardProcessor>(
-    ctx: &Context<P>,
-    lease: &mut Lease,
-    charge_id: &str,
-    cause: &ProcessorError,
-    key: &DownstreamKey,
-) -> Result<Option<(Charge, Value)>, Interrupted> {
-    lease.renew().await?;
-    let charge = ctx.processor.retrieve_charge(charge_id).await.map_err(|err| unavailable(&err))?;
-    if !released(&charge) {
-        return Ok(None);
-    }
-    count_reconciliation("cancel", "adopted");
-    let detail = adopted(cause, &charge.id, key);
-    Ok(Some((charge, detail)))
 }

@@ -26,16 +26,16 @@ pub struct CaptureParams {
     pub amount_to_capture: Option<Amount>,
 }
 
-/// The capture of `amount` of `charge_id`, frozen under this capture's own key (`key_id`, the
-/// row of its idempotency key).
+/// The capture of `amount` of the PaymentIntent `intent_id`, frozen under this capture's own key
+/// (`key_id`, the row of its idempotency key).
 pub(super) fn capture_request(
     payment_id: &str,
-    charge_id: &str,
+    intent_id: &str,
     amount: Option<Amount>,
     key_id: i64,
 ) -> FrozenRequest {
     let key = DownstreamKey::capture(payment_id, key_id);
-    FrozenRequest::capture(charge_id, amount.map(Amount::get), key)
+    FrozenRequest::capture_intent(intent_id, amount.map(Amount::get), key)
 }
 
 payment_operation! {

@@ -84,16 +84,19 @@ fn cause_name(err: &ProcessorError) -> &'static str {
         ProcessorError::MustReconcile { cause: ReconcileCause::ReplayedFailure(_), .. } => {
             "replayed_failure"
         }
-        err if already_refunded(err) => "already_refunded",
+        ProcessorError::MustReconcile { cause: ReconcileCause::UnreadableAnswer, .. } => {
+            "unreadable_answer"
+        }
+        err if moved_on(err) => "moved_on",
         _ => "other",
     }
 }
 
-/// A refusal that says the charge is refunded already (Stripe's `charge_already_refunded`): for
-/// a release, the charge may say it is released, by someone at the processor or by an earlier
-/// generation of the key.
-pub(super) fn already_refunded(err: &ProcessorError) -> bool {
-    matches!(err, ProcessorError::Invalid { code: Some(code), .. } if code == "charge_already_refunded")
+/// A refusal that says the PaymentIntent is not in a state for the call (Stripe's
+/// `payment_intent_unexpected_state`): it may have been captured or canceled already, behind the
+/// API's back or by an earlier generation of the key.
+pub(super) fn moved_on(err: &ProcessorError) -> bool {
+    matches!(err, ProcessorError::Invalid { code: Some(code), .. } if code == "payment_intent_unexpected_state")
 }
 
 /// Moves the call at `at` to its key's next generation, recorded (fenced, with an audit record)

@@ -46,11 +46,11 @@ payment_operation! {
     CreateRefundOp(RefundParams) = CREATE_REFUND
 }
 
-/// The refund `refund` of `charge_id`, frozen under the refund's key.
-fn refund_request(refund: &Refund, charge_id: &str) -> FrozenRequest {
+/// The refund `refund` of the PaymentIntent `intent_id`, frozen under the refund's key.
+fn refund_request(refund: &Refund, intent_id: &str) -> FrozenRequest {
     RefundRequest {
-        charge_id: Some(charge_id.to_owned()),
-        payment_intent: None,
+        charge_id: None,
+        payment_intent: Some(intent_id.to_owned()),
         payment_id: refund.payment_id.to_string(),
         refund_id: Some(refund.id.to_string()),
         amount: Some(refund.amount.get()),
@@ -60,17 +60,18 @@ fn refund_request(refund: &Refund, charge_id: &str) -> FrozenRequest {
 }
 
 impl<P: CardProcessor> CreateRefundOp<P> {
-    /// The processor cannot tell us what the refund request did: the charge's refunds say (a
-    /// list, consistent at once).
+    /// The processor cannot tell us what the refund request did: the PaymentIntent's refunds say
+    /// (a list, consistent at once).
     async fn reconcile(
         &self,
         lease: &mut Lease,
         refund: &Refund,
-        charge_id: &str,
+        intent_id: &str,
     ) -> Result<Reconciled<provider::Refund>, Interrupted> {
         lease.renew().await?;
+        let processor = &self.ctx.processor;
         let found =
-            self.ctx.processor.list_refunds(charge_id).await.map_err(|err| unavailable(&err))?;
+            processor.list_intent_refunds(intent_id).await.map_err(|err| unavailable(&err))?;
         let mut ours: Vec<provider::Refund> = found
             .into_iter()
             .filter(|found| {
@@ -121,17 +122,17 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                 let payment =
                     current_payment(&self.ctx.pool, &self.params.account_id, &refund.payment_id)
                         .await?;
-                let charge_id = payment
-                    .processor_charge_id
+                let intent_id = payment
+                    .processor_payment_intent_id
                     .clone()
-                    .ok_or_else(|| internal("a captured payment without a charge"))?;
+                    .ok_or_else(|| internal("a captured payment without a PaymentIntent"))?;
                 let request = planned_call(lease).await?;
                 idem::failpoint(|| format!("{CREATE_REFUND}.before_call")).await;
                 let outcome = self.ctx.processor.create_refund(&request).await;
                 idem::failpoint(|| format!("{CREATE_REFUND}.after_call")).await;
                 let (outcome, reconciled) = match outcome {
                     Err(err) if err.class() == ErrorClass::Reconcile => {
-                        let found = self.reconcile(lease, &refund, &charge_id).await?;
+                        let found = self.reconcile(lease, &refund, &intent_id).await?;
                         match adopt_or_move_on(
                             lease,
                             at,
@@ -159,7 +160,7 @@ impl<P: CardProcessor> Operation for CreateRefundOp<P> {
                 {
                     return Err(Interrupted::NeedsHuman {
                         reason: format!(
-                            "the processor answered refund {} of {charge_id} with status `{}`, not `succeeded`",
+                            "the processor answered refund {} of {intent_id} with status `{}`, not `succeeded`",
                             found.id, found.status
                         ),
                     });
@@ -222,11 +223,11 @@ async fn reserve(
     let refund = refunds::insert(tx, &new).await?;
     let detail = json!({"payment": payment.id, "amount": amount});
     record(tx, &params.account_id, &refund.id, "refund.created", info, detail).await?;
-    let charge_id = payment
-        .processor_charge_id
+    let intent_id = payment
+        .processor_payment_intent_id
         .as_deref()
-        .ok_or(DomainError::Corrupt("a captured payment without a charge"))?;
-    Ok(Ok(refund_request(&refund, charge_id)))
+        .ok_or(DomainError::Corrupt("a captured payment without a PaymentIntent"))?;
+    Ok(Ok(refund_request(&refund, intent_id)))
 }
 
 /// The last phase: the refund `succeeded`; or, refused, it `failed` and its amount goes back to

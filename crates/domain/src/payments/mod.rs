@@ -300,8 +300,8 @@ pub use fast_path::{Written, insert_claiming, update_fenced};
 pub(crate) use list::keyset_page;
 pub use list::{Cursor, list};
 pub(crate) use list::{finish_page, in_walk_order};
-pub use representation::{NextAction, RedirectToUrl, Representation};
 pub use patch::{Patched, PaymentPatch, apply, missing_problem, stale_problem};
+pub use representation::{NextAction, RedirectToUrl, Representation};
 pub use request::{
     CreatePaymentRequest, NewPayment, validate_description, validate_email, validate_metadata,
     validate_metadata_entry,

@@ -77,7 +77,6 @@ pub struct RedirectToUrl<'a> {
     url: &'a str,
 }
 
-
 impl Payment {
     /// The public representation, byte for byte, members in the documented order.
     pub fn to_json(&self) -> Vec<u8> {

@@ -128,8 +128,9 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
 fn unaccounted(payment: &ChargeRecord, event: &ProcessorEvent) -> Option<ExtraCharge> {
     let recorded = match event.event_type {
         ProcessorEventType::ChargeSucceeded => &payment.charge_id,
-        ProcessorEventType::IntentSucceeded
-        | ProcessorEventType::IntentAmountCapturableUpdated => &payment.intent_id,
+        ProcessorEventType::IntentSucceeded | ProcessorEventType::IntentAmountCapturableUpdated => {
+            &payment.intent_id
+        }
         _ => return None,
     };
     let reported = event.reported.id();

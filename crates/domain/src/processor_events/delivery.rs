@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use provider::{Charge, PaymentIntent};
 use provider::signature::{self, SignatureError};
+use provider::{Charge, PaymentIntent};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -73,9 +73,16 @@ pub fn verify(
     if !wire.id.starts_with("evt_") || wire.id.chars().count() > ID_MAX_CHARS {
         return Err(Refused::Malformed("`id` is not an event id (`evt_…`)".into()));
     }
-    let event_type = ProcessorEventType::parse(&wire.event_type)
-        .ok_or(Refused::UnknownType(wire.event_type))?;
+    let event_type =
+        ProcessorEventType::parse(&wire.event_type).ok_or(Refused::UnknownType(wire.event_type))?;
     let object = wire.data.object.clone();
+    // Stripe names every object's kind; a compatible server may not, and then the shape decides.
+    let expected = if event_type.is_about_an_intent() { "payment_intent" } else { "charge" };
+    if let Some(kind) = object.get("object").and_then(Value::as_str)
+        && kind != expected
+    {
+        return Err(Refused::Malformed(format!("`data.object` is a {kind}, not a {expected}")));
+    }
     let reported = if event_type.is_about_an_intent() {
         let intent: PaymentIntent = serde_json::from_value(object).map_err(|err| {
             Refused::Malformed(format!("`data.object` is not a PaymentIntent: {err}"))

@@ -34,7 +34,9 @@ pub use consumer::{Received, receive};
 pub use delivery::{Refused, check_header, verify};
 pub(crate) use extra_charge::audit_extra_charge;
 pub use extra_charge::{ExtraCharge, report_extra_charge};
-pub use lookups::{Recorded, count, intent_for_key, other_succeeded_charge, paid_under_another_key};
+pub use lookups::{
+    Recorded, count, intent_for_key, other_succeeded_charge, paid_under_another_key,
+};
 
 use provider::{Charge, PaymentIntent};
 use serde_json::Value;

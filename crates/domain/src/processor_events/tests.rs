@@ -55,9 +55,40 @@ fn a_signed_charge_event_is_read_with_its_downstream_key() {
     let body = event("charge.succeeded");
     let read = check(&body, &signature::sign(SECRET, NOW, &body)).unwrap();
     assert_eq!(read.id, "evt_1");
-    assert_eq!(read.event_type, ChargeEventType::Succeeded);
-    assert_eq!(read.charge.id, "ch_1");
+    assert_eq!(read.event_type, ProcessorEventType::ChargeSucceeded);
+    assert!(matches!(&read.reported, Reported::Charge(charge) if charge.id == "ch_1"));
+    assert_eq!(read.reported.payment_id(), Some("pay_1"));
     assert_eq!(read.downstream_key.as_deref(), Some("pay_1/charge"));
+}
+
+/// A PaymentIntent event as Stripe sends it after a customer's authentication: no request key.
+fn intent_event(kind: &str, status: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "id": "evt_2", "object": "event", "api_version": "2026-10-28.endive", "created": NOW,
+        "livemode": false, "pending_webhooks": 1, "type": kind,
+        "request": {"id": null, "idempotency_key": null},
+        "data": {"object": {
+            "id": "pi_1", "object": "payment_intent", "amount": 500, "currency": "usd",
+            "status": status, "amount_received": 500, "latest_charge": "ch_1",
+            "metadata": {"payment_id": "pay_1"}, "next_action": null,
+        }},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_signed_payment_intent_event_is_read_as_a_payment_intent() {
+    let body = intent_event("payment_intent.succeeded", "succeeded");
+    let read = check(&body, &signature::sign(SECRET, NOW, &body)).unwrap();
+    assert_eq!(read.event_type, ProcessorEventType::IntentSucceeded);
+    let Reported::Intent(intent) = &read.reported else { panic!("not an intent: {read:?}") };
+    assert_eq!((intent.id.as_str(), intent.latest_charge.as_deref()), ("pi_1", Some("ch_1")));
+    assert_eq!(read.reported.payment_id(), Some("pay_1"));
+    assert_eq!(read.downstream_key, None);
+    // A charge where a PaymentIntent belongs is no event this endpoint can read.
+    let charge_as_intent = event("payment_intent.succeeded");
+    let refused = check(&charge_as_intent, &signature::sign(SECRET, NOW, &charge_as_intent));
+    assert!(matches!(refused, Err(Refused::Malformed(_))), "{refused:?}");
 }
 
 #[test]

@@ -1,13 +1,13 @@
 //! What tells a capture from a cancel ([`AuthorizationAction`]): the names each writes, the call
-//! each freezes, how a charge shows the call acted, and what the call did ([`Acted`]) as the last
-//! phase records it.
+//! each freezes, how a PaymentIntent shows the call acted, and what the call did ([`Acted`]) as
+//! the last phase records it.
 
-use provider::{Charge, DownstreamKey, FrozenRequest};
+use provider::{DownstreamKey, FrozenRequest, IntentStatus, PaymentIntent};
 use serde_json::{Value, json};
 
 use crate::events::EventType;
 use crate::money::Amount;
-use crate::operations::cancel::{CANCEL_PAYMENT, cancel_request, released};
+use crate::operations::cancel::{CANCEL_PAYMENT, cancel_request};
 use crate::operations::capture::{CAPTURE_PAYMENT, capture_request};
 use crate::payments::{CancellationReason, Changes, PaymentStatus};
 
@@ -70,32 +70,38 @@ impl AuthorizationAction {
     }
 
     /// The call to the processor, frozen under the operation's own key: each capture and each
-    /// cancel has one (`DownstreamKey::capture`, `DownstreamKey::cancel`), from the payment and
-    /// the operation's key, its row `key_id`.
+    /// cancel has one (`DownstreamKey::capture`, `DownstreamKey::cancel`), from the payment, its
+    /// PaymentIntent and the operation's key, its row `key_id`.
     pub(super) fn frozen_request(
         self,
         payment_id: &str,
-        charge_id: &str,
+        intent_id: &str,
         key_id: i64,
     ) -> FrozenRequest {
         match self {
-            Self::Capture { amount } => capture_request(payment_id, charge_id, amount, key_id),
-            Self::Cancel { .. } => cancel_request(payment_id, charge_id, key_id),
+            Self::Capture { amount } => capture_request(payment_id, intent_id, amount, key_id),
+            Self::Cancel { reason } => cancel_request(payment_id, intent_id, reason, key_id),
         }
     }
 
-    /// Whether `charge` shows that the call acted: it is captured, or released.
-    pub(super) fn shows_done(self, charge: &Charge) -> bool {
+    /// Whether `intent` shows that the call acted: it `succeeded`, or is `canceled`.
+    pub(super) fn shows_done(self, intent: &PaymentIntent) -> bool {
         match self {
-            Self::Capture { .. } => charge.captured,
-            Self::Cancel { .. } => released(charge),
+            Self::Capture { .. } => intent.status == IntentStatus::Succeeded,
+            Self::Cancel { .. } => intent.status == IntentStatus::Canceled,
         }
     }
 
-    /// What the call did, as `charge`, which shows that it acted, says.
-    pub(super) fn acted(self, charge: &Charge) -> Acted {
+    /// What the call did, as `intent`, which shows that it acted, says. A compatible server may
+    /// leave `amount_received` out: then the capture's own amount, or the whole authorization.
+    pub(super) fn acted(self, intent: &PaymentIntent) -> Acted {
         match self {
-            Self::Capture { .. } => Acted::Captured { amount_captured: charge.amount_captured },
+            Self::Capture { amount } => {
+                let asked = amount.map_or(intent.amount, Amount::get);
+                let received =
+                    if intent.amount_received > 0 { intent.amount_received } else { asked };
+                Acted::Captured { amount_captured: received }
+            }
             Self::Cancel { reason } => Acted::Released { reason },
         }
     }

@@ -1,12 +1,13 @@
-//! What capture and cancel share: both act on a payment's authorization, and one
-//! [`AuthorizationAction`] says which. The first phase locks the payment, marks it `processing`
-//! (so no other operation starts on it) and freezes the call. Then the call goes out; a call
-//! whose answer is lost is reconciled from the charge itself; and the last phase records what the
-//! call did, or, after a final refusal, reopens the payment.
+//! What capture and cancel share: both act on a payment's authorization, its PaymentIntent at
+//! the processor, and one [`AuthorizationAction`] says which. The first phase locks the payment,
+//! marks it `processing` (so no other operation starts on it) and freezes the call. Then the call
+//! goes out; a call whose answer is lost, or that the processor refuses because the
+//! PaymentIntent moved on already, is reconciled from the PaymentIntent itself; and the last
+//! phase records what the call did, or, after a final refusal, reopens the payment.
 //!
 //! Here: the step's phases and its call. What tells a capture from a cancel (the names each
-//! writes, the frozen call, how a charge shows the call acted, what the last phase writes) is in
-//! `action`.
+//! writes, the frozen call, how a PaymentIntent shows the call acted, what the last phase writes)
+//! is in `action`.
 
 mod action;
 
@@ -15,7 +16,9 @@ pub(super) use action::AuthorizationAction;
 use std::time::Duration;
 
 use idem::{Interrupted, Lease, RecoveryPoint, StoredResponse};
-use provider::{CardProcessor, Charge, ErrorClass, FrozenRequest, ProcessorError};
+use provider::{
+    CardProcessor, ErrorClass, FrozenRequest, IntentStatus, PaymentIntent, ProcessorError,
+};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
@@ -25,10 +28,9 @@ use crate::audit::{self, Subject};
 use crate::events;
 use crate::ids::{AccountId, PaymentId};
 use crate::jobs::Work;
-use crate::operations::cancel::released_already;
 use crate::operations::reconcile::{
-    Reconciled, adopt_or_move_on, already_refunded, planned_call, refused_at_a_later_generation,
-    when_nothing_found,
+    Reconciled, adopt_or_move_on, adopted, count_reconciliation, moved_on, planned_call,
+    refused_at_a_later_generation, when_nothing_found,
 };
 use crate::operations::{
     Context, Learnt, LeaseInfo, Refused, current_payment, final_outcome, internal, payment_answer,
@@ -43,8 +45,8 @@ enum Gate {
     Open {
         /// The payment.
         payment_id: PaymentId,
-        /// The authorized charge.
-        charge_id: String,
+        /// The authorized PaymentIntent.
+        intent_id: String,
     },
     /// A final answer instead.
     Refused(Problem),
@@ -80,8 +82,8 @@ impl<'a, P: CardProcessor> Authorization<'a, P> {
         let info = LeaseInfo::of(lease);
         let mut tx = lease.begin().await?;
         match self.open_gate(&mut tx, &info).await? {
-            Gate::Open { payment_id, charge_id } => {
-                let call = self.action.frozen_request(&payment_id, &charge_id, info.key_id);
+            Gate::Open { payment_id, intent_id } => {
+                let call = self.action.frozen_request(&payment_id, &intent_id, info.key_id);
                 tx.commit_call(next, &call).await
             }
             Gate::Refused(problem) => {
@@ -92,7 +94,8 @@ impl<'a, P: CardProcessor> Authorization<'a, P> {
     }
 
     /// Locks the payment; refuses unless it awaits capture (and, for a capture, holds the
-    /// amount); marks it `processing`.
+    /// amount), with a code of its own for a payment still waiting on its customer; marks it
+    /// `processing`.
     async fn open_gate(
         &self,
         tx: &mut PgConnection,
@@ -102,6 +105,16 @@ impl<'a, P: CardProcessor> Authorization<'a, P> {
             .await?
             .ok_or(DomainError::NotFound("payment"))?;
         let names = self.action.names();
+        if payment.status == PaymentStatus::RequiresAction {
+            return Ok(Gate::Refused(Problem::new(
+                ProblemCode::PaymentRequiresAction,
+                format!(
+                    "The payment `requires_action`: its customer has not authenticated yet, so it \
+                     cannot be {} until it `requires_capture`.",
+                    names.done
+                ),
+            )));
+        }
         if payment.status != PaymentStatus::RequiresCapture {
             return Ok(Gate::Refused(Problem::new(
                 ProblemCode::PaymentUnexpectedState,
@@ -125,10 +138,10 @@ impl<'a, P: CardProcessor> Authorization<'a, P> {
                 .with_param("amount_to_capture"),
             ));
         }
-        let charge_id = payment
-            .processor_charge_id
+        let intent_id = payment
+            .processor_payment_intent_id
             .clone()
-            .ok_or(DomainError::Corrupt("an authorized payment without a charge"))?;
+            .ok_or(DomainError::Corrupt("an authorized payment without a PaymentIntent"))?;
         payments::update(
             tx,
             self.payment_id,
@@ -137,12 +150,12 @@ impl<'a, P: CardProcessor> Authorization<'a, P> {
         )
         .await?;
         record(tx, self.account_id, self.payment_id, names.started, info, json!({})).await?;
-        Ok(Gate::Open { payment_id: payment.id, charge_id })
+        Ok(Gate::Open { payment_id: payment.id, intent_id })
     }
 
     /// After the first phase, at the recovery point `at`: sends the call it froze, learns what
-    /// the call did (from its answer, or else from the charge), and records that in the last
-    /// phase, with the answer. A call that moved to its key's next generation ends the step.
+    /// the call did (from its answer, or else from the PaymentIntent), and records that in the
+    /// last phase, with the answer. A call that moved to its key's next generation ends the step.
     pub(super) async fn act<Pt: RecoveryPoint>(
         &self,
         lease: &mut Lease,
@@ -150,10 +163,10 @@ impl<'a, P: CardProcessor> Authorization<'a, P> {
     ) -> Result<(), Interrupted> {
         let info = LeaseInfo::of(lease);
         let payment = current_payment(&self.ctx.pool, self.account_id, self.payment_id).await?;
-        let charge_id = payment
-            .processor_charge_id
+        let intent_id = payment
+            .processor_payment_intent_id
             .clone()
-            .ok_or_else(|| internal("an authorized payment without a charge"))?;
+            .ok_or_else(|| internal("an authorized payment without a PaymentIntent"))?;
         let request = planned_call(lease).await?;
         let operation = self.action.names().operation;
         idem::failpoint(|| format!("{operation}.before_call")).await;
@@ -161,20 +174,16 @@ impl<'a, P: CardProcessor> Authorization<'a, P> {
         idem::failpoint(|| format!("{operation}.after_call")).await;
         let (outcome, reconciled) = match outcome {
             Err(err) if err.class() == ErrorClass::Reconcile => {
-                match self.reconcile(lease, at, &request, &charge_id, &err).await? {
-                    Some((charge, detail)) => (Ok(self.action.acted(&charge)), Some(detail)),
+                match self.reconcile(lease, at, &request, &intent_id, &err).await? {
+                    Some((intent, detail)) => (Ok(self.action.acted(&intent)), Some(detail)),
                     None => return Ok(()),
                 }
             }
-            // Released already: behind the API's back (at the processor, or when the
-            // authorization expired) or by an earlier generation of this key. A release is
-            // whole, so a charge that says so answers for this cancel.
-            Err(err)
-                if matches!(self.action, AuthorizationAction::Cancel { .. })
-                    && already_refunded(&err) =>
-            {
-                match released_already(self.ctx, lease, &charge_id, &err, &request.key).await? {
-                    Some((charge, detail)) => (Ok(self.action.acted(&charge)), Some(detail)),
+            // Done already: behind the API's back (at the processor, or when the authorization
+            // expired) or by an earlier generation of this key. The PaymentIntent says so.
+            Err(err) if moved_on(&err) => {
+                match self.done_already(lease, &intent_id, &err, &request).await? {
+                    Some((intent, detail)) => (Ok(self.action.acted(&intent)), Some(detail)),
                     None => (refused_at_a_later_generation(&request, Err(err))?, None),
                 }
             }
@@ -187,51 +196,73 @@ impl<'a, P: CardProcessor> Authorization<'a, P> {
         tx.commit_answer(answer).await
     }
 
-    /// Sends the frozen call: what it did, or the processor's error.
+    /// Sends the frozen call: what it did, or the processor's error. An answer whose
+    /// PaymentIntent does not show that the call acted did not say what it did.
     async fn send(&self, request: &FrozenRequest) -> Result<Acted, ProcessorError> {
         let processor = &self.ctx.processor;
-        match self.action {
-            AuthorizationAction::Capture { .. } => match processor.capture_charge(request).await {
-                // A capture that answers with an uncaptured charge did not say what it did.
-                Ok(charge) if !charge.captured => Err(ProcessorError::UnknownOutcome {
-                    message: format!("the capture answered with {} uncaptured", charge.id),
-                }),
-                answer => answer.map(|charge| self.action.acted(&charge)),
-            },
-            AuthorizationAction::Cancel { reason } => {
-                processor.create_refund(request).await.map(|_refund| Acted::Released { reason })
-            }
+        let answer = match self.action {
+            AuthorizationAction::Capture { .. } => processor.capture_payment_intent(request).await,
+            AuthorizationAction::Cancel { .. } => processor.cancel_payment_intent(request).await,
+        }?;
+        if !self.action.shows_done(&answer) {
+            return Err(ProcessorError::UnknownOutcome {
+                message: format!("the call answered with {} {:?}", answer.id, answer.status),
+            });
         }
+        Ok(self.action.acted(&answer))
     }
 
-    /// The processor cannot tell us what the call `request` at `at` did (`cause`): the charge
-    /// `charge_id` itself says. A charge that shows the call acted
+    /// The processor refused the call because the PaymentIntent `intent_id` moved on (`cause`):
+    /// the PaymentIntent, with the audit detail of its adoption, if it shows that this action
+    /// is done; `None` leaves the refusal standing.
+    async fn done_already(
+        &self,
+        lease: &mut Lease,
+        intent_id: &str,
+        cause: &ProcessorError,
+        request: &FrozenRequest,
+    ) -> Result<Option<(PaymentIntent, Value)>, Interrupted> {
+        lease.renew().await?;
+        let processor = &self.ctx.processor;
+        let intent =
+            processor.retrieve_payment_intent(intent_id).await.map_err(|err| unavailable(&err))?;
+        if !self.action.shows_done(&intent) {
+            return Ok(None);
+        }
+        count_reconciliation(self.action.names().what, "adopted");
+        let detail = adopted(cause, &intent.id, &request.key);
+        Ok(Some((intent, detail)))
+    }
+
+    /// The processor cannot tell us what the call `request` at `at` did (`cause`): the
+    /// PaymentIntent `intent_id` itself says. One that shows the call acted
     /// ([`AuthorizationAction::shows_done`]) is adopted, with the audit detail of its adoption.
-    /// A charge still only authorized says the call surely did not act: once that can be
-    /// believed, the call moves to its key's next generation (`None`: the step is over).
-    /// Anything else needs a person.
+    /// One still only authorized says the call surely did not act: once that can be believed,
+    /// the call moves to its key's next generation (`None`: the step is over). Anything else
+    /// needs a person.
     async fn reconcile<Pt: RecoveryPoint>(
         &self,
         lease: &mut Lease,
         at: Pt,
         request: &FrozenRequest,
-        charge_id: &str,
+        intent_id: &str,
         cause: &ProcessorError,
-    ) -> Result<Option<(Charge, Value)>, Interrupted> {
+    ) -> Result<Option<(PaymentIntent, Value)>, Interrupted> {
         let what = self.action.names().what;
         let processor = &self.ctx.processor;
         lease.renew().await?;
-        let charge = processor.retrieve_charge(charge_id).await.map_err(|err| unavailable(&err))?;
-        let found = if self.action.shows_done(&charge) {
-            Reconciled::Adopt(charge)
-        } else if charge.paid && !charge.captured && charge.amount_refunded == 0 {
-            // A charge read is consistent: no lag, only the calls still in flight.
+        let intent =
+            processor.retrieve_payment_intent(intent_id).await.map_err(|err| unavailable(&err))?;
+        let found = if self.action.shows_done(&intent) {
+            Reconciled::Adopt(intent)
+        } else if intent.status == IntentStatus::RequiresCapture {
+            // A PaymentIntent read is consistent: no lag, only the calls still in flight.
             when_nothing_found(lease, processor.longest_call(), Duration::ZERO, what).await?
         } else {
             return Err(Interrupted::NeedsHuman {
                 reason: format!(
-                    "the {what} of {charge_id} cannot be reconciled: the charge is captured {} for {}, refunded {}",
-                    charge.captured, charge.amount_captured, charge.amount_refunded
+                    "the {what} of {intent_id} cannot be reconciled: the PaymentIntent is {:?}",
+                    intent.status
                 ),
             });
         };

@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 
 use super::super::reconcile::audit_other_charge;
 use super::super::{
-    LeaseInfo, Learnt, Refused, failure_code, final_problem, payment_answer, problem_answer,
+    Learnt, LeaseInfo, Refused, failure_code, final_problem, payment_answer, problem_answer,
     record_reconciled, unavailable,
 };
 use crate::DomainError;
