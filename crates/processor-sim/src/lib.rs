@@ -22,9 +22,11 @@
 //! `answer`. `control` serves the `/_sim` surface that changes the `faults` at run time.
 
 mod answer;
+mod authentication;
 mod clock;
 mod control;
 mod faults;
+mod intent_routes;
 mod ledger;
 mod middleware;
 mod routes;
@@ -39,7 +41,7 @@ use tokio::net::TcpListener;
 
 use clock::Clock;
 pub use clock::ManualClock;
-pub use faults::{DEFAULT_KEY_TTL_S, FaultConfig, Idempotency};
+pub use faults::{DEFAULT_AUTHENTICATION_TTL_S, DEFAULT_KEY_TTL_S, FaultConfig, Idempotency};
 use ledger::Ledger;
 pub use ledger::Stats;
 pub use webhooks::{MAX_ATTEMPTS as WEBHOOK_MAX_ATTEMPTS, WebhookTarget};

@@ -4,7 +4,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use processor_sim::{
-    DEFAULT_KEY_TTL_S, DEFAULT_PORT, FaultConfig, Idempotency, Simulator, WebhookTarget,
+    DEFAULT_AUTHENTICATION_TTL_S, DEFAULT_KEY_TTL_S, DEFAULT_PORT, FaultConfig, Idempotency,
+    Simulator, WebhookTarget,
 };
 
 /// A stand-in card processor speaking a subset of Stripe's Charges and Refunds API (create,
@@ -90,6 +91,10 @@ struct Args {
     /// Milliseconds before a failed webhook attempt is tried again; doubles per attempt.
     #[arg(long, env = "SIM_WEBHOOK_RETRY_BASE_MS", default_value_t = 500)]
     webhook_retry_base_ms: u64,
+    /// Seconds a PaymentIntent waits in requires_action for the customer to authenticate before
+    /// the authentication fails by itself.
+    #[arg(long, env = "SIM_AUTHENTICATION_TTL_S", default_value_t = DEFAULT_AUTHENTICATION_TTL_S)]
+    authentication_ttl_s: u64,
 }
 
 #[tokio::main]
@@ -118,6 +123,7 @@ async fn main() -> ExitCode {
         webhook_duplicate_rate: args.webhook_duplicate_rate,
         webhook_reorder_rate: args.webhook_reorder_rate,
         webhook_retry_base_ms: args.webhook_retry_base_ms,
+        authentication_ttl_s: args.authentication_ttl_s,
     };
     let address = format!("{}:{}", args.host, args.port);
     let simulator = match Simulator::build(&address, faults).await {

@@ -1,9 +1,12 @@
 //! The stand-in's webhooks: Stripe-style events (`charge.succeeded`, `charge.failed`,
-//! `charge.captured`, `charge.refunded`) posted to one endpoint, signed with `Stripe-Signature`
-//! and the endpoint's `whsec_…` secret, delivered at least once.
+//! `charge.captured`, `charge.refunded`, and `payment_intent.succeeded`, `.payment_failed`,
+//! `.amount_capturable_updated`, `.requires_action`, `.canceled`) posted to one endpoint, signed
+//! with `Stripe-Signature` and the endpoint's `whsec_…` secret, delivered at least once.
 //!
-//! An event is raised by the ledger when an operation changes a charge (a replay raises none), and
-//! carries the request's idempotency key (`request.idempotency_key`), as Stripe's do. A
+//! An event is raised by the ledger when an operation changes a charge or a PaymentIntent (a
+//! replay raises none), and carries the request's idempotency key (`request.idempotency_key`), as
+//! Stripe's do; a change nobody asked for (an authentication completed at the stand-in's test
+//! page, or one that expired) carries none. A
 //! dispatcher task posts each one; an answer other than 2xx, or none, is retried with exponential
 //! back-off up to [`MAX_ATTEMPTS`] times, each attempt signed anew with the current time. Seeded
 //! faults, drawn per event from their own generator (the requests' fault sequence is unchanged):
@@ -72,26 +75,43 @@ impl WebhookTarget {
     }
 }
 
-/// What changed a charge, as an event's `type`.
+/// What changed a charge or a PaymentIntent, as an event's `type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ChargeEvent {
+pub(super) enum EventType {
     /// A charge was made and authorized (captured or not).
-    Succeeded,
+    ChargeSucceeded,
     /// A charge was made and declined.
-    Failed,
+    ChargeFailed,
     /// An authorized charge was captured.
-    Captured,
+    ChargeCaptured,
     /// A charge was refunded, or its authorization released, in whole or in part.
-    Refunded,
+    ChargeRefunded,
+    /// A PaymentIntent's money was taken (confirmed with automatic capture, or captured).
+    PaymentIntentSucceeded,
+    /// A PaymentIntent's attempt failed (a decline, a failed or expired authentication).
+    PaymentIntentPaymentFailed,
+    /// A PaymentIntent with manual capture was authorized and can be captured.
+    PaymentIntentAmountCapturableUpdated,
+    /// A PaymentIntent waits for the customer to authenticate.
+    PaymentIntentRequiresAction,
+    /// A PaymentIntent was canceled.
+    PaymentIntentCanceled,
 }
 
-impl ChargeEvent {
+impl EventType {
     fn as_str(self) -> &'static str {
         match self {
-            Self::Succeeded => "charge.succeeded",
-            Self::Failed => "charge.failed",
-            Self::Captured => "charge.captured",
-            Self::Refunded => "charge.refunded",
+            Self::ChargeSucceeded => "charge.succeeded",
+            Self::ChargeFailed => "charge.failed",
+            Self::ChargeCaptured => "charge.captured",
+            Self::ChargeRefunded => "charge.refunded",
+            Self::PaymentIntentSucceeded => "payment_intent.succeeded",
+            Self::PaymentIntentPaymentFailed => "payment_intent.payment_failed",
+            Self::PaymentIntentAmountCapturableUpdated => {
+                "payment_intent.amount_capturable_updated"
+            }
+            Self::PaymentIntentRequiresAction => "payment_intent.requires_action",
+            Self::PaymentIntentCanceled => "payment_intent.canceled",
         }
     }
 }
@@ -101,14 +121,15 @@ fn unix_now() -> i64 {
     i64::try_from(now).unwrap_or(i64::MAX)
 }
 
-/// The event as Stripe shapes it, around the charge as it is right after the change.
-pub(super) fn event(kind: ChargeEvent, charge: Value, idempotency_key: Option<&str>) -> Value {
+/// The event as Stripe shapes it, around the object (a charge or a PaymentIntent) as it is right
+/// after the change.
+pub(super) fn event(kind: EventType, object: Value, idempotency_key: Option<&str>) -> Value {
     json!({
         "id": new_id("evt"),
         "object": "event",
         "api_version": API_VERSION,
         "created": unix_now(),
-        "data": {"object": charge},
+        "data": {"object": object},
         "livemode": false,
         "pending_webhooks": 1,
         "request": {"id": Value::Null, "idempotency_key": idempotency_key},
