@@ -66,7 +66,7 @@ pub struct FaultConfig {
     /// Seconds an idempotency record is kept; an older one is forgotten and the key executes
     /// again (Stripe keeps keys for 24 hours).
     pub key_ttl_s: u64,
-    /// Milliseconds a new charge stays invisible to `GET /v1/charges/search` (Stripe's search
+    /// Milliseconds a new charge or PaymentIntent stays invisible to search (Stripe's search
     /// can trail writes by up to about a minute).
     pub search_lag_ms: u64,
     /// Milliseconds before the first attempt to deliver each webhook event.

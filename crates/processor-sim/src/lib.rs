@@ -1,25 +1,38 @@
-//! The stand-in card processor: the subset of Stripe's Charges and Refunds API that the client
-//! uses, with real in-memory state, Stripe's idempotency semantics, the test tokens, and seeded
-//! fault injection, so that a run can be repeated exactly. The binary `processor-sim` serves it.
+//! The stand-in card processor: the subset of Stripe's API that integrations use, PaymentIntents
+//! as integrations are written today and the older Charges beside them, with real in-memory
+//! state, Stripe's idempotency semantics, Stripe's test payment methods, and seeded fault
+//! injection, so that a run can be repeated exactly. The binary `processor-sim` serves it.
+//!
+//! It serves `POST /v1/charges` (and `…/{id}/capture`, `GET` one, the list and
+//! `GET /v1/charges/search`), `POST /v1/payment_intents` (with `confirm=true`, or then
+//! `…/{id}/confirm`), `…/{id}/capture`, `…/{id}/cancel`, `GET` one, the list (`starting_after`
+//! or `ending_before`) and `GET /v1/payment_intents/search`, and `POST /v1/refunds` by `charge`
+//! or `payment_intent` with `GET /v1/refunds?charge=…` or `?payment_intent=…`. The test card
+//! decides a confirmation: a charge under the intent, Stripe's 402 `card_error` with the intent
+//! inside, or `requires_action` with a `next_action` that sends the customer to the stand-in's
+//! own 3-D Secure test page (`GET /_sim/authenticate/{id}`); a test completes or fails it with
+//! `POST /_sim/payment_intents/{id}/authenticate`, and one nobody completes fails after
+//! `authentication_ttl_s` (see `authentication`).
 //!
 //! By default it is as strict as Stripe ([`Idempotency::Stripe`]): the answer of every request
 //! that began executing is kept against its key and replayed with `Idempotent-Replayed: true`
 //! (2xx, 402, the 4xx an operation raises, 500s); a key reused with other parameters is
-//! `400 idempotency_error`; a key is forgotten after `key_ttl_s`; charges can be found by
-//! metadata with `GET /v1/charges/search` (after `search_lag_ms`), and a charge's refunds with
-//! `GET /v1/refunds?charge=…`. [`Idempotency::Lenient`] keeps only 2xx and 402, as the stand-in
-//! first did.
+//! `400 idempotency_error`; a key is forgotten after `key_ttl_s`; search sees an object only
+//! after `search_lag_ms`. [`Idempotency::Lenient`] keeps only 2xx and 402, as the stand-in first
+//! did.
 //!
 //! Once told where (`PUT /_sim/webhooks`), it sends Stripe-style webhooks for every change of a
-//! charge, signed with `Stripe-Signature` (the scheme is `provider::signature`'s, which the
-//! receiving side verifies with), at least once, with their own seeded faults (see `webhooks`).
+//! charge or a PaymentIntent, signed with `Stripe-Signature` (the scheme is
+//! `provider::signature`'s, which the receiving side verifies with), at least once, with their
+//! own seeded faults (see `webhooks`).
 //!
-//! State lives in memory: a restart forgets every charge.
+//! State lives in memory: a restart forgets every charge and intent.
 //!
-//! A request goes through `routes` (the router and the `/v1` handlers), `middleware` (its
-//! fault), the `ledger` (the books, with one module per operation: `charges`, `refunds`, `lists`,
-//! `search`, each run under Stripe's idempotency rules in `ledger::idempotency`) and back as an
-//! `answer`. `control` serves the `/_sim` surface that changes the `faults` at run time.
+//! A request goes through `routes` (the router and the charge and refund handlers) or
+//! `intent_routes` (the PaymentIntent handlers), `middleware` (its fault), the `ledger` (the
+//! books, with one module per operation: `charges`, `refunds`, `lists`, `search`,
+//! `payment_intents`, each run under Stripe's idempotency rules in `ledger::idempotency`) and back
+//! as an `answer`. `control` serves the `/_sim` surface that changes the `faults` at run time.
 
 mod answer;
 mod authentication;
