@@ -30,6 +30,7 @@ pub(crate) fn router(sim: Sim) -> Router {
         .layer(middleware::from_fn_with_state(sim.clone(), inject_faults));
     Router::new()
         .merge(api)
+        .merge(crate::drive::routes())
         .route("/_sim/faults", get(control::get_faults).put(control::put_faults))
         .route("/_sim/stats", get(control::get_stats))
         .route("/_sim/webhooks", get(control::get_webhooks).put(control::put_webhooks))

@@ -82,6 +82,7 @@ impl Ledger {
         };
         let created = self.next_created();
         let mut charge = ChargeRecord {
+            account: self.acting_account.clone(),
             id: new_id("ch"),
             amount,
             currency,

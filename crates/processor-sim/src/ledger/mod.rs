@@ -2,15 +2,21 @@
 //! the events waiting for the webhook dispatcher, the counters) and the helpers its operations
 //! share. The operations are in the modules below, one responsibility each: [`charges`] (create,
 //! capture, retrieve), [`refunds`], [`lists`], [`search`]; [`idempotency`] runs a POST's
-//! operation under Stripe's idempotency rules.
+//! operation under Stripe's idempotency rules; [`control`] is what the `/_sim` surface asks of
+//! the books (a reset, the clock).
+//!
+//! Every object records its account: the secret key of the request that made it, as the stand-in
+//! knows no other notion of an account (a kept idempotency key belongs to its secret key too).
 
 mod charges;
+mod control;
 mod idempotency;
 mod lists;
 mod refunds;
 mod search;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 use rand::Rng;
@@ -62,6 +68,8 @@ pub struct Stats {
 #[derive(Debug, Clone)]
 struct ChargeRecord {
     id: String,
+    /// The secret key that made it.
+    account: Arc<str>,
     amount: i64,
     currency: String,
     captured: bool,
@@ -129,6 +137,8 @@ impl Outcome {
 #[derive(Debug, Clone)]
 struct RefundRecord {
     id: String,
+    /// The secret key that made it.
+    account: Arc<str>,
     charge: String,
     amount: i64,
     reason: Option<String>,
@@ -159,7 +169,8 @@ pub(crate) struct Ledger {
     /// first; only charges with refunds have an entry.
     refunds_by_charge: HashMap<usize, Vec<usize>>,
     keys: KeyStore,
-    sequence: u64,
+    /// The secret key of the POST running now: the account of what it makes.
+    acting_account: Arc<str>,
     /// What the operation running now changed, for its events (stamped with its key after it).
     raised: Vec<(ChargeEvent, Value)>,
     /// Events stamped and waiting for the webhook dispatcher.
@@ -177,7 +188,7 @@ impl Ledger {
             refunds: Vec::new(),
             refunds_by_charge: HashMap::new(),
             keys: KeyStore::default(),
-            sequence: 0,
+            acting_account: Arc::from(""),
             raised: Vec::new(),
             events: Vec::new(),
             stats: Stats::default(),
@@ -196,9 +207,10 @@ impl Ledger {
         }
     }
 
+    /// A new object's `created`: the unix time as the stand-in sees it (its real start plus the
+    /// time since, `POST /_sim/clock`'s advances included).
     fn next_created(&mut self) -> u64 {
-        self.sequence += 1;
-        self.sequence
+        self.clock.unix_now_s()
     }
 }
 

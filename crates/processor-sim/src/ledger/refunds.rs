@@ -65,6 +65,7 @@ impl Ledger {
         self.raised.push((ChargeEvent::Refunded, charge.to_json()));
         let refund = RefundRecord {
             id: new_id("re"),
+            account: self.acting_account.clone(),
             charge: charge_id,
             amount,
             reason,
