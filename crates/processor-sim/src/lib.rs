@@ -33,11 +33,19 @@
 //! books, with one module per operation: `charges`, `refunds`, `lists`, `search`,
 //! `payment_intents`, each run under Stripe's idempotency rules in `ledger::idempotency`) and back
 //! as an `answer`. `control` serves the `/_sim` surface that changes the `faults` at run time.
+//!
+//! Other test suites, in any language, drive it over HTTP (`drive`): `GET /healthz`,
+//! `POST /_sim/reset` (everything, or one secret key's objects and kept keys), faults aimed at
+//! particular requests (`/_sim/faults/aimed`, see `aimed`) beside the seeded ones, and a test
+//! clock (`/_sim/clock`) that moves key expiry, authentication expiry, the search lag and
+//! `created` forward.
 
+mod aimed;
 mod answer;
 mod authentication;
 mod clock;
 mod control;
+mod drive;
 mod faults;
 mod intent_routes;
 mod ledger;
@@ -71,10 +79,16 @@ pub const MAX_LATENCY: Duration = Duration::from_secs(60);
 struct Inner {
     ledger: Ledger,
     faults: faults::Injector,
+    /// The faults document it started with, which a full reset restores.
+    initial_faults: FaultConfig,
+    /// The rules of `/_sim/faults/aimed`.
+    aimed: aimed::AimedFaults,
     /// Where webhook events go; `None`: nowhere (they are not raised).
     webhook_target: Option<WebhookTarget>,
-    /// The webhook dispatcher's queue.
-    webhook_queue: Option<tokio::sync::mpsc::Sender<serde_json::Value>>,
+    /// The webhook dispatcher's queue: each event with the epoch it was raised in.
+    webhook_queue: Option<tokio::sync::mpsc::Sender<(u64, serde_json::Value)>>,
+    /// Counts full resets: an event raised before the last one is not delivered (any more).
+    webhook_epoch: u64,
 }
 
 impl Inner {
@@ -86,8 +100,10 @@ impl Inner {
             return;
         }
         for event in events {
-            let queued =
-                self.webhook_queue.as_ref().is_some_and(|queue| queue.try_send(event).is_ok());
+            let queued = self
+                .webhook_queue
+                .as_ref()
+                .is_some_and(|queue| queue.try_send((self.webhook_epoch, event)).is_ok());
             if queued {
                 self.ledger.stats.events_created += 1;
             } else {
@@ -120,7 +136,7 @@ impl Simulator {
     /// Binds `address` (port 0 picks a free port) with the given faults in force; its time is
     /// the monotonic clock.
     pub async fn build(address: &str, faults: FaultConfig) -> std::io::Result<Self> {
-        Self::build_on(address, faults, Clock::Monotonic(std::time::Instant::now())).await
+        Self::build_on(address, faults, Clock::monotonic()).await
     }
 
     /// As [`Simulator::build`], on a clock the caller moves: for tests that cross a key's
@@ -130,7 +146,7 @@ impl Simulator {
         faults: FaultConfig,
         clock: ManualClock,
     ) -> std::io::Result<Self> {
-        Self::build_on(address, faults, Clock::Manual(clock)).await
+        Self::build_on(address, faults, Clock::manual(clock)).await
     }
 
     async fn build_on(address: &str, faults: FaultConfig, clock: Clock) -> std::io::Result<Self> {
@@ -138,9 +154,12 @@ impl Simulator {
         let listener = TcpListener::bind(address).await?;
         let sim = Sim(Arc::new(Mutex::new(Inner {
             ledger: Ledger::new(clock),
+            initial_faults: faults.clone(),
             faults: faults::Injector::new(faults),
+            aimed: aimed::AimedFaults::default(),
             webhook_target: None,
             webhook_queue: None,
+            webhook_epoch: 0,
         })));
         let queue = webhooks::start(sim.clone());
         sim.lock().webhook_queue = Some(queue);

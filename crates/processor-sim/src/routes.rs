@@ -32,6 +32,7 @@ pub(crate) fn router(sim: Sim) -> Router {
     Router::new()
         .merge(api)
         .merge(authentication::routes())
+        .merge(crate::drive::routes())
         .route("/_sim/faults", get(control::get_faults).put(control::put_faults))
         .route("/_sim/stats", get(control::get_stats))
         .route("/_sim/webhooks", get(control::get_webhooks).put(control::put_webhooks))

@@ -11,7 +11,9 @@
 //! back-off up to [`MAX_ATTEMPTS`] times, each attempt signed anew with the current time. Seeded
 //! faults, drawn per event from their own generator (the requests' fault sequence is unchanged):
 //! a delay before the first attempt, a duplicate delivery, and an event held back until the next
-//! one has been sent (out of order).
+//! one has been sent (out of order). A full `POST /_sim/reset` forgets the events waiting or
+//! being retried: each carries the reset epoch it was raised in, and is dropped once that has
+//! passed.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -150,8 +152,13 @@ pub(super) struct DeliveryPlan {
     pub retry_base: Duration,
 }
 
-/// Starts the dispatcher; returns where the ledger's events go.
-pub(super) fn start(sim: Sim) -> mpsc::Sender<Value> {
+/// Whether events of `epoch` are still to be delivered (no full reset since).
+fn current(sim: &Sim, epoch: u64) -> bool {
+    sim.lock().webhook_epoch == epoch
+}
+
+/// Starts the dispatcher; returns where the ledger's events go, each with its reset epoch.
+pub(super) fn start(sim: Sim) -> mpsc::Sender<(u64, Value)> {
     let (sender, receiver) = mpsc::channel(QUEUE_BOUND);
     let http = reqwest::Client::builder()
         .timeout(ATTEMPT_TIMEOUT)
@@ -165,11 +172,11 @@ pub(super) fn start(sim: Sim) -> mpsc::Sender<Value> {
 /// Takes events in the order they were raised; sends each on a task of its own (a slow endpoint
 /// holds up nothing else), except one that drew "out of order", which waits for the next event
 /// to go first (or for [`HOLD_AT_MOST`]).
-async fn dispatch(sim: Sim, mut events: mpsc::Receiver<Value>, http: reqwest::Client) {
-    let send = |event: Value, plan: DeliveryPlan| {
-        tokio::spawn(deliver(sim.clone(), http.clone(), Arc::new(event), plan));
+async fn dispatch(sim: Sim, mut events: mpsc::Receiver<(u64, Value)>, http: reqwest::Client) {
+    let send = |(epoch, event): (u64, Value), plan: DeliveryPlan| {
+        tokio::spawn(deliver(sim.clone(), http.clone(), epoch, Arc::new(event), plan));
     };
-    let mut held: Option<(Value, DeliveryPlan)> = None;
+    let mut held: Option<((u64, Value), DeliveryPlan)> = None;
     loop {
         let next = if held.is_some() {
             tokio::time::timeout(HOLD_AT_MOST, events.recv()).await.ok().flatten()
@@ -186,7 +193,13 @@ async fn dispatch(sim: Sim, mut events: mpsc::Receiver<Value>, http: reqwest::Cl
             }
             continue;
         };
-        let plan = sim.lock().faults.webhook_plan();
+        let plan = {
+            let mut inner = sim.lock();
+            if inner.webhook_epoch != event.0 {
+                continue;
+            }
+            inner.faults.webhook_plan()
+        };
         if plan.hold_back && held.is_none() {
             held = Some((event, plan));
             continue;
@@ -199,23 +212,38 @@ async fn dispatch(sim: Sim, mut events: mpsc::Receiver<Value>, http: reqwest::Cl
 }
 
 /// Delivers one event at least once (twice if it drew a duplicate).
-async fn deliver(sim: Sim, http: reqwest::Client, event: Arc<Value>, plan: DeliveryPlan) {
+async fn deliver(
+    sim: Sim,
+    http: reqwest::Client,
+    epoch: u64,
+    event: Arc<Value>,
+    plan: DeliveryPlan,
+) {
     if !plan.delay.is_zero() {
         tokio::time::sleep(plan.delay).await;
     }
     if plan.duplicate {
-        tokio::spawn(attempts(sim.clone(), http.clone(), event.clone(), plan.retry_base));
+        tokio::spawn(attempts(sim.clone(), http.clone(), epoch, event.clone(), plan.retry_base));
     }
-    attempts(sim, http, event, plan.retry_base).await;
+    attempts(sim, http, epoch, event, plan.retry_base).await;
 }
 
 /// Posts `event` until a 2xx answer or [`MAX_ATTEMPTS`], to the target in force at each attempt.
-async fn attempts(sim: Sim, http: reqwest::Client, event: Arc<Value>, retry_base: Duration) {
+async fn attempts(
+    sim: Sim,
+    http: reqwest::Client,
+    epoch: u64,
+    event: Arc<Value>,
+    retry_base: Duration,
+) {
     let body = event.to_string();
     // Deterministic, so that a seeded run repeats: the stand-in draws its faults from its seed.
     let backoff = Backoff::new(retry_base, BACKOFF_CAP, Jitter::None);
     for attempt in 1..=MAX_ATTEMPTS {
-        // No endpoint: nothing to deliver to, as at Stripe.
+        // No endpoint: nothing to deliver to, as at Stripe; a reset since: nothing to deliver.
+        if !current(&sim, epoch) {
+            return;
+        }
         let Some(target) = sim.lock().webhook_target.clone() else { return };
         let signature = sign(&target.secret, unix_now(), body.as_bytes());
         let sent = http

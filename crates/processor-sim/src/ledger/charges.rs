@@ -112,6 +112,7 @@ impl Ledger {
     pub(super) fn make_charge(&mut self, new: NewCharge, decline: Option<&Decline>) -> usize {
         let created = self.next_created();
         let mut charge = ChargeRecord {
+            account: self.acting_account.clone(),
             id: new_id("ch"),
             amount: new.amount,
             currency: new.currency,

@@ -3,9 +3,14 @@
 //! its operations share. The operations are in the modules below, one responsibility each:
 //! [`charges`] (create, capture, retrieve), [`refunds`], [`lists`], [`search`],
 //! [`payment_intents`] (their own books and operations), with Stripe's test cards in
-//! [`test_cards`]; [`idempotency`] runs a POST's operation under Stripe's idempotency rules.
+//! [`test_cards`]; [`idempotency`] runs a POST's operation under Stripe's idempotency rules;
+//! [`control`] is what the `/_sim` surface asks of the books (a reset, the clock).
+//!
+//! Every object records its account: the secret key of the request that made it, as the stand-in
+//! knows no other notion of an account (a kept idempotency key belongs to its secret key too).
 
 mod charges;
+mod control;
 mod idempotency;
 mod lists;
 mod payment_intents;
@@ -14,6 +19,7 @@ mod search;
 mod test_cards;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 use rand::Rng;
@@ -75,6 +81,8 @@ pub struct Stats {
 #[derive(Debug, Clone)]
 struct ChargeRecord {
     id: String,
+    /// The secret key that made it.
+    account: Arc<str>,
     amount: i64,
     currency: String,
     captured: bool,
@@ -145,6 +153,8 @@ impl Outcome {
 #[derive(Debug, Clone)]
 struct RefundRecord {
     id: String,
+    /// The secret key that made it.
+    account: Arc<str>,
     charge: String,
     /// The PaymentIntent of the charge, if it was made under one.
     payment_intent: Option<String>,
@@ -180,10 +190,8 @@ pub(crate) struct Ledger {
     /// PaymentIntents, with their own index, search index and pending authentications.
     intents: IntentBook,
     keys: KeyStore,
-    sequence: u64,
-    /// Unix seconds when the stand-in started: `created` of a PaymentIntent is this plus the
-    /// stand-in's clock.
-    started_unix_s: u64,
+    /// The secret key of the POST running now: the account of what it makes.
+    acting_account: Arc<str>,
     /// What the operation running now changed, for its events (stamped with its key after it).
     raised: Vec<(EventType, Value)>,
     /// Events stamped and waiting for the webhook dispatcher.
@@ -202,10 +210,7 @@ impl Ledger {
             refunds_by_charge: HashMap::new(),
             intents: IntentBook::default(),
             keys: KeyStore::default(),
-            sequence: 0,
-            started_unix_s: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            acting_account: Arc::from(""),
             raised: Vec::new(),
             events: Vec::new(),
             stats: Stats::default(),
@@ -224,14 +229,15 @@ impl Ledger {
         }
     }
 
+    /// A new object's `created`: the unix time as the stand-in sees it (its real start plus the
+    /// time since, `POST /_sim/clock`'s advances included).
     fn next_created(&mut self) -> u64 {
-        self.sequence += 1;
-        self.sequence
+        self.clock.unix_now_s()
     }
 
     /// Unix seconds now, on the stand-in's clock (a test's clock moves it).
     fn unix_now_s(&self) -> u64 {
-        self.started_unix_s.saturating_add(self.clock.now_ms() / 1000)
+        self.clock.unix_now_s()
     }
 }
 

@@ -106,6 +106,7 @@ impl Ledger {
         self.raised.push((EventType::ChargeRefunded, charge.to_json()));
         let refund = RefundRecord {
             id: new_id("re"),
+            account: self.acting_account.clone(),
             charge: charge.id.clone(),
             payment_intent: charge.payment_intent.clone(),
             amount,
