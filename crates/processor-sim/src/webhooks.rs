@@ -118,19 +118,27 @@ impl EventType {
     }
 }
 
+/// Real unix seconds, for a signature's timestamp: the receiver checks it against its own clock,
+/// which the stand-in's test clock does not move.
 fn unix_now() -> i64 {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     i64::try_from(now).unwrap_or(i64::MAX)
 }
 
 /// The event as Stripe shapes it, around the object (a charge or a PaymentIntent) as it is right
-/// after the change.
-pub(super) fn event(kind: EventType, object: Value, idempotency_key: Option<&str>) -> Value {
+/// after the change; `created` is the unix time on the stand-in's clock, which `POST /_sim/clock`
+/// moves as it moves the objects' `created`.
+pub(super) fn event(
+    kind: EventType,
+    object: Value,
+    idempotency_key: Option<&str>,
+    created: u64,
+) -> Value {
     json!({
         "id": new_id("evt"),
         "object": "event",
         "api_version": API_VERSION,
-        "created": unix_now(),
+        "created": created,
         "data": {"object": object},
         "livemode": false,
         "pending_webhooks": 1,

@@ -126,7 +126,8 @@ async fn a_full_reset_forgets_everything_and_restores_the_start_up_faults() {
     assert_eq!(
         answer,
         json!({"scope": "all", "webhook_url": null, "removed": {
-            "charges": 1, "refunds": 1, "idempotency_keys": 2, "aimed_faults": 1}})
+            "charges": 1, "refunds": 1, "payment_intents": 0, "idempotency_keys": 2,
+            "aimed_faults": 1}})
     );
     assert_eq!(sim.get_as(KEY_A, &format!("/v1/charges/{id}")).await.0, 404);
     assert_eq!(sim.get("/v1/charges").await["data"], json!([]));
@@ -169,7 +170,8 @@ async fn a_reset_of_one_key_forgets_only_what_that_key_made() {
     assert_eq!(
         answer,
         json!({"scope": "api_key", "webhook_url": null, "removed": {
-            "charges": 1, "refunds": 1, "idempotency_keys": 2, "aimed_faults": 1}})
+            "charges": 1, "refunds": 1, "payment_intents": 0, "idempotency_keys": 2,
+            "aimed_faults": 1}})
     );
     assert_eq!(sim.get_as(KEY_A, &format!("/v1/charges/{a_id}")).await.0, 404);
     assert_eq!(sim.get(&format!("/v1/charges/{b_id}")).await["amount_refunded"], 100);

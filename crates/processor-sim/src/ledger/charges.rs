@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use serde_json::{Value, json};
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::test_cards::{AUTHENTICATION_REQUIRED, Decline, TokenOutcome, token_outcome};
 use super::{ChargeRecord, Ledger, Outcome, amount, metadata, new_id, no_such_charge, param};
@@ -15,6 +16,9 @@ use crate::webhooks::EventType;
 /// What a new charge is made of, whether `POST /v1/charges` or a PaymentIntent's confirmation
 /// makes it.
 pub(super) struct NewCharge {
+    /// The secret key it belongs to: the request's, or its PaymentIntent's (whose authentication
+    /// may be completed outside any request).
+    pub account: Arc<str>,
     pub amount: i64,
     pub currency: String,
     pub description: Option<String>,
@@ -87,6 +91,7 @@ impl Ledger {
             TokenOutcome::RequiresAuthentication => Some(AUTHENTICATION_REQUIRED),
         };
         let new = NewCharge {
+            account: self.acting_account.clone(),
             amount,
             currency,
             description: param(params, "description").map(str::to_owned),
@@ -112,7 +117,7 @@ impl Ledger {
     pub(super) fn make_charge(&mut self, new: NewCharge, decline: Option<&Decline>) -> usize {
         let created = self.next_created();
         let mut charge = ChargeRecord {
-            account: self.acting_account.clone(),
+            account: new.account,
             id: new_id("ch"),
             amount: new.amount,
             currency: new.currency,

@@ -16,6 +16,8 @@ pub(crate) struct Removed {
     pub charges: usize,
     /// Refund objects (those of a forgotten charge included, whoever made them).
     pub refunds: usize,
+    /// PaymentIntent objects (with their pending authentications).
+    pub payment_intents: usize,
     /// Kept idempotency results.
     pub idempotency_keys: usize,
 }
@@ -26,6 +28,7 @@ impl Removed {
         Self {
             charges: before.charges.saturating_sub(after.charges),
             refunds: before.refunds.saturating_sub(after.refunds),
+            payment_intents: before.payment_intents.saturating_sub(after.payment_intents),
             idempotency_keys: before.idempotency_keys.saturating_sub(after.idempotency_keys),
         }
     }
@@ -47,12 +50,14 @@ impl Ledger {
         Removed {
             charges: self.charges.len(),
             refunds: self.refunds.len(),
+            payment_intents: self.intents.len(),
             idempotency_keys: self.keys.len(),
         }
     }
 
-    /// Forgets every object, every kept key and the counters, and takes back every advance of
-    /// the clock: the books are as at start-up.
+    /// Forgets every object (PaymentIntents and their pending authentications included), every
+    /// kept key and the counters, and takes back every advance of the clock: the books are as at
+    /// start-up.
     pub(crate) fn forget_everything(&mut self) -> Removed {
         let removed = self.holdings();
         let mut clock = self.clock.clone();
@@ -61,9 +66,10 @@ impl Ledger {
         removed
     }
 
-    /// Forgets the objects made with the secret key `api_key`, and its kept idempotency keys;
-    /// every other account's are kept, as are the counters and the clock. The indexes are built
-    /// again from what is kept: a reset is rare beside the requests it serves.
+    /// Forgets the objects made with the secret key `api_key` (charges, refunds, PaymentIntents
+    /// with their pending authentications), and its kept idempotency keys; every other
+    /// account's are kept, as are the counters and the clock. The indexes are built again from
+    /// what is kept: a reset is rare beside the requests it serves.
     pub(crate) fn forget_account(&mut self, api_key: &str) -> Removed {
         let before = self.holdings();
         let charges = std::mem::take(&mut self.charges);
@@ -85,6 +91,8 @@ impl Ledger {
             self.refunds_by_charge.entry(position).or_default().push(self.refunds.len());
             self.refunds.push(refund);
         }
+        // The charges made under a forgotten intent are its key's too, so went above.
+        self.intents.forget_account(api_key);
         self.keys.forget_account(api_key);
         Removed::between(before, self.holdings())
     }

@@ -224,8 +224,9 @@ impl Ledger {
 
     /// Turns what the operation just run changed into events carrying its idempotency key.
     fn stamp_events(&mut self, idempotency_key: Option<&str>) {
-        for (kind, charge) in std::mem::take(&mut self.raised) {
-            self.events.push(webhooks::event(kind, charge, idempotency_key));
+        let created = self.unix_now_s();
+        for (kind, object) in std::mem::take(&mut self.raised) {
+            self.events.push(webhooks::event(kind, object, idempotency_key, created));
         }
     }
 

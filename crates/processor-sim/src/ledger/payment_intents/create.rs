@@ -57,6 +57,7 @@ impl Ledger {
         let intent = IntentRecord {
             client_secret: format!("{id}_secret_{}", &new_id("s")[2..]),
             id,
+            account: self.acting_account.clone(),
             amount,
             amount_capturable: 0,
             amount_received: 0,
@@ -179,6 +180,7 @@ impl Ledger {
     fn intent_charge(&self, position: usize) -> Option<NewCharge> {
         let intent = self.intents.get(position)?;
         Some(NewCharge {
+            account: intent.account.clone(),
             amount: intent.amount,
             currency: intent.currency.clone(),
             description: intent.description.clone(),

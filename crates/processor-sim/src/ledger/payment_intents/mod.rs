@@ -14,6 +14,7 @@ mod params;
 mod reads;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 use serde::Deserialize;
@@ -103,6 +104,9 @@ pub(crate) struct IntentListQuery {
 #[derive(Debug, Clone)]
 pub(super) struct IntentRecord {
     id: String,
+    /// The secret key that made it: a reset of that key forgets it, and the charges made under
+    /// it (an authentication completed later included) belong to that key too.
+    account: Arc<str>,
     amount: i64,
     amount_capturable: i64,
     amount_received: i64,
@@ -187,6 +191,38 @@ impl IntentBook {
 
     fn json(&self, position: usize) -> Value {
         self.get(position).map_or(Value::Null, IntentRecord::to_json)
+    }
+
+    /// How many intents it holds.
+    pub(super) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Forgets the intents made with the secret key `api_key`, and builds the indexes and the
+    /// queue of pending authentications again from the ones kept (their positions move).
+    pub(super) fn forget_account(&mut self, api_key: &str) {
+        let records = std::mem::take(&mut self.records);
+        self.index.clear();
+        self.metadata_index = MetadataIndex::default();
+        // Old position to new, for the intents kept.
+        let mut moved = HashMap::new();
+        for (old, intent) in records.into_iter().enumerate() {
+            if &*intent.account == api_key {
+                continue;
+            }
+            let position = self.records.len();
+            for (key, value) in &intent.metadata {
+                self.metadata_index.add(key, value, position);
+            }
+            self.index.insert(intent.id.clone(), position);
+            moved.insert(old, position);
+            self.records.push(intent);
+        }
+        let awaiting = std::mem::take(&mut self.awaiting);
+        self.awaiting = awaiting
+            .into_iter()
+            .filter_map(|(since_ms, old)| Some((since_ms, *moved.get(&old)?)))
+            .collect();
     }
 }
 
