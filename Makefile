@@ -11,7 +11,7 @@ help:
 	@echo "make bench         throughput, latency, statements and memory against the pgbench floor"
 	@echo "make diagrams      every mermaid block in the Markdown parsed by Mermaid's own parser"
 	@echo "make fuzz-api      schemathesis against /openapi.json (100 per operation; FUZZ_EXAMPLES=500 for a long run)"
-	@echo "make stripe-sdk    Stripe's Python SDK against processor-sim, every endpoint it serves"
+	@echo "make stripe-sdk    Stripe's Python and Node SDKs against processor-sim (every endpoint; every PaymentIntent flow)"
 	@echo "make stand-in-examples  the example suites in examples/ (pytest, node --test) driving processor-sim"
 	@echo "make fmt           format the code"
 	@echo "make lint          clippy, cargo deny and cargo machete"
@@ -82,7 +82,9 @@ fuzz-api:
 	@FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) scripts/fuzz-api.sh
 
 # stripe-python (pinned in tests/stripe_sdk/requirements.txt, installed into
-# target/stripe-sdk-venv) against the stand-in. `make test` runs it after the tests.
+# target/stripe-sdk-venv), then stripe-node (pinned in tests/stripe_sdk_node/package-lock.json,
+# installed with npm ci into target/stripe-sdk-node) against the stand-in. `make test` runs it
+# after the tests.
 stripe-sdk:
 	@scripts/toolchain.sh
 	SQLX_OFFLINE=true cargo build -p processor-sim
