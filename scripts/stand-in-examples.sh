@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make stand-in-examples`: the two example test suites of examples/ (pytest with stripe-python,
-# node's test runner with stripe-node), each starting processor-sim on a free port, resetting it
-# before each test, aiming faults and moving its clock. Exits non-zero if either fails.
+# node's test runner with stripe-node), each paying with PaymentIntents against processor-sim on a
+# free port, resetting it before each test, aiming faults, moving its clock and completing a 3-D
+# Secure authentication. Exits non-zero if either fails.
 #
 # It builds nothing: it runs the processor-sim given as its first argument, or $PROCESSOR_SIM, or
 # ${CARGO_TARGET_DIR:-target}/debug/processor-sim. Each suite's dependencies go under target/ the

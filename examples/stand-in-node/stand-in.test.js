@@ -52,7 +52,7 @@ test('a lost answer is retried by the SDK and the retry gets the payment', async
   // was answered from the key.
   assert.equal(payment.lastResponse.headers['idempotent-replayed'], 'true');
   assert.equal(payment.metadata.payment_id, 'pay_2');
-  assert.equal((await sim.stats()).charges_created, 1);
+  assert.equal((await sim.stats()).payment_intents_created, 1);
   assert.deepEqual(await sim.aimed(), [], 'the rule fired once and is spent');
 });
 
@@ -71,7 +71,11 @@ test('a 500 after processing is kept and the retry gets the same 500', async () 
     assert.equal(err.headers['idempotent-replayed'], 'true');
     return true;
   });
-  assert.equal((await sim.stats()).charges_created, 1, 'the payment behind the 500 was made once');
+  assert.equal(
+    (await sim.stats()).payment_intents_created,
+    1,
+    'the payment behind the 500 was made once',
+  );
 });
 
 test('a key reused after its expiry executes again', async () => {
@@ -86,12 +90,30 @@ test('a reset forgets the payments of its key only', async () => {
   const mine = await payments.create(stripe, 'pay_5');
   const theirs = await payments.create(stripe, 'pay_5', { apiKey: OTHER_KEY });
   const { removed } = await sim.reset(API_KEY);
-  assert.equal(removed.charges, 1);
+  assert.deepEqual([removed.payment_intents, removed.charges], [1, 1]);
   await assert.rejects(payments.retrieve(stripe, mine.id), (err) => {
     assert.ok(err instanceof Stripe.errors.StripeInvalidRequestError, err.type);
     assert.equal(err.statusCode, 404);
     return true;
   });
   assert.equal((await payments.retrieve(stripe, theirs.id, { apiKey: OTHER_KEY })).id, theirs.id);
-  assert.equal((await sim.reset()).removed.charges, 1);
+  assert.equal((await sim.reset()).removed.payment_intents, 1);
+});
+
+test('a 3-D Secure payment waits for the customer, then succeeds', async () => {
+  const waiting = await payments.create(stripe, 'pay_6', {
+    idempotencyKey: 'key-3ds',
+    card: 'pm_card_threeDSecure2Required',
+    returnUrl: 'https://shop.example/back',
+  });
+  assert.equal(waiting.status, 'requires_action');
+  assert.equal(waiting.next_action.type, 'redirect_to_url');
+  assert.ok(waiting.next_action.redirect_to_url.url.endsWith(`/_sim/authenticate/${waiting.id}`));
+  assert.equal(waiting.latest_charge, null);
+  // The customer completes the authentication on the stand-in's test page.
+  assert.equal((await sim.authenticate(waiting.id, 'complete')).status, 'succeeded');
+  const done = await payments.retrieve(stripe, waiting.id);
+  assert.equal(done.status, 'succeeded');
+  assert.equal(done.amount_received, 1000);
+  assert.match(done.latest_charge, /^ch_/);
 });

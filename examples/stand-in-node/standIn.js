@@ -98,6 +98,14 @@ export class StandIn {
     return (await this.call('GET', '/_sim/faults/aimed')).data;
   }
 
+  /**
+   * Completes (`'complete'`) or fails (`'fail'`) a pending 3-D Secure authentication, as the
+   * customer would on Stripe's test page; answers the PaymentIntent.
+   */
+  authenticate(intentId, outcome) {
+    return this.call('POST', `/_sim/payment_intents/${intentId}/authenticate`, { outcome });
+  }
+
   advanceClock(seconds) {
     return this.call('POST', '/_sim/clock', { advance_s: seconds });
   }

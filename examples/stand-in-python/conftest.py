@@ -46,6 +46,12 @@ class StandIn:
     def aimed(self):
         return self.call("GET", "/_sim/faults/aimed")["data"]
 
+    def authenticate(self, intent_id, outcome):
+        """Completes (`"complete"`) or fails (`"fail"`) a pending 3-D Secure authentication, as
+        the customer would on Stripe's test page; answers the PaymentIntent."""
+        path = f"/_sim/payment_intents/{intent_id}/authenticate"
+        return self.call("POST", path, {"outcome": outcome})
+
     def advance_clock(self, seconds):
         return self.call("POST", "/_sim/clock", {"advance_s": seconds})
 
