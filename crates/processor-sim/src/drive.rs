@@ -44,11 +44,13 @@ struct Reset {
     webhook_target: bool,
 }
 
-/// `POST /_sim/reset`. With no body or `{}`: forgets every object, kept idempotency result,
-/// counter, aimed rule and webhook not yet delivered, restores the faults document it started
+/// `POST /_sim/reset`. With no body or `{}`: forgets every object (PaymentIntents and their
+/// pending authentications included), kept idempotency result, counter, aimed rule and webhook
+/// not yet delivered, restores the faults document it started
 /// with (and its seeded sequence) and takes back the clock's advances; the webhook target is kept
 /// unless `{"webhook_target": true}`. With `{"api_key": "sk_test_…"}`: forgets only what that
-/// key made (objects, kept keys, rules aimed at it), so suites sharing a stand-in with their own
+/// key made (charges, refunds, PaymentIntents with their pending authentications, kept keys,
+/// rules aimed at it), so suites sharing a stand-in with their own
 /// keys reset their own. Answers how many of each it forgot.
 async fn reset(State(sim): State<Sim>, body: Bytes) -> Response {
     let reset: Reset = match document(&body) {
@@ -122,7 +124,8 @@ async fn read_clock(State(sim): State<Sim>) -> Json<Value> {
 }
 
 /// `POST /_sim/clock` with `{"advance_s": 3600}` (or `advance_ms`): moves the stand-in's time
-/// forward (key expiry, the search lag, `created`), never back; answers the time after.
+/// forward (key expiry, authentication expiry, the search lag, the `created` of objects and
+/// webhook events), never back; answers the time after.
 async fn advance_clock(State(sim): State<Sim>, body: Bytes) -> Response {
     let advance: Advance = match document(&body) {
         Ok(advance) => advance.unwrap_or_default(),

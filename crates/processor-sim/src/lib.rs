@@ -35,10 +35,11 @@
 //! as an `answer`. `control` serves the `/_sim` surface that changes the `faults` at run time.
 //!
 //! Other test suites, in any language, drive it over HTTP (`drive`): `GET /healthz`,
-//! `POST /_sim/reset` (everything, or one secret key's objects and kept keys), faults aimed at
-//! particular requests (`/_sim/faults/aimed`, see `aimed`) beside the seeded ones, and a test
-//! clock (`/_sim/clock`) that moves key expiry, authentication expiry, the search lag and
-//! `created` forward.
+//! `POST /_sim/reset` (everything, or one secret key's objects, PaymentIntents with their pending
+//! authentications included, and kept keys), faults aimed at particular requests
+//! (`/_sim/faults/aimed`, see `aimed`) beside the seeded ones, on the charge and the PaymentIntent
+//! routes alike, and a test clock (`/_sim/clock`) that moves key expiry, authentication expiry,
+//! the search lag and the `created` of objects and webhook events forward.
 
 mod aimed;
 mod answer;

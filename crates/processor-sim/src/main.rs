@@ -36,12 +36,14 @@ use processor_sim::{
 /// forgets every charge, intent and key.
 ///
 /// Test suites in any language drive it over HTTP: `GET /healthz`; `POST /_sim/reset` forgets
-/// everything (or, with `{"api_key":"sk_test_…"}`, only what that key made); `POST
+/// everything (or, with `{"api_key":"sk_test_…"}`, only what that key made: charges, refunds,
+/// PaymentIntents and their pending authentications, kept keys); `POST
 /// /_sim/faults/aimed` aims a fault at particular requests (`{"method":"POST",
 /// "path":"/v1/charges/{id}/capture", "match":{"idempotency_key":…} or {"metadata":{…}} or
 /// {"param":{"name":…,"value":…}}, "fault":"lose_answer"|"error_after_processing"|"error"
 /// |"rate_limit"|"drop"|"latency", "latency_ms":…, "times":1}`; `GET` lists, `DELETE` clears);
-/// `POST /_sim/clock` `{"advance_s":3600}` moves its time (key expiry, authentication expiry, search lag, `created`).
+/// `POST /_sim/clock` `{"advance_s":3600}` moves its time (key expiry, authentication expiry,
+/// search lag, the `created` of objects and webhook events).
 // No `Debug`: the arguments hold the webhook secret.
 #[derive(Parser)]
 #[command(name = "processor-sim", version)]
