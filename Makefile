@@ -1,5 +1,5 @@
 # The two commands of the quick start are `make run` and `make test`; the rest are helpers.
-.PHONY: run test demo-crash diagrams proof proof-ha ha-up ha-down bench fuzz-api stripe-sdk fmt lint db-up db-down sqlx-prepare schema help
+.PHONY: run test demo-crash diagrams proof proof-ha ha-up ha-down bench fuzz-api stripe-sdk stand-in-examples fmt lint db-up db-down sqlx-prepare schema help
 
 help:
 	@echo "make run           start Postgres (if needed), the API and friends, print a demo key"
@@ -11,7 +11,8 @@ help:
 	@echo "make bench         throughput, latency, statements and memory against the pgbench floor"
 	@echo "make diagrams      every mermaid block in the Markdown parsed by Mermaid's own parser"
 	@echo "make fuzz-api      schemathesis against /openapi.json (100 per operation; FUZZ_EXAMPLES=500 for a long run)"
-	@echo "make stripe-sdk    Stripe's Python SDK against processor-sim, every endpoint it serves"
+	@echo "make stripe-sdk    Stripe's Python and Node SDKs against processor-sim (every endpoint; every PaymentIntent flow)"
+	@echo "make stand-in-examples  the example suites in examples/ (pytest, node --test) driving processor-sim"
 	@echo "make fmt           format the code"
 	@echo "make lint          clippy, cargo deny and cargo machete"
 	@echo "make sqlx-prepare  refresh .sqlx/ after changing a query (needs a migrated DATABASE_URL)"
@@ -81,11 +82,21 @@ fuzz-api:
 	@FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) scripts/fuzz-api.sh
 
 # stripe-python (pinned in tests/stripe_sdk/requirements.txt, installed into
-# target/stripe-sdk-venv) against the stand-in. `make test` runs it after the tests.
+# target/stripe-sdk-venv), then stripe-node (pinned in tests/stripe_sdk_node/package-lock.json,
+# installed with npm ci into target/stripe-sdk-node) against the stand-in. `make test` runs it
+# after the tests.
 stripe-sdk:
 	@scripts/toolchain.sh
 	SQLX_OFFLINE=true cargo build -p processor-sim
 	@scripts/stripe-sdk.sh
+
+# examples/stand-in-python (pytest, stripe-python) and examples/stand-in-node (node --test,
+# stripe-node), each starting processor-sim, resetting it, aiming faults and moving its clock.
+# Dependencies go into target/examples-venv and target/examples-node. `make test` runs them.
+stand-in-examples:
+	@scripts/toolchain.sh
+	SQLX_OFFLINE=true cargo build -p processor-sim
+	@scripts/stand-in-examples.sh
 
 fmt:
 	@scripts/toolchain.sh

@@ -80,5 +80,8 @@ cargo test --workspace --locked --no-fail-fast
 step "Stripe's Python SDK against processor-sim (make stripe-sdk)"
 scripts/stripe-sdk.sh
 
+step "the example suites that drive processor-sim: pytest and node --test (make stand-in-examples)"
+scripts/stand-in-examples.sh
+
 step "schema-driven fuzz run against /openapi.json (make fuzz-api, small and seeded)"
 FUZZ_EXAMPLES=${FUZZ_EXAMPLES:-10} FUZZ_SEED=${FUZZ_SEED:-1} scripts/fuzz-api.sh

@@ -1,9 +1,11 @@
 """Stripe's own Python SDK against the stand-in processor (`processor-sim`).
 
 Every endpoint the stand-in serves is called the way an application calls Stripe: through
-`stripe.Charge`, `stripe.Refund` and their list, search and paging helpers, with the SDK's own
-retries on. Each check is a function named `check_…`; the script runs them all in order against
-one fresh stand-in and ends with `N passed, M failed`, exiting non-zero if any failed.
+`stripe.Charge`, `stripe.PaymentIntent`, `stripe.Refund` and their list, search and paging
+helpers, with the SDK's own retries on; a 3-D Secure authentication is completed or failed through
+the stand-in's control route, as a customer would on Stripe's test page. Each check is a function
+named `check_…`; the script runs them all in order against one fresh stand-in and ends with
+`N passed, M failed`, exiting non-zero if any failed.
 
     python test_stand_in.py --bin target/debug/processor-sim   # starts it on a free port
     python test_stand_in.py --url http://127.0.0.1:12111       # uses one already running
@@ -262,6 +264,251 @@ def check_webhooks_verify_with_construct_event_and_carry_the_charge_and_its_key(
     finally:
         sim_request("PUT", "/_sim/webhooks", None)
         server.shutdown()
+
+
+def card_intent(payment_id, **extra):
+    """Parameters of a 1000-cent card-only PaymentIntent, tagged with `payment_id`."""
+    params = {
+        "amount": 1000,
+        "currency": "usd",
+        "payment_method_types": ["card"],
+        "metadata": {"payment_id": payment_id, "run": RUN},
+    }
+    params.update(extra)
+    return params
+
+
+def check_a_payment_intent_is_created_then_confirmed_with_a_charge_under_it():
+    payment_id = f"pay_{RUN}_pi1"
+    intent = stripe.PaymentIntent.create(
+        idempotency_key=f"{RUN}-pi-create", **card_intent(payment_id, payment_method="pm_card_visa")
+    )
+    assert intent.object == "payment_intent" and intent.id.startswith("pi_"), intent
+    assert intent.status == "requires_confirmation" and intent.latest_charge is None, intent
+    assert intent.client_secret.startswith(intent.id + "_secret_"), intent.client_secret
+    confirmed = stripe.PaymentIntent.confirm(intent.id, idempotency_key=f"{RUN}-pi-confirm")
+    assert confirmed.status == "succeeded" and confirmed.amount_received == 1000, confirmed
+    charge = stripe.Charge.retrieve(confirmed.latest_charge)
+    assert charge.payment_intent == intent.id and charge.captured, charge
+    assert charge.metadata["payment_id"] == payment_id, charge.metadata
+    assert stripe.PaymentIntent.retrieve(intent.id).status == "succeeded"
+    one_call = stripe.PaymentIntent.create(
+        idempotency_key=f"{RUN}-pi-one-call",
+        **card_intent(f"pay_{RUN}_pi1b", payment_method="pm_card_mastercard", confirm=True),
+    )
+    assert one_call.status == "succeeded", one_call
+
+
+def check_a_declined_confirmation_raises_card_error_with_the_intent_inside():
+    params = card_intent(f"pay_{RUN}_pi2", payment_method="pm_card_chargeDeclinedInsufficientFunds")
+    try:
+        stripe.PaymentIntent.create(idempotency_key=f"{RUN}-pi-decline", confirm=True, **params)
+    except stripe.error.CardError as err:
+        assert err.http_status == 402, err.http_status
+        assert err.code == "card_declined", err.code
+        assert err.error.decline_code == "insufficient_funds", err.error
+        intent = err.error.payment_intent
+        assert intent.status == "requires_payment_method", intent
+        assert intent.last_payment_error.code == "card_declined", intent.last_payment_error
+        assert intent.latest_charge == err.error.charge, (intent.latest_charge, err.error.charge)
+    else:
+        raise AssertionError("no CardError")
+    assert stripe.Charge.retrieve(intent.latest_charge).status == "failed"
+    again = stripe.PaymentIntent.confirm(
+        intent.id, payment_method="pm_card_visa", idempotency_key=f"{RUN}-pi-decline-retry"
+    )
+    assert again.status == "succeeded" and again.last_payment_error is None, again
+
+
+def authenticate(intent_id, outcome):
+    """Completes or fails a pending 3-D Secure authentication, as Stripe's test page does."""
+    path = f"/_sim/payment_intents/{intent_id}/authenticate"
+    return sim_request("POST", path, {"outcome": outcome})
+
+
+def check_an_authentication_completed_at_the_stand_in_makes_the_payment_succeed():
+    intent = stripe.PaymentIntent.create(
+        idempotency_key=f"{RUN}-pi-3ds",
+        confirm=True,
+        return_url="https://shop.example/back",
+        **card_intent(f"pay_{RUN}_pi3", payment_method="pm_card_authenticationRequired"),
+    )
+    assert intent.status == "requires_action", intent
+    assert intent.next_action.type == "redirect_to_url", intent.next_action
+    assert intent.next_action.redirect_to_url.url.endswith(f"/_sim/authenticate/{intent.id}")
+    assert intent.next_action.redirect_to_url.return_url == "https://shop.example/back"
+    assert intent.latest_charge is None, intent
+    assert authenticate(intent.id, "complete")["status"] == "succeeded"
+    done = stripe.PaymentIntent.retrieve(intent.id)
+    assert done.status == "succeeded" and done.latest_charge.startswith("ch_"), done
+    replayed = stripe.PaymentIntent.create(
+        idempotency_key=f"{RUN}-pi-3ds",
+        confirm=True,
+        return_url="https://shop.example/back",
+        **card_intent(f"pay_{RUN}_pi3", payment_method="pm_card_authenticationRequired"),
+    )
+    assert replayed.status == "requires_action", "the key keeps the answer it gave"
+    assert replayed.last_response.headers["Idempotent-Replayed"] == "true"
+
+
+def check_an_authentication_failed_at_the_stand_in_asks_for_another_payment_method():
+    intent = stripe.PaymentIntent.create(
+        idempotency_key=f"{RUN}-pi-3ds-fail",
+        confirm=True,
+        **card_intent(f"pay_{RUN}_pi4", payment_method="pm_card_threeDSecure2Required"),
+    )
+    assert intent.status == "requires_action", intent
+    assert intent.next_action.type == "use_stripe_sdk", intent.next_action
+    authenticate(intent.id, "fail")
+    failed = stripe.PaymentIntent.retrieve(intent.id)
+    assert failed.status == "requires_payment_method" and failed.latest_charge is None, failed
+    assert failed.last_payment_error.code == "payment_intent_authentication_failure", failed
+
+
+def check_a_manual_capture_takes_the_whole_authorization():
+    intent = stripe.PaymentIntent.create(
+        idempotency_key=f"{RUN}-pi-manual",
+        confirm=True,
+        capture_method="manual",
+        **card_intent(f"pay_{RUN}_pi5", payment_method="pm_card_visa"),
+    )
+    assert intent.status == "requires_capture" and intent.amount_capturable == 1000, intent
+    captured = stripe.PaymentIntent.capture(intent.id, idempotency_key=f"{RUN}-pi-capture")
+    assert captured.status == "succeeded" and captured.amount_received == 1000, captured
+    try:
+        stripe.PaymentIntent.capture(intent.id, idempotency_key=f"{RUN}-pi-capture-again")
+    except stripe.InvalidRequestError as err:
+        assert err.code == "payment_intent_unexpected_state", err.code
+    else:
+        raise AssertionError("captured twice")
+
+
+def check_a_partial_capture_releases_the_rest():
+    intent = stripe.PaymentIntent.create(
+        idempotency_key=f"{RUN}-pi-partial",
+        confirm=True,
+        capture_method="manual",
+        **card_intent(f"pay_{RUN}_pi6", payment_method="pm_card_visa"),
+    )
+    captured = stripe.PaymentIntent.capture(
+        intent.id, amount_to_capture=600, idempotency_key=f"{RUN}-pi-partial-capture"
+    )
+    assert captured.status == "succeeded" and captured.amount_received == 600, captured
+    charge = stripe.Charge.retrieve(captured.latest_charge)
+    assert (charge.amount_captured, charge.amount_refunded) == (600, 400), charge
+
+
+def check_an_intent_is_canceled_and_its_authorization_released():
+    intent = stripe.PaymentIntent.create(
+        idempotency_key=f"{RUN}-pi-cancel",
+        confirm=True,
+        capture_method="manual",
+        **card_intent(f"pay_{RUN}_pi7", payment_method="pm_card_visa"),
+    )
+    canceled = stripe.PaymentIntent.cancel(
+        intent.id, cancellation_reason="requested_by_customer", idempotency_key=f"{RUN}-pi-cancel-1"
+    )
+    assert canceled.status == "canceled" and canceled.cancellation_reason == "requested_by_customer"
+    assert stripe.Charge.retrieve(intent.latest_charge).refunded
+    try:
+        stripe.PaymentIntent.cancel(intent.id, idempotency_key=f"{RUN}-pi-cancel-2")
+    except stripe.InvalidRequestError as err:
+        assert err.code == "payment_intent_unexpected_state", err.code
+        assert err.error.payment_intent.status == "canceled", err.error
+    else:
+        raise AssertionError("canceled twice")
+
+
+def check_a_refund_by_payment_intent_refunds_its_charge():
+    intent = stripe.PaymentIntent.create(
+        idempotency_key=f"{RUN}-pi-refund",
+        confirm=True,
+        **card_intent(f"pay_{RUN}_pi8", payment_method="pm_card_visa"),
+    )
+    made = [
+        stripe.Refund.create(
+            idempotency_key=f"{RUN}-pi-refund{n}", payment_intent=intent.id, amount=100
+        ).id
+        for n in range(3)
+    ]
+    listed = stripe.Refund.list(payment_intent=intent.id, limit=2)
+    every = [r.id for r in listed.auto_paging_iter()]
+    assert every == made[::-1], (every, made)
+    for refund in listed.data:
+        assert (refund.payment_intent, refund.charge) == (intent.id, intent.latest_charge), refund
+    assert stripe.Charge.retrieve(intent.latest_charge).amount_refunded == 300
+
+
+def check_payment_intents_are_listed_page_by_page_with_auto_paging():
+    before = {intent.id for intent in stripe.PaymentIntent.list(limit=100).auto_paging_iter()}
+    made = [
+        stripe.PaymentIntent.create(
+            idempotency_key=f"{RUN}-pi-list{n}", **card_intent(f"pay_{RUN}_pil{n}")
+        ).id
+        for n in range(5)
+    ]
+    every = [intent.id for intent in stripe.PaymentIntent.list(limit=2).auto_paging_iter()]
+    assert len(every) == len(set(every)), "no intent twice"
+    assert every[:5] == made[::-1], "newest first"
+    assert set(every) == before | set(made), "every intent once"
+
+
+def check_payment_intents_are_found_by_search_page_by_page():
+    order = f"order_pi_{RUN}"
+    made = [
+        stripe.PaymentIntent.create(
+            idempotency_key=f"{RUN}-pi-search{n}",
+            **card_intent(
+                f"pay_{RUN}_pis{n}",
+                metadata={"payment_id": f"pay_{RUN}_pis{n}", "order": order},
+            ),
+        ).id
+        for n in range(3)
+    ]
+    one = stripe.PaymentIntent.search(query=f"metadata['payment_id']:'pay_{RUN}_pis1'")
+    assert one.object == "search_result" and [i.id for i in one.data] == [made[1]], one
+    page = stripe.PaymentIntent.search(query=f"metadata['order']:'{order}'", limit=1)
+    assert page.has_more and page.next_page, page
+    assert [i.id for i in page.auto_paging_iter()] == made[::-1]
+
+
+def check_a_500_after_processing_on_a_payment_intent_is_replayed():
+    key = f"{RUN}-pi-after"
+    params = card_intent(f"pay_{RUN}_pi9", payment_method="pm_card_visa", confirm=True)
+    set_faults({"error_after_processing_rate": 1.0})
+    try:
+        try:
+            stripe.PaymentIntent.create(idempotency_key=key, **params)
+        except stripe.APIError as err:
+            assert err.http_status == 500, err.http_status
+        else:
+            raise AssertionError("no APIError")
+    finally:
+        set_faults({})
+    created = stats()["payment_intents_created"]
+    try:
+        stripe.PaymentIntent.create(idempotency_key=key, **params)
+    except stripe.APIError as err:
+        assert err.headers["Idempotent-Replayed"] == "true", err.headers
+    else:
+        raise AssertionError("the kept 500 was not replayed")
+    assert stats()["payment_intents_created"] == created, "no second intent"
+    found = stripe.PaymentIntent.search(query=f"metadata['payment_id']:'pay_{RUN}_pi9'")
+    assert [i.status for i in found.data] == ["succeeded"], "the intent behind the 500 exists"
+
+
+def check_a_payment_intent_key_reused_with_other_parameters_raises_idempotency_error():
+    key = f"{RUN}-pi-mismatch"
+    stripe.PaymentIntent.create(idempotency_key=key, **card_intent(f"pay_{RUN}_pi10"))
+    try:
+        stripe.PaymentIntent.create(
+            idempotency_key=key, **card_intent(f"pay_{RUN}_pi10", amount=999)
+        )
+    except stripe.error.IdempotencyError as err:
+        assert err.http_status == 400, err.http_status
+        assert f"a key other than '{key}'" in err.user_message, err.user_message
+    else:
+        raise AssertionError("no IdempotencyError")
 
 
 def free_port():

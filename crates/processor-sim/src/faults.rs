@@ -1,6 +1,6 @@
 //! The stand-in's settings document (`PUT/GET /_sim/faults`): seeded fault injection, where the
 //! same seed and the same sequence of requests give the same faults, and the fidelity settings
-//! (idempotency rule, key lifetime, search lag), and the faults of the webhooks it sends (delay,
+//! (idempotency rule, key lifetime, search lag, authentication lifetime), and the faults of the webhooks it sends (delay,
 //! duplicates, out of order).
 
 use std::fmt;
@@ -66,7 +66,7 @@ pub struct FaultConfig {
     /// Seconds an idempotency record is kept; an older one is forgotten and the key executes
     /// again (Stripe keeps keys for 24 hours).
     pub key_ttl_s: u64,
-    /// Milliseconds a new charge stays invisible to `GET /v1/charges/search` (Stripe's search
+    /// Milliseconds a new charge or PaymentIntent stays invisible to search (Stripe's search
     /// can trail writes by up to about a minute).
     pub search_lag_ms: u64,
     /// Milliseconds before the first attempt to deliver each webhook event.
@@ -77,10 +77,16 @@ pub struct FaultConfig {
     pub webhook_reorder_rate: f64,
     /// Milliseconds before a failed webhook attempt is tried again; doubles per attempt.
     pub webhook_retry_base_ms: u64,
+    /// Seconds a PaymentIntent waits in `requires_action` for the customer to authenticate;
+    /// then the authentication fails by itself (`payment_intent.payment_failed`).
+    pub authentication_ttl_s: u64,
 }
 
 /// Stripe's key lifetime: 24 hours.
 pub const DEFAULT_KEY_TTL_S: u64 = 24 * 60 * 60;
+
+/// How long an authentication waits for the customer unless told: an hour.
+pub const DEFAULT_AUTHENTICATION_TTL_S: u64 = 60 * 60;
 
 /// The longest search lag accepted, so a typo cannot hide every charge from a test for hours.
 const MAX_SEARCH_LAG: Duration = Duration::from_secs(600);
@@ -103,6 +109,7 @@ impl Default for FaultConfig {
             webhook_duplicate_rate: 0.0,
             webhook_reorder_rate: 0.0,
             webhook_retry_base_ms: 500,
+            authentication_ttl_s: DEFAULT_AUTHENTICATION_TTL_S,
         }
     }
 }
@@ -147,6 +154,9 @@ impl FaultConfig {
         if self.key_ttl_s == 0 {
             return Err("key_ttl_s must be at least 1".into());
         }
+        if self.authentication_ttl_s == 0 {
+            return Err("authentication_ttl_s must be at least 1".into());
+        }
         if Duration::from_millis(self.search_lag_ms) > MAX_SEARCH_LAG {
             return Err(format!("search_lag_ms must be at most {} ms", MAX_SEARCH_LAG.as_millis()));
         }
@@ -156,6 +166,11 @@ impl FaultConfig {
     /// A key's lifetime in milliseconds.
     pub(super) fn key_ttl_ms(&self) -> u64 {
         self.key_ttl_s.saturating_mul(1000)
+    }
+
+    /// How long an authentication waits, in milliseconds.
+    pub(super) fn authentication_ttl_ms(&self) -> u64 {
+        self.authentication_ttl_s.saturating_mul(1000)
     }
 }
 

@@ -1,30 +1,54 @@
-//! The stand-in card processor: the subset of Stripe's Charges and Refunds API that the client
-//! uses, with real in-memory state, Stripe's idempotency semantics, the test tokens, and seeded
-//! fault injection, so that a run can be repeated exactly. The binary `processor-sim` serves it.
+//! The stand-in card processor: the subset of Stripe's API that integrations use, PaymentIntents
+//! as integrations are written today and the older Charges beside them, with real in-memory
+//! state, Stripe's idempotency semantics, Stripe's test payment methods, and seeded fault
+//! injection, so that a run can be repeated exactly. The binary `processor-sim` serves it.
+//!
+//! It serves `POST /v1/charges` (and `…/{id}/capture`, `GET` one, the list and
+//! `GET /v1/charges/search`), `POST /v1/payment_intents` (with `confirm=true`, or then
+//! `…/{id}/confirm`), `…/{id}/capture`, `…/{id}/cancel`, `GET` one, the list (`starting_after`
+//! or `ending_before`) and `GET /v1/payment_intents/search`, and `POST /v1/refunds` by `charge`
+//! or `payment_intent` with `GET /v1/refunds?charge=…` or `?payment_intent=…`. The test card
+//! decides a confirmation: a charge under the intent, Stripe's 402 `card_error` with the intent
+//! inside, or `requires_action` with a `next_action` that sends the customer to the stand-in's
+//! own 3-D Secure test page (`GET /_sim/authenticate/{id}`); a test completes or fails it with
+//! `POST /_sim/payment_intents/{id}/authenticate`, and one nobody completes fails after
+//! `authentication_ttl_s` (see `authentication`).
 //!
 //! By default it is as strict as Stripe ([`Idempotency::Stripe`]): the answer of every request
 //! that began executing is kept against its key and replayed with `Idempotent-Replayed: true`
 //! (2xx, 402, the 4xx an operation raises, 500s); a key reused with other parameters is
-//! `400 idempotency_error`; a key is forgotten after `key_ttl_s`; charges can be found by
-//! metadata with `GET /v1/charges/search` (after `search_lag_ms`), and a charge's refunds with
-//! `GET /v1/refunds?charge=…`. [`Idempotency::Lenient`] keeps only 2xx and 402, as the stand-in
-//! first did.
+//! `400 idempotency_error`; a key is forgotten after `key_ttl_s`; search sees an object only
+//! after `search_lag_ms`. [`Idempotency::Lenient`] keeps only 2xx and 402, as the stand-in first
+//! did.
 //!
 //! Once told where (`PUT /_sim/webhooks`), it sends Stripe-style webhooks for every change of a
-//! charge, signed with `Stripe-Signature` (the scheme is `provider::signature`'s, which the
-//! receiving side verifies with), at least once, with their own seeded faults (see `webhooks`).
+//! charge or a PaymentIntent, signed with `Stripe-Signature` (the scheme is
+//! `provider::signature`'s, which the receiving side verifies with), at least once, with their
+//! own seeded faults (see `webhooks`).
 //!
-//! State lives in memory: a restart forgets every charge.
+//! State lives in memory: a restart forgets every charge and intent.
 //!
-//! A request goes through `routes` (the router and the `/v1` handlers), `middleware` (its
-//! fault), the `ledger` (the books, with one module per operation: `charges`, `refunds`, `lists`,
-//! `search`, each run under Stripe's idempotency rules in `ledger::idempotency`) and back as an
-//! `answer`. `control` serves the `/_sim` surface that changes the `faults` at run time.
+//! A request goes through `routes` (the router and the charge and refund handlers) or
+//! `intent_routes` (the PaymentIntent handlers), `middleware` (its fault), the `ledger` (the
+//! books, with one module per operation: `charges`, `refunds`, `lists`, `search`,
+//! `payment_intents`, each run under Stripe's idempotency rules in `ledger::idempotency`) and back
+//! as an `answer`. `control` serves the `/_sim` surface that changes the `faults` at run time.
+//!
+//! Other test suites, in any language, drive it over HTTP (`drive`): `GET /healthz`,
+//! `POST /_sim/reset` (everything, or one secret key's objects, PaymentIntents with their pending
+//! authentications included, and kept keys), faults aimed at particular requests
+//! (`/_sim/faults/aimed`, see `aimed`) beside the seeded ones, on the charge and the PaymentIntent
+//! routes alike, and a test clock (`/_sim/clock`) that moves key expiry, authentication expiry,
+//! the search lag and the `created` of objects and webhook events forward.
 
+mod aimed;
 mod answer;
+mod authentication;
 mod clock;
 mod control;
+mod drive;
 mod faults;
+mod intent_routes;
 mod ledger;
 mod middleware;
 mod routes;
@@ -39,7 +63,7 @@ use tokio::net::TcpListener;
 
 use clock::Clock;
 pub use clock::ManualClock;
-pub use faults::{DEFAULT_KEY_TTL_S, FaultConfig, Idempotency};
+pub use faults::{DEFAULT_AUTHENTICATION_TTL_S, DEFAULT_KEY_TTL_S, FaultConfig, Idempotency};
 use ledger::Ledger;
 pub use ledger::Stats;
 pub use webhooks::{MAX_ATTEMPTS as WEBHOOK_MAX_ATTEMPTS, WebhookTarget};
@@ -56,10 +80,16 @@ pub const MAX_LATENCY: Duration = Duration::from_secs(60);
 struct Inner {
     ledger: Ledger,
     faults: faults::Injector,
+    /// The faults document it started with, which a full reset restores.
+    initial_faults: FaultConfig,
+    /// The rules of `/_sim/faults/aimed`.
+    aimed: aimed::AimedFaults,
     /// Where webhook events go; `None`: nowhere (they are not raised).
     webhook_target: Option<WebhookTarget>,
-    /// The webhook dispatcher's queue.
-    webhook_queue: Option<tokio::sync::mpsc::Sender<serde_json::Value>>,
+    /// The webhook dispatcher's queue: each event with the epoch it was raised in.
+    webhook_queue: Option<tokio::sync::mpsc::Sender<(u64, serde_json::Value)>>,
+    /// Counts full resets: an event raised before the last one is not delivered (any more).
+    webhook_epoch: u64,
 }
 
 impl Inner {
@@ -71,8 +101,10 @@ impl Inner {
             return;
         }
         for event in events {
-            let queued =
-                self.webhook_queue.as_ref().is_some_and(|queue| queue.try_send(event).is_ok());
+            let queued = self
+                .webhook_queue
+                .as_ref()
+                .is_some_and(|queue| queue.try_send((self.webhook_epoch, event)).is_ok());
             if queued {
                 self.ledger.stats.events_created += 1;
             } else {
@@ -105,7 +137,7 @@ impl Simulator {
     /// Binds `address` (port 0 picks a free port) with the given faults in force; its time is
     /// the monotonic clock.
     pub async fn build(address: &str, faults: FaultConfig) -> std::io::Result<Self> {
-        Self::build_on(address, faults, Clock::Monotonic(std::time::Instant::now())).await
+        Self::build_on(address, faults, Clock::monotonic()).await
     }
 
     /// As [`Simulator::build`], on a clock the caller moves: for tests that cross a key's
@@ -115,7 +147,7 @@ impl Simulator {
         faults: FaultConfig,
         clock: ManualClock,
     ) -> std::io::Result<Self> {
-        Self::build_on(address, faults, Clock::Manual(clock)).await
+        Self::build_on(address, faults, Clock::manual(clock)).await
     }
 
     async fn build_on(address: &str, faults: FaultConfig, clock: Clock) -> std::io::Result<Self> {
@@ -123,9 +155,12 @@ impl Simulator {
         let listener = TcpListener::bind(address).await?;
         let sim = Sim(Arc::new(Mutex::new(Inner {
             ledger: Ledger::new(clock),
+            initial_faults: faults.clone(),
             faults: faults::Injector::new(faults),
+            aimed: aimed::AimedFaults::default(),
             webhook_target: None,
             webhook_queue: None,
+            webhook_epoch: 0,
         })));
         let queue = webhooks::start(sim.clone());
         sim.lock().webhook_queue = Some(queue);

@@ -4,12 +4,21 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use processor_sim::{
-    DEFAULT_KEY_TTL_S, DEFAULT_PORT, FaultConfig, Idempotency, Simulator, WebhookTarget,
+    DEFAULT_AUTHENTICATION_TTL_S, DEFAULT_KEY_TTL_S, DEFAULT_PORT, FaultConfig, Idempotency,
+    Simulator, WebhookTarget,
 };
 
-/// A stand-in card processor speaking a subset of Stripe's Charges and Refunds API (create,
-/// capture, refund, retrieve, list, search by metadata), with Stripe's idempotency semantics,
-/// the test tokens (pm_card_visa, pm_card_chargeDeclined, …) and seeded fault injection.
+/// A stand-in card processor speaking a subset of Stripe's API: PaymentIntents (create, confirm,
+/// capture, cancel, retrieve, list, search by metadata), Charges (create, capture, retrieve, list,
+/// search) and Refunds (by charge or payment_intent, and their lists), with Stripe's idempotency
+/// semantics, Stripe's test payment methods (pm_card_visa, pm_card_chargeDeclined, …,
+/// pm_card_authenticationRequired, pm_card_threeDSecure2Required) and seeded fault injection.
+///
+/// A card that asks for 3-D Secure leaves the PaymentIntent in requires_action, with a
+/// next_action pointing at the stand-in's own test page (`GET /_sim/authenticate/{id}`); a test
+/// completes or fails it with `POST /_sim/payment_intents/{id}/authenticate` and
+/// `{"outcome":"complete"}` or `{"outcome":"fail"}`; one nobody completes fails after
+/// `--authentication-ttl-s`.
 ///
 /// By default it is as strict as Stripe (`--idempotency stripe`): the answer of every request
 /// that began executing (2xx, 402, an operation's 4xx, a 500 after processing) is kept against
@@ -19,12 +28,22 @@ use processor_sim::{
 /// forgotten after `--key-ttl-s`. `--idempotency lenient` keeps only 2xx and 402.
 ///
 /// With --webhook-url and --webhook-secret (or `PUT /_sim/webhooks` at run time) it sends a
-/// Stripe-style event, signed with `Stripe-Signature`, for every change of a charge, at least
-/// once (retried with back-off), with seeded faults of its own (delay, duplicates, out of order).
+/// Stripe-style event, signed with `Stripe-Signature`, for every change of a charge or a
+/// PaymentIntent, at least once (retried with back-off), with seeded faults of its own (delay, duplicates, out of order).
 ///
 /// Faults and these settings can be changed at run time with `PUT /_sim/faults` (a JSON document
 /// of the same names); counters are at `GET /_sim/stats`. All state lives in memory: a restart
-/// forgets every charge and key.
+/// forgets every charge, intent and key.
+///
+/// Test suites in any language drive it over HTTP: `GET /healthz`; `POST /_sim/reset` forgets
+/// everything (or, with `{"api_key":"sk_test_…"}`, only what that key made: charges, refunds,
+/// PaymentIntents and their pending authentications, kept keys); `POST
+/// /_sim/faults/aimed` aims a fault at particular requests (`{"method":"POST",
+/// "path":"/v1/charges/{id}/capture", "match":{"idempotency_key":…} or {"metadata":{…}} or
+/// {"param":{"name":…,"value":…}}, "fault":"lose_answer"|"error_after_processing"|"error"
+/// |"rate_limit"|"drop"|"latency", "latency_ms":…, "times":1}`; `GET` lists, `DELETE` clears);
+/// `POST /_sim/clock` `{"advance_s":3600}` moves its time (key expiry, authentication expiry,
+/// search lag, the `created` of objects and webhook events).
 // No `Debug`: the arguments hold the webhook secret.
 #[derive(Parser)]
 #[command(name = "processor-sim", version)]
@@ -67,12 +86,15 @@ struct Args {
     /// Seconds an idempotency key is remembered (Stripe: 24 hours).
     #[arg(long, env = "SIM_KEY_TTL_S", default_value_t = DEFAULT_KEY_TTL_S)]
     key_ttl_s: u64,
-    /// Milliseconds before a new charge shows in `GET /v1/charges/search` (Stripe's search can
+    /// Milliseconds before a new charge or PaymentIntent shows in search (Stripe's search can
     /// trail writes by up to about a minute).
     #[arg(long, env = "SIM_SEARCH_LAG_MS", default_value_t = 0)]
     search_lag_ms: u64,
     /// Where to send Stripe-style webhooks (charge.succeeded, charge.failed, charge.captured,
-    /// charge.refunded), e.g. http://127.0.0.1:8080/webhooks/processor; none are sent without it.
+    /// charge.refunded, payment_intent.succeeded, payment_intent.payment_failed,
+    /// payment_intent.amount_capturable_updated, payment_intent.requires_action,
+    /// payment_intent.canceled), e.g. http://127.0.0.1:8080/webhooks/processor; none are sent
+    /// without it.
     #[arg(long, env = "SIM_WEBHOOK_URL", requires = "webhook_secret")]
     webhook_url: Option<String>,
     /// The endpoint's signing secret (whsec_…) for the Stripe-Signature header.
@@ -90,6 +112,10 @@ struct Args {
     /// Milliseconds before a failed webhook attempt is tried again; doubles per attempt.
     #[arg(long, env = "SIM_WEBHOOK_RETRY_BASE_MS", default_value_t = 500)]
     webhook_retry_base_ms: u64,
+    /// Seconds a PaymentIntent waits in requires_action for the customer to authenticate before
+    /// the authentication fails by itself.
+    #[arg(long, env = "SIM_AUTHENTICATION_TTL_S", default_value_t = DEFAULT_AUTHENTICATION_TTL_S)]
+    authentication_ttl_s: u64,
 }
 
 #[tokio::main]
@@ -118,6 +144,7 @@ async fn main() -> ExitCode {
         webhook_duplicate_rate: args.webhook_duplicate_rate,
         webhook_reorder_rate: args.webhook_reorder_rate,
         webhook_retry_base_ms: args.webhook_retry_base_ms,
+        authentication_ttl_s: args.authentication_ttl_s,
     };
     let address = format!("{}:{}", args.host, args.port);
     let simulator = match Simulator::build(&address, faults).await {

@@ -1,7 +1,8 @@
 //! The middleware every `/v1` request passes: it draws the request's fault plan from the
-//! [`Injector`](crate::faults::Injector) and carries it out (a delay, then a drop, an injected 500
-//! or 429, an answer lost after acting, or a 500 after processing), and names every answer with
-//! a `Request-Id`, as Stripe does.
+//! [`Injector`](crate::faults::Injector), lets an aimed rule that matches the request replace it
+//! ([`AimedFaults`](crate::aimed::AimedFaults)), and carries it out (a delay, then a drop, an
+//! injected 500 or 429, an answer lost after acting, or a 500 after processing), and names every
+//! answer with a `Request-Id`, as Stripe does.
 
 use std::time::Duration;
 
@@ -12,8 +13,12 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::Sim;
+use crate::aimed::Aimed;
 use crate::answer::plain_error;
 use crate::faults::{ErrorAfterProcessing, Fault};
+
+/// The largest body read here for an aimed rule's parameters (axum's own limit for a body).
+const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
 /// Applies the fault plan of this request: delay, then drop, fail, or answer with nothing; and
 /// names every answer with a `Request-Id`, as Stripe does.
@@ -22,10 +27,22 @@ pub(crate) async fn inject_faults(
     request: Request,
     next: Next,
 ) -> Response {
+    let needs_params = sim.lock().aimed.needs_params(request.method(), request.uri().path());
+    let (request, params) = if needs_params {
+        match with_params(request).await {
+            Ok(read) => read,
+            Err(refused) => return refused,
+        }
+    } else {
+        (request, Vec::new())
+    };
     let (fault, delay, number) = {
         let mut inner = sim.lock();
         inner.ledger.stats.requests += 1;
-        let (mut fault, delay) = inner.faults.plan();
+        // The draw is made even when a rule fires, so that the drawn sequence depends only on the
+        // seed and the order of requests.
+        let drawn = inner.faults.plan();
+        let (mut fault, delay) = inner.aimed.fire(&Aimed::of(&request, &params)).unwrap_or(drawn);
         // "500 after processing" is a fault of requests that act: a read has nothing to act on,
         // and is answered as usual (the draw is made all the same, to keep the sequence).
         if fault == Fault::ErrorAfterProcessing && request.method() != Method::POST {
@@ -41,6 +58,29 @@ pub(crate) async fn inject_faults(
         response.headers_mut().insert("request-id", id);
     }
     response
+}
+
+/// Reads the request's query and form parameters for the aimed rules, and gives the body back
+/// to the request for its handler. A body that is not a form has no parameters (the handler
+/// refuses it).
+async fn with_params(request: Request) -> Result<(Request, Vec<(String, String)>), Response> {
+    let (parts, body) = request.into_parts();
+    let mut params: Vec<(String, String)> = parts
+        .uri
+        .query()
+        .and_then(|query| serde_urlencoded::from_str(query).ok())
+        .unwrap_or_default();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
+        return Err(plain_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "The request body could not be read, or is larger than 2 MiB.",
+        ));
+    };
+    if let Ok(form) = serde_urlencoded::from_bytes::<Vec<(String, String)>>(&bytes) {
+        params.extend(form);
+    }
+    Ok((Request::from_parts(parts, Body::from(bytes)), params))
 }
 
 /// Carries out one fault plan around the request.

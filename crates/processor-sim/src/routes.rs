@@ -16,7 +16,7 @@ use crate::answer::Answer;
 use crate::faults::ErrorAfterProcessing;
 use crate::ledger::{Ledger, Post};
 use crate::middleware::inject_faults;
-use crate::{Sim, control};
+use crate::{Sim, authentication, control, intent_routes};
 
 /// Stripe's routes behind the fault middleware, and the stand-in's own `/_sim` routes, which
 /// draw no faults.
@@ -27,16 +27,19 @@ pub(crate) fn router(sim: Sim) -> Router {
         .route("/v1/charges/{id}", get(retrieve_charge))
         .route("/v1/charges/{id}/capture", post(capture_charge))
         .route("/v1/refunds", post(create_refund).get(list_refunds))
+        .merge(intent_routes::api())
         .layer(middleware::from_fn_with_state(sim.clone(), inject_faults));
     Router::new()
         .merge(api)
+        .merge(authentication::routes())
+        .merge(crate::drive::routes())
         .route("/_sim/faults", get(control::get_faults).put(control::put_faults))
         .route("/_sim/stats", get(control::get_stats))
         .route("/_sim/webhooks", get(control::get_webhooks).put(control::put_webhooks))
         .with_state(sim)
 }
 
-fn api_key(headers: &HeaderMap) -> Result<String, Answer> {
+pub(crate) fn api_key(headers: &HeaderMap) -> Result<String, Answer> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -55,7 +58,7 @@ fn api_key(headers: &HeaderMap) -> Result<String, Answer> {
 }
 
 /// Answers a read with `read`'s answer if the request carries a key, else with the 401.
-fn authorized(headers: &HeaderMap, read: impl FnOnce() -> Answer) -> Response {
+pub(crate) fn authorized(headers: &HeaderMap, read: impl FnOnce() -> Answer) -> Response {
     api_key(headers).map_or_else(|refused| refused, |_| read()).into_response()
 }
 
@@ -76,7 +79,7 @@ fn form(body: &Bytes) -> Result<Vec<(String, String)>, Answer> {
 }
 
 /// Runs a POST under Stripe's idempotency rules (see [`Ledger::idempotent`]).
-fn idempotent_post(
+pub(crate) fn idempotent_post(
     sim: &Sim,
     headers: &HeaderMap,
     fault: Option<Extension<ErrorAfterProcessing>>,
@@ -162,10 +165,11 @@ async fn list_charges(
     })
 }
 
-/// A refund list's query: a list's, and the charge whose refunds to list.
+/// A refund list's query: a list's, and the charge (or the PaymentIntent) whose refunds to list.
 #[derive(Debug, Deserialize)]
 struct RefundListQuery {
     charge: Option<String>,
+    payment_intent: Option<String>,
     limit: Option<usize>,
     starting_after: Option<String>,
 }
@@ -177,7 +181,14 @@ async fn list_refunds(
 ) -> Response {
     authorized(&headers, || {
         let charge = query.charge.as_deref();
-        sim.lock().ledger.list_refunds(charge, query.limit, query.starting_after.as_deref())
+        let starting_after = query.starting_after.as_deref();
+        let ledger = &sim.lock().ledger;
+        match (&query.payment_intent, charge) {
+            (Some(intent), None) => {
+                ledger.list_refunds_of_intent(intent, query.limit, starting_after)
+            }
+            _ => ledger.list_refunds(charge, query.limit, starting_after),
+        }
     })
 }
 

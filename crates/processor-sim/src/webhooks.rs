@@ -1,14 +1,19 @@
 //! The stand-in's webhooks: Stripe-style events (`charge.succeeded`, `charge.failed`,
-//! `charge.captured`, `charge.refunded`) posted to one endpoint, signed with `Stripe-Signature`
-//! and the endpoint's `whsec_…` secret, delivered at least once.
+//! `charge.captured`, `charge.refunded`, and `payment_intent.succeeded`, `.payment_failed`,
+//! `.amount_capturable_updated`, `.requires_action`, `.canceled`) posted to one endpoint, signed
+//! with `Stripe-Signature` and the endpoint's `whsec_…` secret, delivered at least once.
 //!
-//! An event is raised by the ledger when an operation changes a charge (a replay raises none), and
-//! carries the request's idempotency key (`request.idempotency_key`), as Stripe's do. A
+//! An event is raised by the ledger when an operation changes a charge or a PaymentIntent (a
+//! replay raises none), and carries the request's idempotency key (`request.idempotency_key`), as
+//! Stripe's do; a change nobody asked for (an authentication completed at the stand-in's test
+//! page, or one that expired) carries none. A
 //! dispatcher task posts each one; an answer other than 2xx, or none, is retried with exponential
 //! back-off up to [`MAX_ATTEMPTS`] times, each attempt signed anew with the current time. Seeded
 //! faults, drawn per event from their own generator (the requests' fault sequence is unchanged):
 //! a delay before the first attempt, a duplicate delivery, and an event held back until the next
-//! one has been sent (out of order).
+//! one has been sent (out of order). A full `POST /_sim/reset` forgets the events waiting or
+//! being retried: each carries the reset epoch it was raised in, and is dropped once that has
+//! passed.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -72,43 +77,69 @@ impl WebhookTarget {
     }
 }
 
-/// What changed a charge, as an event's `type`.
+/// What changed a charge or a PaymentIntent, as an event's `type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ChargeEvent {
+pub(super) enum EventType {
     /// A charge was made and authorized (captured or not).
-    Succeeded,
+    ChargeSucceeded,
     /// A charge was made and declined.
-    Failed,
+    ChargeFailed,
     /// An authorized charge was captured.
-    Captured,
+    ChargeCaptured,
     /// A charge was refunded, or its authorization released, in whole or in part.
-    Refunded,
+    ChargeRefunded,
+    /// A PaymentIntent's money was taken (confirmed with automatic capture, or captured).
+    PaymentIntentSucceeded,
+    /// A PaymentIntent's attempt failed (a decline, a failed or expired authentication).
+    PaymentIntentPaymentFailed,
+    /// A PaymentIntent with manual capture was authorized and can be captured.
+    PaymentIntentAmountCapturableUpdated,
+    /// A PaymentIntent waits for the customer to authenticate.
+    PaymentIntentRequiresAction,
+    /// A PaymentIntent was canceled.
+    PaymentIntentCanceled,
 }
 
-impl ChargeEvent {
+impl EventType {
     fn as_str(self) -> &'static str {
         match self {
-            Self::Succeeded => "charge.succeeded",
-            Self::Failed => "charge.failed",
-            Self::Captured => "charge.captured",
-            Self::Refunded => "charge.refunded",
+            Self::ChargeSucceeded => "charge.succeeded",
+            Self::ChargeFailed => "charge.failed",
+            Self::ChargeCaptured => "charge.captured",
+            Self::ChargeRefunded => "charge.refunded",
+            Self::PaymentIntentSucceeded => "payment_intent.succeeded",
+            Self::PaymentIntentPaymentFailed => "payment_intent.payment_failed",
+            Self::PaymentIntentAmountCapturableUpdated => {
+                "payment_intent.amount_capturable_updated"
+            }
+            Self::PaymentIntentRequiresAction => "payment_intent.requires_action",
+            Self::PaymentIntentCanceled => "payment_intent.canceled",
         }
     }
 }
 
+/// Real unix seconds, for a signature's timestamp: the receiver checks it against its own clock,
+/// which the stand-in's test clock does not move.
 fn unix_now() -> i64 {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     i64::try_from(now).unwrap_or(i64::MAX)
 }
 
-/// The event as Stripe shapes it, around the charge as it is right after the change.
-pub(super) fn event(kind: ChargeEvent, charge: Value, idempotency_key: Option<&str>) -> Value {
+/// The event as Stripe shapes it, around the object (a charge or a PaymentIntent) as it is right
+/// after the change; `created` is the unix time on the stand-in's clock, which `POST /_sim/clock`
+/// moves as it moves the objects' `created`.
+pub(super) fn event(
+    kind: EventType,
+    object: Value,
+    idempotency_key: Option<&str>,
+    created: u64,
+) -> Value {
     json!({
         "id": new_id("evt"),
         "object": "event",
         "api_version": API_VERSION,
-        "created": unix_now(),
-        "data": {"object": charge},
+        "created": created,
+        "data": {"object": object},
         "livemode": false,
         "pending_webhooks": 1,
         "request": {"id": Value::Null, "idempotency_key": idempotency_key},
@@ -129,8 +160,13 @@ pub(super) struct DeliveryPlan {
     pub retry_base: Duration,
 }
 
-/// Starts the dispatcher; returns where the ledger's events go.
-pub(super) fn start(sim: Sim) -> mpsc::Sender<Value> {
+/// Whether events of `epoch` are still to be delivered (no full reset since).
+fn current(sim: &Sim, epoch: u64) -> bool {
+    sim.lock().webhook_epoch == epoch
+}
+
+/// Starts the dispatcher; returns where the ledger's events go, each with its reset epoch.
+pub(super) fn start(sim: Sim) -> mpsc::Sender<(u64, Value)> {
     let (sender, receiver) = mpsc::channel(QUEUE_BOUND);
     let http = reqwest::Client::builder()
         .timeout(ATTEMPT_TIMEOUT)
@@ -144,11 +180,11 @@ pub(super) fn start(sim: Sim) -> mpsc::Sender<Value> {
 /// Takes events in the order they were raised; sends each on a task of its own (a slow endpoint
 /// holds up nothing else), except one that drew "out of order", which waits for the next event
 /// to go first (or for [`HOLD_AT_MOST`]).
-async fn dispatch(sim: Sim, mut events: mpsc::Receiver<Value>, http: reqwest::Client) {
-    let send = |event: Value, plan: DeliveryPlan| {
-        tokio::spawn(deliver(sim.clone(), http.clone(), Arc::new(event), plan));
+async fn dispatch(sim: Sim, mut events: mpsc::Receiver<(u64, Value)>, http: reqwest::Client) {
+    let send = |(epoch, event): (u64, Value), plan: DeliveryPlan| {
+        tokio::spawn(deliver(sim.clone(), http.clone(), epoch, Arc::new(event), plan));
     };
-    let mut held: Option<(Value, DeliveryPlan)> = None;
+    let mut held: Option<((u64, Value), DeliveryPlan)> = None;
     loop {
         let next = if held.is_some() {
             tokio::time::timeout(HOLD_AT_MOST, events.recv()).await.ok().flatten()
@@ -165,7 +201,13 @@ async fn dispatch(sim: Sim, mut events: mpsc::Receiver<Value>, http: reqwest::Cl
             }
             continue;
         };
-        let plan = sim.lock().faults.webhook_plan();
+        let plan = {
+            let mut inner = sim.lock();
+            if inner.webhook_epoch != event.0 {
+                continue;
+            }
+            inner.faults.webhook_plan()
+        };
         if plan.hold_back && held.is_none() {
             held = Some((event, plan));
             continue;
@@ -178,23 +220,38 @@ async fn dispatch(sim: Sim, mut events: mpsc::Receiver<Value>, http: reqwest::Cl
 }
 
 /// Delivers one event at least once (twice if it drew a duplicate).
-async fn deliver(sim: Sim, http: reqwest::Client, event: Arc<Value>, plan: DeliveryPlan) {
+async fn deliver(
+    sim: Sim,
+    http: reqwest::Client,
+    epoch: u64,
+    event: Arc<Value>,
+    plan: DeliveryPlan,
+) {
     if !plan.delay.is_zero() {
         tokio::time::sleep(plan.delay).await;
     }
     if plan.duplicate {
-        tokio::spawn(attempts(sim.clone(), http.clone(), event.clone(), plan.retry_base));
+        tokio::spawn(attempts(sim.clone(), http.clone(), epoch, event.clone(), plan.retry_base));
     }
-    attempts(sim, http, event, plan.retry_base).await;
+    attempts(sim, http, epoch, event, plan.retry_base).await;
 }
 
 /// Posts `event` until a 2xx answer or [`MAX_ATTEMPTS`], to the target in force at each attempt.
-async fn attempts(sim: Sim, http: reqwest::Client, event: Arc<Value>, retry_base: Duration) {
+async fn attempts(
+    sim: Sim,
+    http: reqwest::Client,
+    epoch: u64,
+    event: Arc<Value>,
+    retry_base: Duration,
+) {
     let body = event.to_string();
     // Deterministic, so that a seeded run repeats: the stand-in draws its faults from its seed.
     let backoff = Backoff::new(retry_base, BACKOFF_CAP, Jitter::None);
     for attempt in 1..=MAX_ATTEMPTS {
-        // No endpoint: nothing to deliver to, as at Stripe.
+        // No endpoint: nothing to deliver to, as at Stripe; a reset since: nothing to deliver.
+        if !current(&sim, epoch) {
+            return;
+        }
         let Some(target) = sim.lock().webhook_target.clone() else { return };
         let signature = sign(&target.secret, unix_now(), body.as_bytes());
         let sent = http

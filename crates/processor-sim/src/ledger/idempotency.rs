@@ -43,6 +43,9 @@ impl Ledger {
         run: impl FnOnce(&mut Self, &[(String, String)]) -> Answer,
     ) -> Answer {
         let Post { api_key, key, path, params, error_after_processing } = post;
+        if *self.acting_account != *api_key {
+            self.acting_account = api_key.into();
+        }
         let execute = |ledger: &mut Self| {
             let answer = run(ledger, params);
             ledger.stamp_events(key);
@@ -236,6 +239,20 @@ impl KeyStore {
         self.sweep_at = (after * 2).max(FIRST_SWEEP_AT);
         u64::try_from(before - after).unwrap_or(u64::MAX)
     }
+
+    /// How many records it holds, expired ones not yet swept out included.
+    pub(super) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Forgets every record of `api_key`'s keys; returns how many there were.
+    pub(super) fn forget_account(&mut self, api_key: &str) -> usize {
+        let before = self.records.len();
+        self.records.retain(|slot, _| {
+            !slot.strip_prefix(api_key).is_some_and(|rest| rest.starts_with('\n'))
+        });
+        before - self.records.len()
+    }
 }
 
 #[cfg(test)]
@@ -259,6 +276,19 @@ mod tests {
         assert!(matches!(store.find("sk\nk", 1099, 1000), Found::Record(_)));
         assert!(matches!(store.find("sk\nk", 1100, 1000), Found::Expired));
         assert!(matches!(store.find("sk\nk", 1100, 1000), Found::Nothing), "it is forgotten");
+    }
+
+    #[test]
+    fn forgetting_an_account_forgets_only_its_keys() {
+        let mut store = KeyStore::default();
+        store.keep(slot("sk_a", "k1"), record(0), 10);
+        store.keep(slot("sk_a", "k2"), record(0), 10);
+        store.keep(slot("sk_ab", "k1"), record(0), 10);
+        store.keep(slot("sk_b", "k1"), record(0), 10);
+        assert_eq!(store.forget_account("sk_a"), 2);
+        assert_eq!(store.len(), 2);
+        assert!(matches!(store.find("sk_ab\nk1", 0, 10), Found::Record(_)), "a longer key stays");
+        assert!(matches!(store.find("sk_a\nk1", 0, 10), Found::Nothing));
     }
 
     #[test]

@@ -46,7 +46,7 @@ impl Ledger {
 
 /// A page of refunds, newest first, after `starting_after` (found by its id: refunds are few
 /// beside charges, and a scan compares ids without serializing anything).
-fn refund_page<'a>(
+pub(super) fn refund_page<'a>(
     refunds: impl Iterator<Item = &'a RefundRecord> + Clone,
     limit: Option<usize>,
     starting_after: Option<&str>,
@@ -71,7 +71,7 @@ pub(super) fn page_size(limit: Option<usize>) -> usize {
 }
 
 /// A page of a newest-first list, Stripe's way: `items` starts just after `starting_after`.
-fn list_page<'a, T: 'a>(
+pub(super) fn list_page<'a, T: 'a>(
     mut items: impl Iterator<Item = &'a T>,
     limit: Option<usize>,
     url: &str,

@@ -1,16 +1,25 @@
-//! The stand-in's books: what it holds (charges, refunds, idempotency records, the search index,
-//! the events waiting for the webhook dispatcher, the counters) and the helpers its operations
-//! share. The operations are in the modules below, one responsibility each: [`charges`] (create,
-//! capture, retrieve), [`refunds`], [`lists`], [`search`]; [`idempotency`] runs a POST's
-//! operation under Stripe's idempotency rules.
+//! The stand-in's books: what it holds (charges, refunds, PaymentIntents, idempotency records, the
+//! search indexes, the events waiting for the webhook dispatcher, the counters) and the helpers
+//! its operations share. The operations are in the modules below, one responsibility each:
+//! [`charges`] (create, capture, retrieve), [`refunds`], [`lists`], [`search`],
+//! [`payment_intents`] (their own books and operations), with Stripe's test cards in
+//! [`test_cards`]; [`idempotency`] runs a POST's operation under Stripe's idempotency rules;
+//! [`control`] is what the `/_sim` surface asks of the books (a reset, the clock).
+//!
+//! Every object records its account: the secret key of the request that made it, as the stand-in
+//! knows no other notion of an account (a kept idempotency key belongs to its secret key too).
 
 mod charges;
+mod control;
 mod idempotency;
 mod lists;
+mod payment_intents;
 mod refunds;
 mod search;
+mod test_cards;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 use rand::Rng;
@@ -20,9 +29,11 @@ use serde_json::{Value, json};
 
 use crate::answer::Answer;
 use crate::clock::Clock;
-use crate::webhooks::{self, ChargeEvent};
+use crate::webhooks::{self, EventType};
 use idempotency::KeyStore;
 pub(crate) use idempotency::Post;
+use payment_intents::IntentBook;
+pub(crate) use payment_intents::{AuthenticationOutcome, IntentListQuery};
 use search::MetadataIndex;
 
 /// Counters, as `GET /_sim/stats` shows them.
@@ -57,11 +68,21 @@ pub struct Stats {
     pub webhooks_abandoned: u64,
     /// Webhook events lost because the dispatcher's queue was full.
     pub webhooks_dropped: u64,
+    /// PaymentIntent objects created.
+    pub payment_intents_created: u64,
+    /// Requests to `GET /v1/payment_intents/search`, refused ones included.
+    pub payment_intent_searches: u64,
+    /// PaymentIntents canceled.
+    pub payment_intents_canceled: u64,
+    /// Authentications (3-D Secure) that nobody completed within `authentication_ttl_s`.
+    pub authentications_expired: u64,
 }
 
 #[derive(Debug, Clone)]
 struct ChargeRecord {
     id: String,
+    /// The secret key that made it.
+    account: Arc<str>,
     amount: i64,
     currency: String,
     captured: bool,
@@ -75,6 +96,8 @@ struct ChargeRecord {
     failure_message: Option<String>,
     /// Stripe's `outcome`: how the charge was decided.
     outcome: Outcome,
+    /// The PaymentIntent it was made under (`None`: made by `POST /v1/charges`).
+    payment_intent: Option<String>,
     created: u64,
     /// When it was made, on the stand-in's clock: search sees it `search_lag_ms` later.
     created_ms: u64,
@@ -89,7 +112,8 @@ impl ChargeRecord {
             "refunded": self.amount_refunded == self.amount && self.paid,
             "description": self.description, "metadata": self.metadata,
             "failure_code": self.failure_code, "failure_message": self.failure_message,
-            "outcome": self.outcome.to_json(), "created": self.created,
+            "outcome": self.outcome.to_json(), "payment_intent": self.payment_intent,
+            "created": self.created,
         })
     }
 }
@@ -129,7 +153,11 @@ impl Outcome {
 #[derive(Debug, Clone)]
 struct RefundRecord {
     id: String,
+    /// The secret key that made it.
+    account: Arc<str>,
     charge: String,
+    /// The PaymentIntent of the charge, if it was made under one.
+    payment_intent: Option<String>,
     amount: i64,
     reason: Option<String>,
     metadata: BTreeMap<String, String>,
@@ -139,7 +167,8 @@ struct RefundRecord {
 impl RefundRecord {
     fn to_json(&self) -> Value {
         json!({
-            "id": self.id, "object": "refund", "charge": self.charge, "amount": self.amount,
+            "id": self.id, "object": "refund", "charge": self.charge,
+            "payment_intent": self.payment_intent, "amount": self.amount,
             "status": "succeeded", "reason": self.reason, "metadata": self.metadata,
             "created": self.created,
         })
@@ -158,10 +187,13 @@ pub(crate) struct Ledger {
     /// The positions in `refunds` of each charge's refunds (by the charge's position), oldest
     /// first; only charges with refunds have an entry.
     refunds_by_charge: HashMap<usize, Vec<usize>>,
+    /// PaymentIntents, with their own index, search index and pending authentications.
+    intents: IntentBook,
     keys: KeyStore,
-    sequence: u64,
+    /// The secret key of the POST running now: the account of what it makes.
+    acting_account: Arc<str>,
     /// What the operation running now changed, for its events (stamped with its key after it).
-    raised: Vec<(ChargeEvent, Value)>,
+    raised: Vec<(EventType, Value)>,
     /// Events stamped and waiting for the webhook dispatcher.
     events: Vec<Value>,
     pub stats: Stats,
@@ -176,8 +208,9 @@ impl Ledger {
             metadata_index: MetadataIndex::default(),
             refunds: Vec::new(),
             refunds_by_charge: HashMap::new(),
+            intents: IntentBook::default(),
             keys: KeyStore::default(),
-            sequence: 0,
+            acting_account: Arc::from(""),
             raised: Vec::new(),
             events: Vec::new(),
             stats: Stats::default(),
@@ -191,14 +224,21 @@ impl Ledger {
 
     /// Turns what the operation just run changed into events carrying its idempotency key.
     fn stamp_events(&mut self, idempotency_key: Option<&str>) {
-        for (kind, charge) in std::mem::take(&mut self.raised) {
-            self.events.push(webhooks::event(kind, charge, idempotency_key));
+        let created = self.unix_now_s();
+        for (kind, object) in std::mem::take(&mut self.raised) {
+            self.events.push(webhooks::event(kind, object, idempotency_key, created));
         }
     }
 
+    /// A new object's `created`: the unix time as the stand-in sees it (its real start plus the
+    /// time since, `POST /_sim/clock`'s advances included).
     fn next_created(&mut self) -> u64 {
-        self.sequence += 1;
-        self.sequence
+        self.clock.unix_now_s()
+    }
+
+    /// Unix seconds now, on the stand-in's clock (a test's clock moves it).
+    fn unix_now_s(&self) -> u64 {
+        self.clock.unix_now_s()
     }
 }
 

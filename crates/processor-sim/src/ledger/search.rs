@@ -1,7 +1,7 @@
-//! Stripe's search for charges (`GET /v1/charges/search`), the part of its query language the
-//! stand-in understands: `metadata['key']:'value'` clauses joined by `AND`, answered from an index
-//! by metadata so that a search does not walk every charge, and blind to charges younger than
-//! the search lag, as Stripe's search trails its writes.
+//! Stripe's search for charges (`GET /v1/charges/search`, and the same for PaymentIntents), the
+//! part of its query language the stand-in understands: `metadata['key']:'value'` clauses joined
+//! by `AND`, answered from an index by metadata so that a search does not walk every object, and
+//! blind to objects younger than the search lag, as Stripe's search trails its writes.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -17,7 +17,7 @@ const MAX_CLAUSES: usize = 10;
 
 /// One `metadata['key']:'value'` clause.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Clause {
+pub(super) struct Clause {
     pub key: String,
     pub value: String,
 }
@@ -123,7 +123,7 @@ impl MetadataIndex {
     }
 
     /// The positions of the charges that may hold `key: value`, oldest first.
-    fn candidates(&self, key: &str, value: &str) -> &[usize] {
+    pub(super) fn candidates(&self, key: &str, value: &str) -> &[usize] {
         match self.postings.get(&pair_hash(key, value)) {
             None => &[],
             Some(Postings::One(position)) => std::slice::from_ref(position),
@@ -148,6 +148,85 @@ impl ChargeRecord {
     }
 }
 
+/// One search over objects indexed by metadata (charges, PaymentIntents): what is searched, and
+/// how each object is judged and shown.
+pub(super) struct Searched<'a, T> {
+    /// The objects, oldest first, at the positions the index holds.
+    pub records: &'a [T],
+    pub index: &'a MetadataIndex,
+    /// Whether an object holds one clause.
+    pub holds: fn(&T, &Clause) -> bool,
+    /// When an object was made, on the stand-in's clock.
+    pub created_ms: fn(&T) -> u64,
+    pub to_json: fn(&T) -> Value,
+    /// The search's path, for the answer's `url`.
+    pub url: &'static str,
+}
+
+/// A search's request: the query, the page size, the cursor, and what search cannot see yet.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SearchRequest<'a> {
+    pub query: Option<&'a str>,
+    pub limit: Option<usize>,
+    pub page: Option<&'a str>,
+    /// The stand-in's time now.
+    pub now_ms: u64,
+    /// Objects younger than this are not seen yet.
+    pub search_lag_ms: u64,
+}
+
+/// The objects whose metadata hold every clause of the query, newest first, leaving out those
+/// younger than the lag; `page` is a cursor this answered. Stripe's `search_result`.
+pub(super) fn search<T>(searched: &Searched<'_, T>, request: SearchRequest<'_>) -> Answer {
+    let Some(query) = request.query else {
+        return Answer::bad_param(
+            "parameter_missing",
+            Some("query"),
+            "Missing required param: query.",
+        );
+    };
+    let clauses = match parse(query) {
+        Ok(clauses) => clauses,
+        Err(message) => return Answer::bad_param("parameter_invalid", Some("query"), &message),
+    };
+    let below = match request.page {
+        None => usize::MAX,
+        Some(token) => match read_page_token(token) {
+            Some(bound) => bound,
+            None => {
+                return Answer::bad_param("parameter_invalid", Some("page"), "Invalid page.");
+            }
+        },
+    };
+    // The rarest clause gives the candidates; each is checked against every clause, which
+    // also drops any that only share a hash.
+    let candidates = clauses
+        .iter()
+        .map(|clause| searched.index.candidates(&clause.key, &clause.value))
+        .min_by_key(|candidates| candidates.len())
+        .unwrap_or_default();
+    let mut matches =
+        candidates.iter().rev().filter(|&&position| position < below).filter_map(|&position| {
+            let record = searched.records.get(position)?;
+            let age_ms = request.now_ms.saturating_sub((searched.created_ms)(record));
+            let visible = age_ms >= request.search_lag_ms;
+            (visible && clauses.iter().all(|clause| (searched.holds)(record, clause)))
+                .then_some((position, record))
+        });
+    let limit = page_size(request.limit);
+    let found: Vec<(usize, &T)> = matches.by_ref().take(limit).collect();
+    let has_more = matches.next().is_some();
+    let next_page = match found.last() {
+        Some(&(position, _)) if has_more => Some(page_token(position)),
+        _ => None,
+    };
+    let data: Vec<Value> = found.iter().map(|(_, record)| (searched.to_json)(record)).collect();
+    Answer::ok(json!({
+        "object": "search_result", "data": data, "has_more": has_more,
+        "next_page": next_page, "url": searched.url,
+    }))
+}
+
 impl Ledger {
     /// The charges whose metadata hold every clause of `query`, newest first, leaving out those
     /// younger than `search_lag_ms`; `page` is a cursor this answered.
@@ -159,53 +238,16 @@ impl Ledger {
         search_lag_ms: u64,
     ) -> Answer {
         self.stats.searches += 1;
-        let Some(query) = query else {
-            return Answer::bad_param(
-                "parameter_missing",
-                Some("query"),
-                "Missing required param: query.",
-            );
+        let searched = Searched {
+            records: &self.charges,
+            index: &self.metadata_index,
+            holds: ChargeRecord::holds,
+            created_ms: |charge| charge.created_ms,
+            to_json: ChargeRecord::to_json,
+            url: "/v1/charges/search",
         };
-        let clauses = match parse(query) {
-            Ok(clauses) => clauses,
-            Err(message) => return Answer::bad_param("parameter_invalid", Some("query"), &message),
-        };
-        let below = match page {
-            None => usize::MAX,
-            Some(token) => match read_page_token(token) {
-                Some(bound) => bound,
-                None => {
-                    return Answer::bad_param("parameter_invalid", Some("page"), "Invalid page.");
-                }
-            },
-        };
-        // The rarest clause gives the candidates; each is checked against every clause, which
-        // also drops any that only share a hash.
-        let candidates = clauses
-            .iter()
-            .map(|clause| self.metadata_index.candidates(&clause.key, &clause.value))
-            .min_by_key(|candidates| candidates.len())
-            .unwrap_or_default();
         let now_ms = self.clock.now_ms();
-        let mut matches =
-            candidates.iter().rev().filter(|&&position| position < below).filter_map(|&position| {
-                let charge = self.charges.get(position)?;
-                let visible = now_ms.saturating_sub(charge.created_ms) >= search_lag_ms;
-                (visible && clauses.iter().all(|clause| charge.holds(clause)))
-                    .then_some((position, charge))
-            });
-        let limit = page_size(limit);
-        let found: Vec<(usize, &ChargeRecord)> = matches.by_ref().take(limit).collect();
-        let has_more = matches.next().is_some();
-        let next_page = match found.last() {
-            Some(&(position, _)) if has_more => Some(page_token(position)),
-            _ => None,
-        };
-        let data: Vec<Value> = found.iter().map(|(_, charge)| charge.to_json()).collect();
-        Answer::ok(json!({
-            "object": "search_result", "data": data, "has_more": has_more,
-            "next_page": next_page, "url": "/v1/charges/search",
-        }))
+        search(&searched, SearchRequest { query, limit, page, now_ms, search_lag_ms })
     }
 }
 
