@@ -148,6 +148,7 @@ pub mod code {
         InvalidRequest,
         OperationNeedsReview,
         PayloadTooLarge,
+        PaymentRequiresAction,
         PaymentUnexpectedState,
         PreconditionFailed,
         ProcessorUnavailable,

@@ -136,10 +136,12 @@ fn the_payment_schema_names_every_member_the_api_sends() {
     let payment = &document["components"]["schemas"]["Payment"]["properties"];
     let sample = serde_json::json!({
         "id": "pay_1", "object": "payment", "amount": 1, "currency": "usd",
-        "status": "succeeded", "capture_method": "automatic", "amount_captured": 1,
+        "status": "succeeded", "next_action": null, "capture_method": "automatic",
+        "amount_captured": 1,
         "amount_refunded": 0, "refunded": false, "payment_method": "pm_card_visa",
         "description": null, "metadata": {}, "receipt_email": null,
-        "processor_charge_id": null, "failure_code": null, "failure_message": null,
+        "processor_payment_intent_id": null, "processor_charge_id": null,
+        "failure_code": null, "failure_message": null,
         "cancellation_reason": null, "created": 0, "livemode": false
     });
     for member in

@@ -230,6 +230,7 @@ pub struct CaptureBody {
         Problems<openapi::Keyed, (
             code::ResourceMissing,
             code::PaymentUnexpectedState,
+            code::PaymentRequiresAction,
             code::AmountTooLarge,
             code::ProcessorUnavailable,
             code::OperationNeedsReview,
@@ -283,6 +284,7 @@ pub struct CancelBody {
         Problems<openapi::Keyed, (
             code::ResourceMissing,
             code::PaymentUnexpectedState,
+            code::PaymentRequiresAction,
             code::ProcessorUnavailable,
             code::OperationNeedsReview,
         )>,
