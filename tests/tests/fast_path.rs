@@ -48,12 +48,16 @@ fn drop_created(value: &mut Value) {
     }
 }
 
+/// A payment's id, its charge and PaymentIntent at the processor, and its key's request id.
+type Ids = (String, Option<String>, Option<String>, String);
+
 /// Everything a payment's creation wrote through `app`, with its ids (and the server's own
 /// address, in problem links) named alike.
 async fn written(app: &TestApp, key: &str) -> Value {
     let pool = &app.pool;
-    let (payment_id, charge_id, request_id): (String, Option<String>, String) = sqlx::query_as(
-        "SELECT p.id, p.processor_charge_id, k.request_id FROM payments p \
+    let (payment_id, charge_id, intent_id, request_id): Ids = sqlx::query_as(
+        "SELECT p.id, p.processor_charge_id, p.processor_payment_intent_id, k.request_id \
+           FROM payments p \
            JOIN idempotency_keys k ON k.id = p.idempotency_key_id \
           WHERE k.idempotency_key = $1",
     )
@@ -98,6 +102,7 @@ async fn written(app: &TestApp, key: &str) -> Value {
     }
     let mut ids = vec![(payment_id, "pay_X"), (request_id, "req_X"), (app.address.clone(), "X")];
     ids.extend(charge_id.map(|id| (id, "ch_X")));
+    ids.extend(intent_id.map(|id| (id, "pi_X")));
     // The stored body is text: its ids are named alike inside it too.
     alike(&record, &ids)
 }

@@ -31,7 +31,7 @@ async fn metrics_count_requests_by_route_replays_and_processor_calls(pool: PgPoo
         r#"idempotency_events_total{event="replayed"}"#,
         r#"idempotency_events_total{event="answered_from_memory"}"#,
         r#"idempotency_events_total{event="claimed"}"#,
-        r#"processor_calls_total{path="/v1/charges",outcome="ok"}"#,
+        r#"processor_calls_total{path="/v1/payment_intents",outcome="ok"}"#,
     ] {
         assert!(text.contains(expected), "missing {expected} in:\n{text}");
     }

@@ -275,8 +275,8 @@ async fn a_cancel_releases_the_authorization_and_only_from_requires_capture(pool
 async fn a_second_capture_after_a_refused_one_gets_its_own_answer(pool: PgPool) {
     let (app, sim) = spawn_with_sim(pool.clone(), &[]).await;
     let (_, key) = app.create_account("shop").await;
-    let (id, charge) = authorized(&app, &key, "p1", &pool).await;
-    at_processor(&sim, "/v1/refunds", &[("charge", charge.as_str())]).await;
+    let (id, intent) = authorized(&app, &key, "p1", &pool).await;
+    at_processor(&sim, &format!("/v1/payment_intents/{intent}/cancel"), &[]).await;
 
     let path = format!("/v1/payments/{id}/capture");
     let first = app.post(&path, &key, Some("c1"), &json!({})).await;
@@ -298,16 +298,17 @@ async fn a_second_capture_after_a_refused_one_gets_its_own_answer(pool: PgPool) 
     assert_ne!(keys[0], keys[1], "each capture its own downstream key: {keys:?}");
 }
 
-/// A payment awaiting capture, made with `idem`; its id and its charge's.
+/// A payment awaiting capture, made with `idem`; its id and its PaymentIntent's.
 async fn authorized(app: &TestApp, key: &str, idem: &str, pool: &PgPool) -> (String, String) {
     let manual = json!({"amount": 1000, "currency": "usd", "payment_method": "pm_card_visa", "capture_method": "manual"});
     let id = create(app, key, idem, &manual).await["id"].as_str().unwrap().to_owned();
-    let charge = sqlx::query_scalar("SELECT processor_charge_id FROM payments WHERE id = $1")
-        .bind(&id)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    (id, charge)
+    let intent =
+        sqlx::query_scalar("SELECT processor_payment_intent_id FROM payments WHERE id = $1")
+            .bind(&id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    (id, intent)
 }
 
 /// A call made at the stand-in processor behind the API's back.
@@ -322,17 +323,18 @@ async fn at_processor(sim: &str, path: &str, form: &[(&str, &str)]) {
     assert!(answer.status().is_success(), "{answer:?}");
 }
 
-/// An authorization released behind the API's back (at the processor, or expired: Stripe refunds
-/// the charge) makes the processor refuse a cancel's release as `charge_already_refunded`. The
-/// charge says it is released, so the cancel adopts that release and the payment is canceled
-/// (the refusal was replayed for ever, the payment awaiting a capture that could never be). A
-/// charge captured and then refunded behind the API's back is not released: the refusal stands.
+/// An authorization released behind the API's back (its PaymentIntent canceled at the processor,
+/// or expired) makes the processor refuse a cancel as `payment_intent_unexpected_state`. The
+/// PaymentIntent says it is canceled, so the cancel adopts that and the payment is canceled (the
+/// refusal was replayed for ever, the payment awaiting a capture that could never be). A
+/// PaymentIntent captured and then refunded behind the API's back is not canceled: the refusal
+/// stands.
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn a_cancel_after_the_authorization_was_released_elsewhere_cancels_the_payment(pool: PgPool) {
     let (app, sim) = spawn_with_sim(pool.clone(), &[]).await;
     let (_, key) = app.create_account("shop").await;
-    let (released, charge) = authorized(&app, &key, "p1", &pool).await;
-    at_processor(&sim, "/v1/refunds", &[("charge", charge.as_str())]).await;
+    let (released, intent) = authorized(&app, &key, "p1", &pool).await;
+    at_processor(&sim, &format!("/v1/payment_intents/{intent}/cancel"), &[]).await;
 
     let path = format!("/v1/payments/{released}/cancel");
     let cancel = app.post(&path, &key, Some("x1"), &json!({})).await;
@@ -349,14 +351,14 @@ async fn a_cancel_after_the_authorization_was_released_elsewhere_cancels_the_pay
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(causes, ["already_refunded"]);
+    assert_eq!(causes, ["moved_on"]);
     let capture = format!("/v1/payments/{released}/capture");
     let capture = app.post(&capture, &key, Some("c1"), &json!({})).await;
     assert_problem(capture, 400, "payment_unexpected_state").await;
 
-    let (captured, charge) = authorized(&app, &key, "p2", &pool).await;
-    at_processor(&sim, &format!("/v1/charges/{charge}/capture"), &[]).await;
-    at_processor(&sim, "/v1/refunds", &[("charge", charge.as_str())]).await;
+    let (captured, intent) = authorized(&app, &key, "p2", &pool).await;
+    at_processor(&sim, &format!("/v1/payment_intents/{intent}/capture"), &[]).await;
+    at_processor(&sim, "/v1/refunds", &[("payment_intent", intent.as_str())]).await;
     let path = format!("/v1/payments/{captured}/cancel");
     // Captured, then refunded: not a release to adopt.
     let refused = app.post(&path, &key, Some("x2"), &json!({})).await;
