@@ -5,9 +5,13 @@
 # with "N passed, M failed". Then the Node SDK (stripe-node, pinned in
 # tests/stripe_sdk_node/package-lock.json) through every PaymentIntent flow:
 # tests/stripe_sdk_node/stand-in.test.js, run by node's test runner, starts a stand-in of its own.
-# Both always run; this exits non-zero if any check of either failed.
+# Both also judge the provider's form fields: the top-level parameter names of each call it makes
+# (`cargo run -p provider --example form_fields`, written to target/provider-form-fields.json, or
+# the JSON file named by $PROVIDER_FORM_FIELDS) must be parameters that the SDK documents for that
+# endpoint. Both always run; this exits non-zero if any check of either failed.
 #
-# It builds nothing: it runs the processor-sim given as its first argument, or $PROCESSOR_SIM, or
+# It builds nothing but that small example (cargo run, nothing when it is fresh): it runs the
+# processor-sim given as its first argument, or $PROCESSOR_SIM, or
 # ${CARGO_TARGET_DIR:-target}/debug/processor-sim. The Python SDK goes into
 # target/stripe-sdk-venv the first time, and again whenever the requirements file changes; the
 # Node SDK (`npm ci` from a copy of the package folder) into target/stripe-sdk-node, again
@@ -27,6 +31,19 @@ SIM=${1:-${PROCESSOR_SIM:-$TARGET/debug/processor-sim}}
 case $SIM in /*) ;; *) SIM=$ROOT/$SIM ;; esac
 if [ ! -x "$SIM" ]; then
   say "no processor-sim at $SIM; build it first (cargo build -p processor-sim)"
+  exit 1
+fi
+
+# The provider's form fields, as its own constructors freeze them.
+FORM_FIELDS=${PROVIDER_FORM_FIELDS:-}
+if [ -z "$FORM_FIELDS" ]; then
+  FORM_FIELDS=$TARGET/provider-form-fields.json
+  say "the provider's form fields (cargo run -p provider --example form_fields)"
+  SQLX_OFFLINE=true cargo run --quiet -p provider --example form_fields >"$FORM_FIELDS"
+fi
+case $FORM_FIELDS in /*) ;; *) FORM_FIELDS=$ROOT/$FORM_FIELDS ;; esac
+if [ ! -s "$FORM_FIELDS" ]; then
+  say "no form fields at $FORM_FIELDS"
   exit 1
 fi
 
@@ -54,7 +71,7 @@ cp "$NODE_SUITE"/*.js "$NODE_DIR/"
 
 status=0
 say "stripe-python (tests/stripe_sdk)"
-"$VENV/bin/python" tests/stripe_sdk/test_stand_in.py --bin "$SIM" || status=1
+"$VENV/bin/python" tests/stripe_sdk/test_stand_in.py --bin "$SIM" --form-fields "$FORM_FIELDS" || status=1
 say "stripe-node $(cat "$NODE_DIR/node_modules/stripe/VERSION" 2>/dev/null) ($NODE_SUITE)"
-(cd "$NODE_DIR" && PROCESSOR_SIM=$SIM node --test) || status=1
+(cd "$NODE_DIR" && PROCESSOR_SIM=$SIM PROVIDER_FORM_FIELDS=$FORM_FIELDS node --test) || status=1
 exit $status

@@ -3,30 +3,39 @@
 Every endpoint the stand-in serves is called the way an application calls Stripe: through
 `stripe.Charge`, `stripe.PaymentIntent`, `stripe.Refund` and their list, search and paging
 helpers, with the SDK's own retries on; a 3-D Secure authentication is completed or failed through
-the stand-in's control route, as a customer would on Stripe's test page. Each check is a function
+the stand-in's control route, as a customer would on Stripe's test page. One more check needs no
+stand-in: the form fields of each call the provider makes (`--form-fields`, the JSON of
+`cargo run -p provider --example form_fields`) must be parameters that the SDK documents for that
+endpoint (its typed params, found from the SDK's own method for the path). Each check is a function
 named `check_…`; the script runs them all in order against one fresh stand-in and ends with
 `N passed, M failed`, exiting non-zero if any failed.
 
     python test_stand_in.py --bin target/debug/processor-sim   # starts it on a free port
     python test_stand_in.py --url http://127.0.0.1:12111       # uses one already running
+    python test_stand_in.py --bin ... --form-fields target/provider-form-fields.json
 
 `scripts/stripe-sdk.sh` (`make stripe-sdk`) installs the pinned SDK into a venv and runs this.
 """
 
 import argparse
 import http.server
+import inspect
 import json
 import queue
+import re
 import socket
 import subprocess
 import sys
 import threading
 import time
 import traceback
+import typing
 import urllib.request
 import uuid
 
 import stripe
+import stripe.params
+from stripe._request_options import RequestOptions
 
 API_KEY = "sk_test_stripe_sdk"
 # A prefix that no earlier run can have used, so that search and lists see only this run's
@@ -511,6 +520,72 @@ def check_a_payment_intent_key_reused_with_other_parameters_raises_idempotency_e
         raise AssertionError("no IdempotencyError")
 
 
+# The provider's form fields, as `cargo run -p provider --example form_fields` prints them
+# (`--form-fields`), judged against the parameters the SDK documents for each endpoint.
+FORM_FIELDS = None
+
+# Each call the provider makes, by the example's name: the SDK's service method for its endpoint.
+SDK_METHODS = {
+    "payment_intent_create": ("PaymentIntentService", "create"),
+    "payment_intent_capture": ("PaymentIntentService", "capture"),
+    "payment_intent_cancel": ("PaymentIntentService", "cancel"),
+    "refund_create": ("RefundService", "create"),
+}
+
+# Names the provider sends that the SDK no longer documents, each a known bug to fix in the
+# provider (and then to remove here: the check fails if a name listed here is no longer sent, so
+# the list cannot go stale). Any other undocumented name fails the check.
+#
+# KNOWN BUG (#38 item 5): at the pinned API version (2026-10-28.endive, the provider's default
+# Stripe-Version and stripe-python 16's), PaymentIntent create takes `allowed_payment_method_types`
+# (or `automatic_payment_methods`); `payment_method_types` was removed from
+# PaymentIntentCreateParams (stripe-node 23's CHANGELOG: "Remove support for
+# `payment_method_types` on ... PaymentIntentCreateParams").
+KNOWN_UNDOCUMENTED = {"payment_intent_create": {"payment_method_types"}}
+
+
+def sdk_endpoint(service_name, method_name):
+    """The SDK's own endpoint for a service method: its HTTP method, its path (with `{intent}`
+    where an id goes) and the names of the parameters it documents, read from the method's
+    source and from its typed params (a TypedDict), without the SDK's request options
+    (`idempotency_key`, `stripe_version`, ...), which are headers, not form fields."""
+    method = getattr(getattr(stripe, service_name), method_name)
+    found = re.search(r'self\._request\(\s*"(\w+)",\s*"([^"]+)"', inspect.getsource(method))
+    assert found, f"no request in {service_name}.{method_name}"
+    annotation = inspect.signature(method).parameters["params"].annotation
+    if isinstance(annotation, str):
+        type_name = annotation.strip("'\"")
+    else:
+        refs = [a for a in typing.get_args(annotation) if isinstance(a, typing.ForwardRef)]
+        assert len(refs) == 1, (service_name, method_name, annotation)
+        type_name = refs[0].__forward_arg__
+    params_type = getattr(stripe.params, type_name)
+    request_options = set(RequestOptions.__annotations__)
+    documented = set(params_type.__annotations__) - request_options
+    return found.group(1).upper(), found.group(2), type_name, documented
+
+
+def check_the_providers_form_fields_are_parameters_the_sdk_documents():
+    assert set(FORM_FIELDS) == set(SDK_METHODS), sorted(FORM_FIELDS)
+    problems = []
+    for call, (service_name, method_name) in SDK_METHODS.items():
+        sent = FORM_FIELDS[call]
+        http_method, path, type_name, documented = sdk_endpoint(service_name, method_name)
+        assert (sent["method"], sent["path"]) == (http_method, path), (call, sent, path)
+        assert sent["params"], f"{call}: the example printed no parameters"
+        undocumented = set(sent["params"]) - documented
+        known = KNOWN_UNDOCUMENTED.get(call, set())
+        if undocumented - known:
+            problems.append(f"{call}: {sorted(undocumented - known)} not in {type_name}")
+        if known - undocumented:
+            problems.append(f"{call}: {sorted(known - undocumented)} is documented or no longer "
+                            "sent: remove it from KNOWN_UNDOCUMENTED")
+        for name in sorted(known & undocumented):
+            print(f"     KNOWN BUG: {call} sends `{name}`, which {type_name} does not document",
+                  flush=True)
+    assert not problems, "; ".join(problems)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -541,7 +616,16 @@ def main():
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--bin", help="the processor-sim binary to start on a free port")
     where.add_argument("--url", help="the base URL of a stand-in already running")
+    parser.add_argument(
+        "--form-fields",
+        help="the JSON of `cargo run -p provider --example form_fields`: the provider's form "
+        "fields, checked against the SDK's parameters (without it that check is skipped)",
+    )
     args = parser.parse_args()
+    global FORM_FIELDS
+    if args.form_fields:
+        with open(args.form_fields, encoding="utf-8") as fields:
+            FORM_FIELDS = json.load(fields)
 
     process = None
     if args.bin:
@@ -554,6 +638,10 @@ def main():
     stripe.enable_telemetry = False
 
     checks = [(name, f) for name, f in globals().items() if name.startswith("check_")]
+    if FORM_FIELDS is None:
+        judge = check_the_providers_form_fields_are_parameters_the_sdk_documents
+        print(f"skip {judge.__name__} (no --form-fields)")
+        checks = [(name, f) for name, f in checks if f is not judge]
     passed = failed = 0
     try:
         set_faults({})

@@ -23,6 +23,7 @@ mod processor_webhooks;
 mod proof;
 mod round_trips;
 mod secrets;
+mod sparse_processor;
 mod webhook_fairness;
 mod webhook_log;
 mod webhooks;
