@@ -532,16 +532,12 @@ SDK_METHODS = {
     "refund_create": ("RefundService", "create"),
 }
 
-# Names the provider sends that the SDK no longer documents, each a known bug to fix in the
+# Names the provider sends that the SDK does not document, each a known bug to fix in the
 # provider (and then to remove here: the check fails if a name listed here is no longer sent, so
-# the list cannot go stale). Any other undocumented name fails the check.
-#
-# KNOWN BUG (#38 item 5): at the pinned API version (2026-10-28.endive, the provider's default
-# Stripe-Version and stripe-python 16's), PaymentIntent create takes `allowed_payment_method_types`
-# (or `automatic_payment_methods`); `payment_method_types` was removed from
-# PaymentIntentCreateParams (stripe-node 23's CHANGELOG: "Remove support for
-# `payment_method_types` on ... PaymentIntentCreateParams").
-KNOWN_UNDOCUMENTED = {"payment_intent_create": {"payment_method_types"}}
+# the list cannot go stale). Any other undocumented name fails the check. None today: at the
+# pinned API version (2026-10-28.endive) card-only is `allowed_payment_method_types`, which the
+# provider sends (`payment_method_types` was removed from PaymentIntentCreateParams).
+KNOWN_UNDOCUMENTED = {}
 
 
 def sdk_endpoint(service_name, method_name):

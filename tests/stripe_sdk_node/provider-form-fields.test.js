@@ -27,14 +27,11 @@ const SDK_METHODS = {
   refund_create: ['Refunds', 'create'],
 };
 
-// Names the provider sends that the SDK no longer documents, each a known bug to fix in the
+// Names the provider sends that the SDK does not document, each a known bug to fix in the
 // provider (and then to remove here: the test fails if a name listed here is no longer sent).
-// Any other undocumented name fails the test.
-//
-// KNOWN BUG (#38 item 5): at the pinned API version (2026-10-28.endive), PaymentIntent create
-// takes `allowed_payment_method_types` (or `automatic_payment_methods`); stripe-node's CHANGELOG:
-// "Remove support for `payment_method_types` on ... PaymentIntentCreateParams".
-const KNOWN_UNDOCUMENTED = { payment_intent_create: ['payment_method_types'] };
+// Any other undocumented name fails the test. None today: at the pinned API version
+// (2026-10-28.endive) card-only is `allowed_payment_method_types`, which the provider sends.
+const KNOWN_UNDOCUMENTED = {};
 
 /** The first of `candidates` (paths inside the SDK package) that exists. */
 function firstExisting(candidates) {

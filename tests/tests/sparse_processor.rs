@@ -293,14 +293,8 @@ async fn intent_of(pool: &PgPool, payment_id: &str) -> String {
 }
 
 /// A partial capture on a server that leaves `amount_received` out: the processor took what it
-/// was asked (`amount_to_capture`), so that is what the payment records.
-///
-/// KNOWN BUG, ignored until fixed: the provider's `PaymentIntent` reads a missing
-/// `amount_received` of a `succeeded` intent as all of `amount` (1000), so the capture's fallback
-/// to the amount asked for (`AuthorizationAction::acted`, which falls back only when it reads 0)
-/// never applies, and the payment records `amount_captured` 1000 after a capture of 600 (and
-/// would then let 1000 be refunded). Run it with `-- --ignored`.
-#[ignore = "known bug (#38): a partial capture on a server without amount_received records the whole amount"]
+/// was asked (`amount_to_capture`), so that is what the payment records (read as all of
+/// `amount`, it would record 1000 after a capture of 600, and then let 1000 be refunded).
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
 async fn a_partial_capture_on_a_sparse_server_records_the_amount_asked_for(pool: PgPool) {
     let processor = sparse_processor(1, 1, 0, 0).await;

@@ -148,8 +148,7 @@ fn outcome<'a>(
     let left = Changes { next_action_url: Some(None), ..Changes::default() };
     Some(match intent.status {
         IntentStatus::Succeeded => {
-            let received =
-                if intent.amount_received > 0 { intent.amount_received } else { intent.amount };
+            let received = intent.amount_received.unwrap_or(intent.amount);
             let changes = Changes {
                 status: Some(PaymentStatus::Succeeded),
                 amount_captured: Some(received.min(payment.amount.get())),

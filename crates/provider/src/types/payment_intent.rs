@@ -22,8 +22,9 @@ pub struct PaymentIntent {
     pub amount: i64,
     /// What a capture may still take (an authorization awaiting capture).
     pub amount_capturable: i64,
-    /// What was captured.
-    pub amount_received: i64,
+    /// What was captured; `None` when the server did not say (a compatible server may leave it
+    /// out, and then only the caller knows what a partial capture asked for).
+    pub amount_received: Option<i64>,
     /// Lower-case ISO 4217.
     pub currency: String,
     /// Where the intent stands.
@@ -133,15 +134,14 @@ struct ChargeList {
 impl From<PaymentIntentWire> for PaymentIntent {
     /// Each missing field as a server that leaves it out means it:
     /// - `amount_capturable`: all of `amount` while it awaits capture, else 0;
-    /// - `amount_received`: all of `amount` once it succeeded, else 0 (a partial capture on such
-    ///   a server reads as captured in full: its caller knows what it asked to capture);
+    /// - `amount_received`: left unknown (`None`): a partial capture on such a server captured
+    ///   what its caller asked for, not all of `amount`, and only the caller knows which;
     /// - `latest_charge`: the newest of an older version's `charges`.
     fn from(wire: PaymentIntentWire) -> Self {
         let all_when = |status| if wire.status == status { wire.amount } else { 0 };
         let amount_capturable =
             wire.amount_capturable.unwrap_or_else(|| all_when(IntentStatus::RequiresCapture));
-        let amount_received =
-            wire.amount_received.unwrap_or_else(|| all_when(IntentStatus::Succeeded));
+        let amount_received = wire.amount_received;
         let latest_charge = wire.latest_charge.or_else(|| {
             wire.charges.and_then(|list| list.data.into_iter().next()).map(IdOrObject::into_id)
         });
@@ -234,8 +234,8 @@ pub struct PaymentIntentRequest {
 impl PaymentIntentRequest {
     /// The request as it will be sent, under `key`, on every attempt: `POST /v1/payment_intents`
     /// with `amount`, `currency`, `payment_method`, `confirm=true`, `capture_method`,
-    /// `payment_method_types[0]=card` (cards only: no redirect unless the card's authentication
-    /// needs one), `return_url`, `metadata[payment_id]`, the other metadata, and `description`.
+    /// `allowed_payment_method_types[0]=card` (cards only: no redirect unless the card's
+    /// authentication needs one; `payment_method_types` before the pinned version), `return_url`, `metadata[payment_id]`, the other metadata, and `description`.
     pub fn freeze(&self, key: DownstreamKey) -> FrozenRequest {
         let capture_method = if self.capture { "automatic" } else { "manual" };
         let mut form = vec![
@@ -244,7 +244,7 @@ impl PaymentIntentRequest {
             ("payment_method".to_owned(), self.payment_method.clone()),
             ("confirm".to_owned(), "true".to_owned()),
             ("capture_method".to_owned(), capture_method.to_owned()),
-            ("payment_method_types[0]".to_owned(), "card".to_owned()),
+            ("allowed_payment_method_types[0]".to_owned(), "card".to_owned()),
             ("return_url".to_owned(), self.return_url.clone()),
             ("metadata[payment_id]".to_owned(), self.payment_id.clone()),
         ];
@@ -335,7 +335,7 @@ mod tests {
                 ("payment_method", "pm_card_visa_4242424242424242"),
                 ("confirm", "true"),
                 ("capture_method", "manual"),
-                ("payment_method_types[0]", "card"),
+                ("allowed_payment_method_types[0]", "card"),
                 ("return_url", "https://pay.example.com/return"),
                 ("metadata[payment_id]", "pay_1"),
                 ("metadata[release]", "42"),

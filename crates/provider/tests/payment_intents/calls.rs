@@ -73,7 +73,7 @@ async fn a_payment_intent_is_created_and_confirmed_as_stripe_expects() {
             ("payment_method", "pm_card_visa"),
             ("confirm", "true"),
             ("capture_method", "automatic"),
-            ("payment_method_types[0]", "card"),
+            ("allowed_payment_method_types[0]", "card"),
             ("return_url", "https://pay.example.com/v1/payments/pay_123/return"),
             ("metadata[payment_id]", "pay_123"),
             ("metadata[release]", "0042"),
@@ -104,7 +104,7 @@ async fn a_capture_sends_the_amount_to_capture_under_its_own_key() {
     let capture =
         FrozenRequest::capture_intent("pi_1", Some(500), DownstreamKey::capture("pay_123", 7));
     let intent = client(&server).capture_payment_intent(&capture).await.unwrap();
-    assert_eq!((intent.amount_received, intent.status), (500, IntentStatus::Succeeded));
+    assert_eq!((intent.amount_received, intent.status), (Some(500), IntentStatus::Succeeded));
     let received = &server.received_requests().await.unwrap()[0];
     assert_eq!(pairs(&form(received)), [("amount_to_capture", "500")]);
 }

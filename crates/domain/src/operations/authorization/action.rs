@@ -98,8 +98,7 @@ impl AuthorizationAction {
         match self {
             Self::Capture { amount } => {
                 let asked = amount.map_or(intent.amount, Amount::get);
-                let received =
-                    if intent.amount_received > 0 { intent.amount_received } else { asked };
+                let received = intent.amount_received.unwrap_or(asked);
                 Acted::Captured { amount_captured: received }
             }
             Self::Cancel { reason } => Acted::Released { reason },

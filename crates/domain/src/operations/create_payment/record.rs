@@ -77,8 +77,7 @@ impl<'a> Recorded<'a> {
             // A compatible server may leave `amount_received` out: a PaymentIntent that
             // succeeded captured its amount.
             IntentStatus::Succeeded => {
-                let received =
-                    if intent.amount_received > 0 { intent.amount_received } else { intent.amount };
+                let received = intent.amount_received.unwrap_or(intent.amount);
                 (PaymentStatus::Succeeded, received.min(payment.amount.get()))
             }
             _ => (PaymentStatus::RequiresCapture, 0),

@@ -26,17 +26,25 @@ pub(super) fn return_url(params: &[(String, String)]) -> Result<Option<String>, 
     }
 }
 
-/// `payment_method_types[]` (or `payment_method_types[0]`, as the SDKs send lists), if sent.
-/// The stand-in's payment methods are cards.
+/// `allowed_payment_method_types[]` (the pinned API version's name) or `payment_method_types[]`
+/// (older versions'), each also as `…[0]`, as the SDKs send lists, if sent (not both). The
+/// stand-in's payment methods are cards.
 fn payment_method_types(params: &[(String, String)]) -> Result<Option<Vec<String>>, Answer> {
-    let types: Vec<String> = params
-        .iter()
-        .filter(|(k, _)| k.starts_with("payment_method_types["))
-        .map(|(_, v)| v.clone())
-        .collect();
-    if types.is_empty() {
-        return Ok(None);
-    }
+    let named = |prefix: &str| -> Vec<String> {
+        params.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v.clone()).collect()
+    };
+    let (allowed, older) = (named("allowed_payment_method_types["), named("payment_method_types["));
+    let types = match (allowed.is_empty(), older.is_empty()) {
+        (true, true) => return Ok(None),
+        (false, true) => allowed,
+        (true, false) => older,
+        (false, false) => {
+            let message = "You may only specify one of these parameters: \
+                           allowed_payment_method_types, payment_method_types.";
+            let param = Some("payment_method_types");
+            return Err(Answer::bad_param("parameter_invalid", param, message));
+        }
+    };
     if let Some(other) = types.iter().find(|t| t.as_str() != "card") {
         let message = format!("The payment method type \"{other}\" is invalid.");
         return Err(Answer::bad_param("parameter_invalid", Some("payment_method_types"), &message));
