@@ -77,7 +77,7 @@ if has_browser || [ -n "${CI:-}" ]; then export PAYMENTS_REQUIRE_BROWSER=1; fi
 step "tests"
 cargo test --workspace --locked --no-fail-fast
 
-step "Stripe's Python SDK against processor-sim (make stripe-sdk)"
+step "Stripe's Python and Node SDKs against processor-sim (make stripe-sdk)"
 scripts/stripe-sdk.sh
 
 step "the example suites that drive processor-sim: pytest and node --test (make stand-in-examples)"

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use payments_client::{Client, Code, Error, NewPayment, RetryPolicy};
+use payments_client::{Client, Code, Error, NewPayment, PaymentStatus, RetryPolicy};
 use payments_tests::spawn_with_sim;
 use serde_json::json;
 use sqlx::PgPool;
@@ -104,6 +104,28 @@ async fn capture_refund_and_list_through_the_client(pool: PgPool) {
     assert_eq!(page.data[0].id, authorized.id);
     let missing = client.payment("pay_nope").await.unwrap_err();
     assert_eq!(missing.code(), Some(&Code::ResourceMissing));
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_payment_that_requires_action_is_typed_and_cannot_be_captured_or_canceled(pool: PgPool) {
+    let (app, sim) = spawn_with_sim(pool, &[]).await;
+    let (_, secret) = app.create_account("shop").await;
+    let client = client(&app.address, &secret, quick());
+    let mut card = NewPayment::new(1200, "usd", "pm_card_threeDSecure2Required");
+    card.capture_method = Some("manual".into());
+    let waiting = client.create_payment(&card, Some("3ds")).await.unwrap().value;
+    assert_eq!(waiting.status, PaymentStatus::RequiresAction);
+    let intent = waiting.processor_payment_intent_id.clone().expect("its PaymentIntent");
+    assert!(intent.starts_with("pi_"), "{intent}");
+    let url = waiting.redirect_url().expect("where to send the customer");
+    assert!(url.starts_with(&sim) && url.ends_with(&intent), "{url}");
+    let replayed = client.create_payment(&card, Some("3ds")).await.unwrap();
+    assert_eq!((replayed.value, replayed.replayed), (waiting.clone(), true));
+    let capture = client.capture_payment(&waiting.id, None, Some("cap")).await.unwrap_err();
+    assert_eq!(capture.code(), Some(&Code::PaymentRequiresAction), "{capture}");
+    let cancel = client.cancel_payment(&waiting.id, Some("cancel")).await.unwrap_err();
+    assert_eq!(cancel.code(), Some(&Code::PaymentRequiresAction), "{cancel}");
+    assert_eq!(client.payment(&waiting.id).await.unwrap().status, "requires_action");
 }
 
 #[tokio::test]

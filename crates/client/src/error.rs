@@ -16,6 +16,10 @@ pub enum Code {
     CardDeclined,
     /// `payment_unexpected_state`.
     PaymentUnexpectedState,
+    /// `payment_requires_action`: a capture or cancel of a payment whose customer has not
+    /// authenticated yet. Send them to its `next_action`, and try again once it
+    /// `requires_capture`, under a new key (this answer is stored for the key).
+    PaymentRequiresAction,
     /// `amount_too_large`.
     AmountTooLarge,
     /// `resource_missing`.
@@ -39,6 +43,7 @@ impl Code {
             "invalid_request" => Self::InvalidRequest,
             "card_declined" => Self::CardDeclined,
             "payment_unexpected_state" => Self::PaymentUnexpectedState,
+            "payment_requires_action" => Self::PaymentRequiresAction,
             "amount_too_large" => Self::AmountTooLarge,
             "resource_missing" => Self::ResourceMissing,
             "authentication_required" | "invalid_api_key" => Self::Unauthorized,

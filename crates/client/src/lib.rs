@@ -35,7 +35,7 @@ pub mod webhooks;
 pub use builder::{ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 pub use client::{Client, Idempotent};
 pub use error::{Code, Error, Problem};
-pub use resources::{List, NewPayment, Payment, Refund};
+pub use resources::{List, NewPayment, NextAction, Payment, PaymentStatus, RedirectToUrl, Refund};
 pub use retry::RetryPolicy;
 
 #[cfg(test)]

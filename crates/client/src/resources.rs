@@ -1,9 +1,10 @@
-//! The API's objects as the client reads them ([`Payment`], [`Refund`], a page of a [`List`]) and
-//! sends them ([`NewPayment`]).
+//! The API's objects as the client reads them ([`Payment`] with its [`PaymentStatus`] and
+//! [`NextAction`], [`Refund`], a page of a [`List`]) and sends them ([`NewPayment`]).
 
 use std::collections::BTreeMap;
+use std::fmt;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// A payment, as the API represents it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -14,8 +15,12 @@ pub struct Payment {
     pub amount: i64,
     /// Lower-case ISO 4217.
     pub currency: String,
-    /// `processing`, `requires_capture`, `succeeded`, `failed`, `canceled`.
-    pub status: String,
+    /// Where the payment is in its life.
+    pub status: PaymentStatus,
+    /// What the customer must do while the payment `requires_action`; `None` otherwise (and from
+    /// a server that does not send it).
+    #[serde(default)]
+    pub next_action: Option<NextAction>,
     /// `automatic` or `manual`.
     pub capture_method: String,
     /// Captured so far.
@@ -30,12 +35,118 @@ pub struct Payment {
     pub description: Option<String>,
     /// String pairs.
     pub metadata: BTreeMap<String, String>,
-    /// The processor's charge.
+    /// The processor's PaymentIntent, `pi_…`.
+    #[serde(default)]
+    pub processor_payment_intent_id: Option<String>,
+    /// The processor's charge, `ch_…`.
     pub processor_charge_id: Option<String>,
     /// Decline code, for a failed payment.
     pub failure_code: Option<String>,
     /// Unix seconds.
     pub created: i64,
+}
+
+impl Payment {
+    /// Where to send the customer to authenticate, while the payment `requires_action`.
+    pub fn redirect_url(&self) -> Option<&str> {
+        let action = self.next_action.as_ref()?;
+        action.redirect_to_url.as_ref().map(|redirect| redirect.url.as_str())
+    }
+}
+
+/// Where a payment is in its life. A status this client does not know yet is kept as
+/// [`PaymentStatus::Other`], never an error, so that a newer server's answers still read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PaymentStatus {
+    /// `processing`: a request or the server's completer is working on it.
+    Processing,
+    /// `requires_action`: the customer must authenticate (3-D Secure) at
+    /// [`Payment::redirect_url`]. The outcome arrives later: read the payment again, or listen
+    /// for its event. A capture or cancel meanwhile is refused with
+    /// [`Code::PaymentRequiresAction`](crate::Code::PaymentRequiresAction).
+    RequiresAction,
+    /// `requires_capture`: authorized; waits for a capture or a cancel.
+    RequiresCapture,
+    /// `succeeded`: captured.
+    Succeeded,
+    /// `failed`: declined, or the customer did not authenticate.
+    Failed,
+    /// `canceled`: released, or its authentication expired (`abandoned`).
+    Canceled,
+    /// Any other status, as sent.
+    Other(String),
+}
+
+impl PaymentStatus {
+    /// The status named `name`.
+    pub fn parse(name: &str) -> Self {
+        match name {
+            "processing" => Self::Processing,
+            "requires_action" => Self::RequiresAction,
+            "requires_capture" => Self::RequiresCapture,
+            "succeeded" => Self::Succeeded,
+            "failed" => Self::Failed,
+            "canceled" => Self::Canceled,
+            other => Self::Other(other.to_owned()),
+        }
+    }
+
+    /// The status's name, as the API writes it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Processing => "processing",
+            Self::RequiresAction => "requires_action",
+            Self::RequiresCapture => "requires_capture",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Canceled => "canceled",
+            Self::Other(name) => name,
+        }
+    }
+}
+
+impl fmt::Display for PaymentStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<str> for PaymentStatus {
+    fn eq(&self, name: &str) -> bool {
+        self.as_str() == name
+    }
+}
+
+impl PartialEq<&str> for PaymentStatus {
+    fn eq(&self, name: &&str) -> bool {
+        self.as_str() == *name
+    }
+}
+
+impl<'de> Deserialize<'de> for PaymentStatus {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        Ok(Self::parse(&name))
+    }
+}
+
+/// What a payment that `requires_action` asks of its customer:
+/// `{"type": "redirect_to_url", "redirect_to_url": {"url": …}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NextAction {
+    /// `redirect_to_url` (the only kind the API sends today).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Where to send the customer, for a `redirect_to_url`.
+    #[serde(default)]
+    pub redirect_to_url: Option<RedirectToUrl>,
+}
+
+/// Where the customer authenticates.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RedirectToUrl {
+    /// The processor's authentication page.
+    pub url: String,
 }
 
 /// A refund, as the API represents it.

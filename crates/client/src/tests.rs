@@ -40,7 +40,82 @@ fn a_retry_after_beyond_the_cap_is_honoured_only_up_to_the_cap() {
 fn codes_are_typed() {
     assert_eq!(Code::parse("card_declined"), Code::CardDeclined);
     assert_eq!(Code::parse("idempotency_key_missing"), Code::IdempotencyKeyInvalid);
+    assert_eq!(Code::parse("payment_requires_action"), Code::PaymentRequiresAction);
     assert_eq!(Code::parse("brand_new"), Code::Other("brand_new".into()));
+}
+
+/// A payment that waits on its customer, byte for byte as the API writes one.
+const REQUIRES_ACTION: &str = r#"{"id":"pay_3ds","object":"payment","amount":500,"currency":"usd","status":"requires_action","next_action":{"type":"redirect_to_url","redirect_to_url":{"url":"http://127.0.0.1:12111/_sim/authenticate/pi_1"}},"capture_method":"manual","amount_captured":0,"amount_refunded":0,"refunded":false,"payment_method":"pm_card_threeDSecure2Required","description":null,"metadata":{},"receipt_email":null,"processor_payment_intent_id":"pi_1","processor_charge_id":null,"failure_code":null,"failure_message":null,"cancellation_reason":null,"created":1764441600,"livemode":false}"#;
+
+#[test]
+fn a_payment_that_requires_action_reads_with_where_to_send_the_customer() {
+    let payment: Payment = serde_json::from_str(REQUIRES_ACTION).unwrap();
+    assert_eq!(payment.status, PaymentStatus::RequiresAction);
+    assert_eq!(payment.status, "requires_action");
+    assert_eq!(payment.status.to_string(), "requires_action");
+    let url = "http://127.0.0.1:12111/_sim/authenticate/pi_1";
+    let action = NextAction {
+        kind: "redirect_to_url".into(),
+        redirect_to_url: Some(RedirectToUrl { url: url.into() }),
+    };
+    assert_eq!(payment.next_action, Some(action));
+    assert_eq!(payment.redirect_url(), Some(url));
+    assert_eq!(payment.processor_payment_intent_id.as_deref(), Some("pi_1"));
+    assert_eq!(payment.processor_charge_id, None);
+}
+
+#[test]
+fn a_settled_payment_has_no_next_action_and_every_status_reads() {
+    let settled = REQUIRES_ACTION
+        .replace(r#""status":"requires_action""#, r#""status":"requires_capture""#)
+        .replace(
+            r#""next_action":{"type":"redirect_to_url","redirect_to_url":{"url":"http://127.0.0.1:12111/_sim/authenticate/pi_1"}}"#,
+            r#""next_action":null"#,
+        );
+    let payment: Payment = serde_json::from_str(&settled).unwrap();
+    assert_eq!(payment.status, PaymentStatus::RequiresCapture);
+    assert_eq!((&payment.next_action, payment.redirect_url()), (&None, None));
+    let statuses = [
+        ("processing", PaymentStatus::Processing),
+        ("requires_action", PaymentStatus::RequiresAction),
+        ("requires_capture", PaymentStatus::RequiresCapture),
+        ("succeeded", PaymentStatus::Succeeded),
+        ("failed", PaymentStatus::Failed),
+        ("canceled", PaymentStatus::Canceled),
+    ];
+    for (name, status) in statuses {
+        assert_eq!(PaymentStatus::parse(name), status);
+        assert_eq!(status.as_str(), name);
+    }
+}
+
+#[test]
+fn an_unknown_status_and_an_unknown_next_action_still_read() {
+    let newer = REQUIRES_ACTION
+        .replace(r#""status":"requires_action""#, r#""status":"requires_confirmation""#)
+        .replace(
+            r#"{"type":"redirect_to_url","redirect_to_url":{"url":"http://127.0.0.1:12111/_sim/authenticate/pi_1"}}"#,
+            r#"{"type":"use_stripe_sdk","use_stripe_sdk":{}}"#,
+        );
+    let payment: Payment = serde_json::from_str(&newer).unwrap();
+    assert_eq!(payment.status, PaymentStatus::Other("requires_confirmation".into()));
+    assert_eq!(payment.next_action.as_ref().map(|a| a.kind.as_str()), Some("use_stripe_sdk"));
+    assert_eq!(payment.redirect_url(), None);
+}
+
+#[test]
+fn a_payment_from_a_server_without_the_new_members_still_reads() {
+    let older = REQUIRES_ACTION
+        .replace(r#""status":"requires_action""#, r#""status":"succeeded""#)
+        .replace(
+            r#""next_action":{"type":"redirect_to_url","redirect_to_url":{"url":"http://127.0.0.1:12111/_sim/authenticate/pi_1"}},"#,
+            "",
+        )
+        .replace(r#""processor_payment_intent_id":"pi_1","#, "");
+    assert!(!older.contains("next_action") && !older.contains("pi_1"), "{older}");
+    let payment: Payment = serde_json::from_str(&older).unwrap();
+    assert_eq!(payment.status, PaymentStatus::Succeeded);
+    assert_eq!((payment.next_action, payment.processor_payment_intent_id), (None, None));
 }
 
 #[test]

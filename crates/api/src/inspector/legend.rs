@@ -1,16 +1,21 @@
 //! The legend beside a key's state diagram: what each mark means, and each state linked to the
-//! section of the guide (`docs/`) that defines it. The links start at `inspector.docs_base_url`;
-//! without one, the guide's files are named by their path in the repository.
+//! section of the guide (`docs/`) that defines it; for a new payment's key, the payment states
+//! that outlive the key (`requires_action`, then its outcome). The links start at
+//! `inspector.docs_base_url`; without one, the guide's files are named by their path in the
+//! repository.
 
 use maud::{Markup, html};
+use payments_domain::operations::CREATE_PAYMENT;
 
-use super::diagram::{Now, shape};
+use super::diagram::{AUTHENTICATED, Now, shape};
 
 /// The section of the key table that writes each state as a condition over the columns.
 const STATES: (&str, &str) =
     ("docs/key-table.md", "the-keys-states-as-conditions-over-the-columns");
 /// The guide's state machine of a key.
 const MACHINE: (&str, &str) = ("docs/operations.md", "the-keys-state-machine");
+/// The guide's states of a payment that waits on its customer, and their crash table.
+const WAITING: (&str, &str) = ("docs/operations.md", "a-payment-that-waits-on-its-customer");
 
 /// The legend for a key of `operation` that stands at `now`.
 pub fn legend(docs_base_url: &str, operation: &str, now: Now) -> Markup {
@@ -22,6 +27,10 @@ pub fn legend(docs_base_url: &str, operation: &str, now: Now) -> Markup {
         (Now::Finished, "the answer is stored and replayed"),
         (Now::Flagged, "no automatic retry may finish it"),
     ];
+    let mut sections = vec![("docs/operations.md", operation_section), MACHINE, STATES];
+    if operation == CREATE_PAYMENT {
+        sections.push(WAITING);
+    }
     html! {
         section #legend aria-label="legend" {
             h3 { "Legend" }
@@ -56,8 +65,20 @@ pub fn legend(docs_base_url: &str, operation: &str, now: Now) -> Markup {
                         }
                     }
                 }
+                @if operation == CREATE_PAYMENT {
+                    li {
+                        "A new payment may "
+                        (link(docs_base_url, WAITING, "wait on its customer"))
+                        ": the key finishes with a payment that " code { "requires_action" }
+                        " (3-D Secure), and a retry replays that answer. Its outcome ("
+                        code { "requires_capture" } ", " code { "succeeded" } ", "
+                        code { "failed" } ", or " code { "canceled" } " once the authentication \
+                        expires) is recorded later, by the processor's webhook or the worker's \
+                        authentication job, as " code { (AUTHENTICATED) } " on this timeline."
+                    }
+                }
             }
-            (paths(docs_base_url, &[("docs/operations.md", operation_section), MACHINE, STATES]))
+            (paths(docs_base_url, &sections))
         }
     }
 }
@@ -111,7 +132,11 @@ mod tests {
             "<strong><a href=\"{base}/key-table.md#the-keys-states-as-conditions-over-the-columns\">▶ lease free (released)</a></strong>"
         );
         assert!(html.contains(&now), "{html}");
-        assert_eq!(html.matches("href=").count(), 9, "two sections and each state: {html}");
+        assert_eq!(html.matches("href=").count(), 10, "three sections and each state: {html}");
+        let waiting = format!("href=\"{base}/operations.md#a-payment-that-waits-on-its-customer\"");
+        assert!(html.contains(&waiting), "a new payment's key links its payment's states: {html}");
+        assert!(html.contains("<code>requires_action</code>"), "{html}");
+        assert!(html.contains("<code>payment.authenticated</code>"), "{html}");
         assert!(!html.contains("In the repository"), "{html}");
         assert_eq!(html.matches("<strong>").count(), 1, "one state is now: {html}");
     }
@@ -122,6 +147,10 @@ mod tests {
         assert!(!html.contains("href"), "{html}");
         assert!(html.contains("<code>docs/operations.md#refund-a-payment</code>"), "{html}");
         assert!(html.contains("<strong>▶ finished (answer stored)</strong>"), "{html}");
+        assert!(!html.contains("requires_action"), "a refund's key has no such payment: {html}");
+        let create = legend("", "payments.create", Now::Finished).into_string();
+        let path = "<code>docs/operations.md#a-payment-that-waits-on-its-customer</code>";
+        assert!(create.contains(path), "{create}");
     }
 
     #[test]
@@ -143,7 +172,7 @@ mod tests {
                 .map(|h| anchor(h.trim_start_matches('#').trim()))
                 .collect()
         };
-        let mut wanted = vec![STATES, MACHINE];
+        let mut wanted = vec![STATES, MACHINE, WAITING];
         wanted.extend(
             super::super::diagram::SHAPES.iter().map(|s| ("docs/operations.md", s.guide_anchor)),
         );

@@ -48,10 +48,11 @@ pub struct EventDoc {
     pub id: String,
     /// Always `"event"`.
     pub object: String,
-    /// What happened: `payment.succeeded`, `payment.requires_capture`, `payment.failed`,
-    /// `payment.captured`, `payment.canceled`, `payment.updated`, `refund.succeeded`,
-    /// `refund.failed`, `webhook_endpoint.disabled` (the worker disabled an endpoint that kept
-    /// failing; `data.object` is the endpoint).
+    /// What happened: `payment.succeeded`, `payment.requires_action` (the customer must
+    /// authenticate; the outcome comes later as one of the others), `payment.requires_capture`,
+    /// `payment.failed`, `payment.captured`, `payment.canceled`, `payment.updated`,
+    /// `refund.succeeded`, `refund.failed`, `webhook_endpoint.disabled` (the worker disabled an
+    /// endpoint that kept failing; `data.object` is the endpoint).
     #[serde(rename = "type")]
     pub event_type: String,
     /// Unix seconds: when the change committed.

@@ -2,7 +2,9 @@
 //! order, then `finished`, and `flagged` (needs a person) beside them; the points this key passed
 //! and the edges it took drawn thick and marked "✓ passed", where it stands now framed twice and
 //! marked "▶ now" with its lease. Every state is told in words too (text in the boxes, a `<title>`
-//! and a `<desc>`), never by colour alone.
+//! and a `<desc>`), never by colour alone. A new payment's key may finish with a payment that
+//! `requires_action` (3-D Secure), whose outcome is recorded after the key is finished: its
+//! `finished` box says so ([`Waiting`]).
 //!
 //! Here: what the diagram is drawn from (each operation's [`Shape`], a key's [`KeyPath`] and where
 //! it stands, [`Now`]). The drawing is in `svg`.
@@ -107,6 +109,43 @@ impl Now {
             Self::LeaseFree => "lease free (released)",
             Self::Finished => "finished (answer stored)",
             Self::Flagged => "flagged (needs a person)",
+        }
+    }
+}
+
+/// The audit action of the phase that finishes a new payment's key with a payment that
+/// `requires_action`.
+pub const REQUIRES_ACTION: &str = "payment.requires_action";
+/// The audit action that records such a payment's outcome, written under the same key by the
+/// processor's webhook or the worker's authentication job.
+pub const AUTHENTICATED: &str = "payment.authenticated";
+
+/// Whether a key's payment waited on its customer after the key was finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// The key's answer is a payment that `requires_action`, and no outcome is recorded yet.
+    ForItsCustomer,
+    /// It was, and its outcome has been recorded since (by webhook or by the worker's look).
+    Settled,
+}
+
+impl Waiting {
+    /// What the audit records written under a key say, if its payment waited on its customer.
+    pub fn of(actions: &[&str]) -> Option<Self> {
+        if !actions.contains(&REQUIRES_ACTION) {
+            None
+        } else if actions.contains(&AUTHENTICATED) {
+            Some(Self::Settled)
+        } else {
+            Some(Self::ForItsCustomer)
+        }
+    }
+
+    /// The words the diagram's `finished` box uses.
+    pub fn words(self) -> &'static str {
+        match self {
+            Self::ForItsCustomer => "payment: requires_action",
+            Self::Settled => "payment: settled later",
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use maud::{Markup, html};
 
-use super::{KeyPath, Now, shape};
+use super::{KeyPath, Now, Waiting, shape};
 
 const LEFT: i32 = 100;
 const NODE_W: i32 = 200;
@@ -113,20 +113,26 @@ pub fn state_diagram(key: &KeyPath<'_>) -> Markup {
                     Mark::Ahead => "not reached".to_owned(),
                 };
                 @let resumed = key.resumed_from.iter().filter(|p| **p == *name).count();
-                (node(name, LEFT, y(i), NODE_W, mark, &status, resumed))
+                @let note = match resumed {
+                    0 => String::new(),
+                    1 => "resumed here 1 time".to_owned(),
+                    n => format!("resumed here {n} times"),
+                };
+                (node(name, LEFT, y(i), NODE_W, mark, &status, &note))
             }
             @let (mark, status) = if finished {
                 (Mark::Now, "▶ now: answer stored")
             } else {
                 (Mark::Ahead, "not reached")
             };
-            (node("finished", LEFT, finished_y, NODE_W, mark, status, 0))
+            @let waiting = Waiting::of(&key.actions).filter(|_| finished).map(Waiting::words);
+            (node("finished", LEFT, finished_y, NODE_W, mark, status, waiting.unwrap_or("")))
             @let (mark, status) = if flagged {
                 (Mark::Now, "▶ now: needs a person")
             } else {
                 (Mark::Ahead, "not flagged")
             };
-            (node("flagged", FLAG_X, flag_y, FLAG_W, mark, status, 0))
+            (node("flagged", FLAG_X, flag_y, FLAG_W, mark, status, ""))
         }
     }
 }
@@ -149,8 +155,9 @@ fn arrow(d: &str, taken: bool) -> Markup {
     }
 }
 
-/// One state's box: its name, its mark in words, and how many attempts resumed there.
-fn node(name: &str, x: i32, y: i32, w: i32, mark: Mark, status: &str, resumed: usize) -> Markup {
+/// One state's box: its name, its mark in words, and a note (how many attempts resumed there, or
+/// what became of a finished key's payment), if any.
+fn node(name: &str, x: i32, y: i32, w: i32, mark: Mark, status: &str, note: &str) -> Markup {
     let (class, fill, stroke, width) = match mark {
         Mark::Now => ("node now", "#fff4ce", "#8a5a00", 3),
         Mark::Passed => ("node passed", "#e8f1fb", TAKEN, 2),
@@ -169,10 +176,8 @@ fn node(name: &str, x: i32, y: i32, w: i32, mark: Mark, status: &str, resumed: u
             text x=(centre) y=(y + 19) text-anchor="middle" font-family="ui-monospace,monospace"
                 font-weight="600" fill="#1d232b" { (name) }
             text x=(centre) y=(y + 35) text-anchor="middle" fill="#1d232b" { (status) }
-            @if resumed > 0 {
-                text x=(centre) y=(y + 50) text-anchor="middle" fill="#5b6570" {
-                    "resumed here " (resumed) (if resumed == 1 { " time" } else { " times" })
-                }
+            @if !note.is_empty() {
+                text x=(centre) y=(y + 50) text-anchor="middle" fill="#5b6570" { (note) }
             }
         }
     }
@@ -205,6 +210,18 @@ fn describe(key: &KeyPath<'_>, points: &[(&str, &str)], reached: usize, may_skip
     }
     if !key.resumed_from.is_empty() {
         text.push_str(&format!(" {} later attempts resumed it.", key.resumed_from.len()));
+    }
+    let waiting = Waiting::of(&key.actions).filter(|_| key.now == Now::Finished);
+    if let Some(waiting) = waiting {
+        text.push_str(
+            " Its answer is a payment that requires_action (3-D Secure): the outcome is recorded \
+             after the key is finished, by the processor's webhook or the worker's authentication \
+             job, and a retry still replays the answer.",
+        );
+        text.push_str(match waiting {
+            Waiting::ForItsCustomer => " No outcome is recorded yet.",
+            Waiting::Settled => " The outcome has been recorded (payment.authenticated).",
+        });
     }
     text
 }

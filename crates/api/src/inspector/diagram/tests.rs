@@ -98,6 +98,31 @@ fn a_finished_key_passed_every_point_it_recorded() {
 }
 
 #[test]
+fn a_finished_create_whose_payment_waits_on_its_customer_says_so_until_its_outcome() {
+    let mut key = path(CREATE_PAYMENT, "finished", Now::Finished);
+    key.actions = vec!["payment.created", REQUIRES_ACTION];
+    let svg = state_diagram(&key).into_string();
+    let finished = node_of(&svg, "finished");
+    assert!(finished.contains("▶ now: answer stored"), "{finished}");
+    assert!(finished.contains(">payment: requires_action</text>"), "{finished}");
+    assert_eq!(svg.matches("class=\"edge taken\"").count(), 2, "both phases: {svg}");
+    let desc = &svg[svg.find("<desc").unwrap()..svg.find("</desc>").unwrap()];
+    assert!(desc.contains("a payment that requires_action"), "{desc}");
+    assert!(desc.contains("No outcome is recorded yet."), "{desc}");
+    // The webhook or the worker's job recorded the outcome under the same key.
+    key.actions.push(AUTHENTICATED);
+    let svg = state_diagram(&key).into_string();
+    let finished = node_of(&svg, "finished");
+    assert!(finished.contains(">payment: settled later</text>"), "{finished}");
+    assert!(!finished.contains("requires_action"), "{finished}");
+    assert!(svg.contains("The outcome has been recorded (payment.authenticated)."), "{svg}");
+    // A payment authorized at once says nothing of the kind.
+    key.actions = vec!["payment.created", "payment.charged"];
+    let svg = state_diagram(&key).into_string();
+    assert!(!svg.contains("payment:") && !svg.contains("requires_action"), "{svg}");
+}
+
+#[test]
 fn a_refused_capture_goes_from_started_straight_to_finished() {
     let mut key = path(CAPTURE_PAYMENT, "finished", Now::Finished);
     key.actions = vec!["payment.capture_refused"];

@@ -1,5 +1,6 @@
 //! `GET /inspector/keys/{id}`: one key's facts, its state diagram and legend beside its timeline,
-//! and its stored answer.
+//! its stored answer, and, for a new payment that waited on its customer, what became of it after
+//! the key was finished.
 
 use idem::inspect::{AttemptRecord, KeyDetail};
 use maud::{Markup, html};
@@ -8,7 +9,7 @@ use serde_json::Value;
 
 use super::{page, short};
 use crate::inspector::body;
-use crate::inspector::diagram::{self, KeyPath, Now};
+use crate::inspector::diagram::{self, AUTHENTICATED, KeyPath, Now, REQUIRES_ACTION};
 use crate::inspector::legend::legend;
 
 /// What one key's page shows.
@@ -77,6 +78,7 @@ pub fn key_page(p: &KeyPage<'_>) -> Markup {
             h2 { "Stored answer: " (status) }
             pre #stored-answer { (body::shown_body(body)) }
         }
+        @if let Some(after) = after_the_key(p.events) { (after) }
     };
     page(&format!("Key {}", key.idempotency_key), in_flight, body)
 }
@@ -148,6 +150,44 @@ fn timeline(p: &KeyPage<'_>) -> Vec<(String, u8, Markup, Markup)> {
     }
     timeline.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
     timeline
+}
+
+/// What became of a new payment that waited on its customer (`requires_action`) after its key was
+/// finished, from the audit records written under the key; `None` for any other key.
+pub(super) fn after_the_key(events: &[AuditLine]) -> Option<Markup> {
+    let waited = events.iter().find(|e| e.action == REQUIRES_ACTION)?;
+    let settled = events.iter().find(|e| e.action == AUTHENTICATED);
+    let member = |line: &AuditLine, name: &str| {
+        line.detail.get(name).and_then(Value::as_str).unwrap_or("unknown").to_owned()
+    };
+    Some(html! {
+        section #after-the-key {
+            h2 { "The payment after the key" }
+            p {
+                "The answer stored for this key is the payment " code { (waited.object_id) }
+                " in " code { "requires_action" } ": its customer had to authenticate (3-D \
+                Secure). A retry with this key replays that answer; " code { "GET" }
+                " shows the payment as it is now."
+            }
+            @match settled {
+                Some(line) => p #outcome {
+                    "Its outcome, " code { (member(line, "status")) } ", was recorded at "
+                    (line.at) " by "
+                    @match member(line, "found_by").as_str() {
+                        "webhook" => { "the processor's webhook" }
+                        "job" => { "the worker's authentication job" }
+                        other => { code { (other) } }
+                    }
+                    "."
+                },
+                None => p #outcome {
+                    "No outcome yet: the processor's webhook, or the worker's authentication job \
+                     (which asks the processor, and cancels the payment once its authentication \
+                     expires), records it."
+                },
+            }
+        }
+    })
 }
 
 /// An audit record's detail as `name: value` pairs.
