@@ -32,6 +32,12 @@ use crate::jobs::{AuthenticationJob, Work};
 use crate::payments::{self, CancellationReason, Changes, Payment, PaymentStatus};
 use crate::processor_events::{self, ExtraCharge, Recorded};
 
+/// The audit action of the create's last phase when its payment waits on its customer.
+pub const REQUIRES_ACTION: &str = "payment.requires_action";
+
+/// The audit action of the record of its outcome, whoever learnt it (and whatever it was).
+pub const SETTLED: &str = "payment.settled";
+
 /// How a payment that waits on its customer is sent on and looked after.
 #[derive(Debug, Clone)]
 pub struct AuthenticationSettings {
@@ -121,7 +127,7 @@ pub async fn settle(
     let audit = payment.key_id.map(|key_id| AuditEvent {
         account_id: &payment.account_id,
         object_id: &payment.id,
-        action: "payment.authenticated",
+        action: SETTLED,
         request_id: &source,
         idempotency_key_id: key_id,
         detail,

@@ -158,9 +158,10 @@ impl Settings {
                 "must be at least 1, and at most processor.authentication_expires_after_s".into(),
             ));
         }
-        if !processor.return_url.trim().is_empty()
-            && !(processor.return_url.starts_with("https://")
-                || processor.return_url.starts_with("http://"))
+        let return_url = processor.return_url.trim();
+        if !return_url.is_empty()
+            && !return_url.starts_with("https://")
+            && !return_url.starts_with("http://")
         {
             return Err(invalid("processor.return_url", "must be an http(s) URL".into()));
         }

@@ -7,7 +7,7 @@
 use maud::{Markup, html};
 use payments_domain::operations::CREATE_PAYMENT;
 
-use super::diagram::{AUTHENTICATED, Now, shape};
+use super::diagram::{Now, SETTLED, shape};
 
 /// The section of the key table that writes each state as a condition over the columns.
 const STATES: (&str, &str) =
@@ -74,7 +74,7 @@ pub fn legend(docs_base_url: &str, operation: &str, now: Now) -> Markup {
                         code { "requires_capture" } ", " code { "succeeded" } ", "
                         code { "failed" } ", or " code { "canceled" } " once the authentication \
                         expires) is recorded later, by the processor's webhook or the worker's \
-                        authentication job, as " code { (AUTHENTICATED) } " on this timeline."
+                        authentication job, as " code { (SETTLED) } " on this timeline."
                     }
                 }
             }
@@ -136,7 +136,7 @@ mod tests {
         let waiting = format!("href=\"{base}/operations.md#a-payment-that-waits-on-its-customer\"");
         assert!(html.contains(&waiting), "a new payment's key links its payment's states: {html}");
         assert!(html.contains("<code>requires_action</code>"), "{html}");
-        assert!(html.contains("<code>payment.authenticated</code>"), "{html}");
+        assert!(html.contains("<code>payment.settled</code>"), "{html}");
         assert!(!html.contains("In the repository"), "{html}");
         assert_eq!(html.matches("<strong>").count(), 1, "one state is now: {html}");
     }

@@ -113,12 +113,7 @@ impl Now {
     }
 }
 
-/// The audit action of the phase that finishes a new payment's key with a payment that
-/// `requires_action`.
-pub const REQUIRES_ACTION: &str = "payment.requires_action";
-/// The audit action that records such a payment's outcome, written under the same key by the
-/// processor's webhook or the worker's authentication job.
-pub const AUTHENTICATED: &str = "payment.authenticated";
+pub use payments_domain::authentication::{REQUIRES_ACTION, SETTLED};
 
 /// Whether a key's payment waited on its customer after the key was finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +129,7 @@ impl Waiting {
     pub fn of(actions: &[&str]) -> Option<Self> {
         if !actions.contains(&REQUIRES_ACTION) {
             None
-        } else if actions.contains(&AUTHENTICATED) {
+        } else if actions.contains(&SETTLED) {
             Some(Self::Settled)
         } else {
             Some(Self::ForItsCustomer)

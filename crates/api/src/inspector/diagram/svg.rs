@@ -220,7 +220,7 @@ fn describe(key: &KeyPath<'_>, points: &[(&str, &str)], reached: usize, may_skip
         );
         text.push_str(match waiting {
             Waiting::ForItsCustomer => " No outcome is recorded yet.",
-            Waiting::Settled => " The outcome has been recorded (payment.authenticated).",
+            Waiting::Settled => " The outcome has been recorded (payment.settled).",
         });
     }
     text

@@ -110,12 +110,12 @@ fn a_finished_create_whose_payment_waits_on_its_customer_says_so_until_its_outco
     assert!(desc.contains("a payment that requires_action"), "{desc}");
     assert!(desc.contains("No outcome is recorded yet."), "{desc}");
     // The webhook or the worker's job recorded the outcome under the same key.
-    key.actions.push(AUTHENTICATED);
+    key.actions.push(SETTLED);
     let svg = state_diagram(&key).into_string();
     let finished = node_of(&svg, "finished");
     assert!(finished.contains(">payment: settled later</text>"), "{finished}");
     assert!(!finished.contains("requires_action"), "{finished}");
-    assert!(svg.contains("The outcome has been recorded (payment.authenticated)."), "{svg}");
+    assert!(svg.contains("The outcome has been recorded (payment.settled)."), "{svg}");
     // A payment authorized at once says nothing of the kind.
     key.actions = vec!["payment.created", "payment.charged"];
     let svg = state_diagram(&key).into_string();

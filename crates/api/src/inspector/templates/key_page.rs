@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::{page, short};
 use crate::inspector::body;
-use crate::inspector::diagram::{self, AUTHENTICATED, KeyPath, Now, REQUIRES_ACTION};
+use crate::inspector::diagram::{self, KeyPath, Now, REQUIRES_ACTION, SETTLED};
 use crate::inspector::legend::legend;
 
 /// What one key's page shows.
@@ -156,7 +156,7 @@ fn timeline(p: &KeyPage<'_>) -> Vec<(String, u8, Markup, Markup)> {
 /// finished, from the audit records written under the key; `None` for any other key.
 pub(super) fn after_the_key(events: &[AuditLine]) -> Option<Markup> {
     let waited = events.iter().find(|e| e.action == REQUIRES_ACTION)?;
-    let settled = events.iter().find(|e| e.action == AUTHENTICATED);
+    let settled = events.iter().find(|e| e.action == SETTLED);
     let member = |line: &AuditLine, name: &str| {
         line.detail.get(name).and_then(Value::as_str).unwrap_or("unknown").to_owned()
     };

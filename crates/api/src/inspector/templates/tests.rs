@@ -26,7 +26,7 @@ fn a_payment_that_waited_on_its_customer_shows_its_outcome_once_recorded() {
     assert!(waiting.contains("No outcome yet"), "{waiting}");
     let detail =
         serde_json::json!({"payment_intent": "pi_1", "status": "succeeded", "found_by": "webhook"});
-    let settled = line("payment.authenticated", detail);
+    let settled = line("payment.settled", detail);
     let shown = after_the_key(&[created, waited, settled]).unwrap().into_string();
     assert!(
         shown.contains("Its outcome, <code>succeeded</code>, was recorded at 2026-12-05 15:00:00.000 by the processor's webhook."),

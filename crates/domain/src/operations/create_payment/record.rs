@@ -15,7 +15,7 @@ use super::super::{
 };
 use crate::DomainError;
 use crate::audit::{self, AuditEvent};
-use crate::authentication::AuthenticationSettings;
+use crate::authentication::{AuthenticationSettings, REQUIRES_ACTION};
 use crate::events::{self, EventType};
 use crate::jobs::{self, Work};
 use crate::payments::{self, Changes, Payment, PaymentStatus};
@@ -171,7 +171,7 @@ pub(super) async fn awaiting(
         ..Changes::default()
     };
     let detail = json!({"payment_intent": intent.id, "downstream_key": learnt.key.as_str()});
-    let audit = info.audit(&payment.account_id, &payment.id, "payment.requires_action", detail);
+    let audit = info.audit(&payment.account_id, &payment.id, REQUIRES_ACTION, detail);
     let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
     jobs::stage_after(tx, &settings.job(&payment), settings.check_after).await?;
     let event = EventType::PaymentRequiresAction;
