@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 mod auth;
+mod authentication;
 mod client;
 mod edge;
 mod edge_holds;
