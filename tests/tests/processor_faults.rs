@@ -1,5 +1,5 @@
 //! The payments API against wiremock as the processor, where every request the processor
-//! receives can be counted: one charge per payment, one downstream key across every retry.
+//! receives can be counted: one PaymentIntent per payment, one downstream key across every retry.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -10,10 +10,17 @@ use sqlx::PgPool;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
-fn charge(captured: bool) -> Value {
-    json!({"id": "ch_wire", "object": "charge", "amount": 500, "currency": "usd",
-           "captured": captured, "paid": true, "status": "succeeded",
-           "amount_captured": if captured { 500 } else { 0 }, "amount_refunded": 0, "refunded": false})
+/// A PaymentIntent of 500 cents in Stripe's shape, in `status`, with its charge `ch_wire`.
+fn intent(status: &str) -> Value {
+    let (capturable, received) = match status {
+        "succeeded" => (0, 500),
+        "requires_capture" => (500, 0),
+        _ => (0, 0),
+    };
+    json!({"id": "pi_wire", "object": "payment_intent", "amount": 500, "currency": "usd",
+           "amount_capturable": capturable, "amount_received": received, "status": status,
+           "capture_method": "automatic", "latest_charge": "ch_wire", "next_action": null,
+           "last_payment_error": null, "cancellation_reason": null, "metadata": {}})
 }
 
 async fn app_against(pool: PgPool, processor: &MockServer) -> TestApp {
@@ -32,17 +39,21 @@ async fn app_against(pool: PgPool, processor: &MockServer) -> TestApp {
     .await
 }
 
+/// Where a PaymentIntent is created and confirmed.
+const CREATE: &str = "/v1/payment_intents";
+
 fn visa() -> Value {
     json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"})
 }
 
-async fn charge_keys(processor: &MockServer) -> Vec<String> {
+/// The downstream keys of the PaymentIntent creates the processor received, in order.
+async fn create_keys(processor: &MockServer) -> Vec<String> {
     processor
         .received_requests()
         .await
         .unwrap()
         .iter()
-        .filter(|r| r.url.path() == "/v1/charges")
+        .filter(|r| r.method == wiremock::http::Method::POST && r.url.path() == CREATE)
         .map(|r| r.headers["idempotency-key"].to_str().unwrap().to_owned())
         .collect()
 }
@@ -60,8 +71,8 @@ async fn key_state(pool: &PgPool) -> (String, bool, Option<i16>) {
 async fn one_charge_request_per_payment_however_often_the_client_retries(pool: PgPool) {
     let processor = MockServer::start().await;
     Mock::given(method("POST"))
-        .and(path("/v1/charges"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(charge(true)))
+        .and(path(CREATE))
+        .respond_with(ResponseTemplate::new(200).set_body_json(intent("succeeded")))
         .mount(&processor)
         .await;
     let app = app_against(pool, &processor).await;
@@ -70,12 +81,13 @@ async fn one_charge_request_per_payment_however_often_the_client_retries(pool: P
         let response = app.post("/v1/payments", &key, Some("k"), &visa()).await;
         assert_eq!(response.status(), 201);
     }
-    let keys = charge_keys(&processor).await;
+    let keys = create_keys(&processor).await;
     assert_eq!(keys.len(), 1, "retries replay; they never reach the processor");
     assert!(keys[0].starts_with("pay_") && keys[0].ends_with("/charge"), "{}", keys[0]);
     let request = &processor.received_requests().await.unwrap()[0];
     let body = String::from_utf8(request.body.clone()).unwrap();
     assert!(body.contains("metadata%5Bpayment_id%5D=pay_"), "{body}");
+    assert!(body.contains("&confirm=true&"), "created and confirmed in one call: {body}");
     assert!(
         !body.contains("k&") && !keys[0].contains("/k"),
         "the client's key never goes downstream"
@@ -88,7 +100,7 @@ async fn a_processor_outage_answers_503_and_the_retry_finishes_with_the_same_dow
 ) {
     let processor = MockServer::start().await;
     Mock::given(method("POST"))
-        .and(path("/v1/charges"))
+        .and(path(CREATE))
         .respond_with(
             ResponseTemplate::new(500)
                 .set_body_json(json!({"error": {"type": "api_error", "message": "down"}})),
@@ -97,8 +109,8 @@ async fn a_processor_outage_answers_503_and_the_retry_finishes_with_the_same_dow
         .mount(&processor)
         .await;
     Mock::given(method("POST"))
-        .and(path("/v1/charges"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(charge(true)))
+        .and(path(CREATE))
+        .respond_with(ResponseTemplate::new(200).set_body_json(intent("succeeded")))
         .mount(&processor)
         .await;
     let app = app_against(pool.clone(), &processor).await;
@@ -122,7 +134,7 @@ async fn a_processor_outage_answers_503_and_the_retry_finishes_with_the_same_dow
     assert!(retried.headers().get("idempotent-replayed").is_none());
     assert_eq!(json(retried).await["status"], "succeeded");
 
-    let keys = charge_keys(&processor).await;
+    let keys = create_keys(&processor).await;
     assert_eq!(keys.len(), 3, "two failed tries (one retry inside the client), then the success");
     assert!(keys.windows(2).all(|w| w[0] == w[1]), "the same downstream key every time: {keys:?}");
 }
@@ -133,18 +145,18 @@ async fn a_processor_timeout_leaves_the_key_resumable_and_the_retry_does_not_cha
 ) {
     let processor = MockServer::start().await;
     Mock::given(method("POST"))
-        .and(path("/v1/charges"))
+        .and(path(CREATE))
         .respond_with(
             ResponseTemplate::new(200)
-                .set_body_json(charge(true))
+                .set_body_json(intent("succeeded"))
                 .set_delay(Duration::from_secs(2)),
         )
         .up_to_n_times(2)
         .mount(&processor)
         .await;
     Mock::given(method("POST"))
-        .and(path("/v1/charges"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(charge(true)))
+        .and(path(CREATE))
+        .respond_with(ResponseTemplate::new(200).set_body_json(intent("succeeded")))
         .mount(&processor)
         .await;
     let app = app_against(pool.clone(), &processor).await;
@@ -156,7 +168,7 @@ async fn a_processor_timeout_leaves_the_key_resumable_and_the_retry_does_not_cha
 
     let finished = app.post("/v1/payments", &key, Some("k"), &visa()).await;
     assert_eq!(finished.status(), 201);
-    let keys = charge_keys(&processor).await;
+    let keys = create_keys(&processor).await;
     assert!(
         keys.windows(2).all(|w| w[0] == w[1]),
         "one downstream key, so the processor acts once: {keys:?}"
@@ -168,7 +180,7 @@ async fn a_processor_timeout_leaves_the_key_resumable_and_the_retry_does_not_cha
 async fn a_processor_refusal_after_execution_began_is_stored(pool: PgPool) {
     let processor = MockServer::start().await;
     Mock::given(method("POST"))
-        .and(path("/v1/charges"))
+        .and(path(CREATE))
         .respond_with(ResponseTemplate::new(400).set_body_json(json!({"error": {
             "type": "invalid_request_error", "code": "amount_too_small", "param": "amount",
             "message": "Amount must be at least 50 cents."}})))
@@ -181,7 +193,7 @@ async fn a_processor_refusal_after_execution_began_is_stored(pool: PgPool) {
     assert_eq!(assert_problem(refused, 400, "invalid_request").await["param"], "amount");
     let replay = app.post("/v1/payments", &key, Some("k"), &body).await;
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
-    assert_eq!(charge_keys(&processor).await.len(), 1);
+    assert_eq!(create_keys(&processor).await.len(), 1);
     let status: String =
         sqlx::query_scalar("SELECT status FROM payments").fetch_one(&pool).await.unwrap();
     assert_eq!(status, "failed");
@@ -195,14 +207,15 @@ async fn a_refund_the_processor_has_not_completed_is_referred_to_a_person_not_re
 ) {
     let processor = MockServer::start().await;
     Mock::given(method("POST"))
-        .and(path("/v1/charges"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(charge(true)))
+        .and(path(CREATE))
+        .respond_with(ResponseTemplate::new(200).set_body_json(intent("succeeded")))
         .mount(&processor)
         .await;
     Mock::given(method("POST"))
         .and(path("/v1/refunds"))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({
-            "id": "re_wire", "object": "refund", "charge": "ch_wire", "amount": 200,
+            "id": "re_wire", "object": "refund", "charge": "ch_wire",
+            "payment_intent": "pi_wire", "amount": 200,
             "currency": "usd", "status": "pending", "metadata": {}})))
         .mount(&processor)
         .await;
@@ -215,14 +228,11 @@ async fn a_refund_the_processor_has_not_completed_is_referred_to_a_person_not_re
     // The retry does not call the processor again, and says the same.
     let again = app.post(&path, &key, Some("refund"), &json!({"amount": 200})).await;
     assert_problem(again, 422, "operation_needs_review").await;
-    let refund_calls = processor
-        .received_requests()
-        .await
-        .unwrap()
-        .iter()
-        .filter(|r| r.url.path() == "/v1/refunds")
-        .count();
-    assert_eq!(refund_calls, 1);
+    let received = processor.received_requests().await.unwrap();
+    let refund_calls: Vec<_> = received.iter().filter(|r| r.url.path() == "/v1/refunds").collect();
+    assert_eq!(refund_calls.len(), 1);
+    let form = String::from_utf8(refund_calls[0].body.clone()).unwrap();
+    assert!(form.starts_with("payment_intent=pi_wire&"), "refunds name the PaymentIntent: {form}");
     let (status, reserved): (String, i64) = sqlx::query_as(
         "SELECT r.status, p.amount_refunded FROM refunds r JOIN payments p ON p.id = r.payment_id",
     )
@@ -240,32 +250,30 @@ async fn a_refund_the_processor_has_not_completed_is_referred_to_a_person_not_re
     assert!(flagged);
 }
 
-/// The processor answers the charge `paid=false`, `status: pending`: not a decline. The key
-/// waits at its call, never stores a refusal, and finishes with what the charge came to.
+/// The processor answers the PaymentIntent `processing`: not a decline. The key waits at its
+/// call, never stores a refusal, and finishes with what the PaymentIntent came to.
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
-async fn a_charge_answered_pending_is_never_stored_as_a_decline(pool: PgPool) {
+async fn an_intent_answered_processing_is_never_stored_as_a_decline(pool: PgPool) {
     let processor = MockServer::start().await;
-    let mut pending = charge(false);
-    pending["paid"] = json!(false);
-    pending["status"] = json!("pending");
+    let processing = intent("processing");
     // Every create under the key answers the same, as Stripe replays a key's first answer.
     let answer = |body: &Value| ResponseTemplate::new(200).set_body_json(body);
     Mock::given(method("POST"))
-        .and(path("/v1/charges"))
-        .respond_with(answer(&pending))
+        .and(path(CREATE))
+        .respond_with(answer(&processing))
         .mount(&processor)
         .await;
-    // Looked up by its id: undecided the first time, then paid.
-    let charge_path = "/v1/charges/ch_wire";
+    // Looked up by its id: undecided the first time, then captured.
+    let intent_path = "/v1/payment_intents/pi_wire";
     Mock::given(method("GET"))
-        .and(path(charge_path))
-        .respond_with(answer(&pending))
+        .and(path(intent_path))
+        .respond_with(answer(&processing))
         .up_to_n_times(1)
         .mount(&processor)
         .await;
     Mock::given(method("GET"))
-        .and(path(charge_path))
-        .respond_with(answer(&charge(true)))
+        .and(path(intent_path))
+        .respond_with(answer(&intent("succeeded")))
         .mount(&processor)
         .await;
     let app = app_against(pool.clone(), &processor).await;
@@ -276,7 +284,7 @@ async fn a_charge_answered_pending_is_never_stored_as_a_decline(pool: PgPool) {
     assert_problem(waiting, 503, "processor_unavailable").await;
     let status: String =
         sqlx::query_scalar("SELECT status::text FROM payments").fetch_one(&pool).await.unwrap();
-    assert_eq!(status, "processing", "an undecided charge is not a decline");
+    assert_eq!(status, "processing", "an undecided PaymentIntent is not a decline");
     let (point, released, stored) = key_state(&pool).await;
     assert_eq!((point.as_str(), released, stored), ("payment_created", true, None));
 
@@ -284,7 +292,11 @@ async fn a_charge_answered_pending_is_never_stored_as_a_decline(pool: PgPool) {
     assert_eq!(finished.status(), 201);
     let payment = json(finished).await;
     assert_eq!(payment["status"], "succeeded");
-    let keys = charge_keys(&processor).await;
+    assert_eq!(payment["processor_payment_intent_id"], "pi_wire");
+    let lookups = processor.received_requests().await.unwrap();
+    let lookups = lookups.iter().filter(|r| r.url.path() == intent_path).count();
+    assert_eq!(lookups, 2, "looked up by its id after each undecided answer");
+    let keys = create_keys(&processor).await;
     assert_eq!(keys.len(), 2, "the retry called under the same key");
     assert_eq!(keys[0], keys[1]);
     let failed: i64 =
@@ -295,8 +307,8 @@ async fn a_charge_answered_pending_is_never_stored_as_a_decline(pool: PgPool) {
     assert_eq!(failed, 0);
 }
 
-/// The processor's search for a payment's charges: the payment's charge, `pending` for the first
-/// `undecided` searches and paid after.
+/// The processor's search for a payment's PaymentIntents: the payment's PaymentIntent,
+/// `processing` for the first `undecided` searches and captured after.
 struct SearchFindsPending {
     undecided: usize,
     searches: AtomicUsize,
@@ -308,34 +320,30 @@ impl Respond for SearchFindsPending {
         let start = query.find("pay_").expect("a search by payment id");
         let payment_id: String =
             query[start..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-        let mut found = charge(true);
+        let undecided = self.searches.fetch_add(1, Ordering::SeqCst) < self.undecided;
+        let mut found = intent(if undecided { "processing" } else { "succeeded" });
         found["metadata"] = json!({"payment_id": payment_id});
-        if self.searches.fetch_add(1, Ordering::SeqCst) < self.undecided {
-            found["paid"] = json!(false);
-            found["status"] = json!("pending");
-            found["amount_captured"] = json!(0);
-        }
         ResponseTemplate::new(200)
             .set_body_json(json!({"object": "search_result", "data": [found], "has_more": false}))
     }
 }
 
-/// The charge's answer cannot tell (`idempotency_error`), and the search finds the charge
-/// `pending`: a charge exists, so the key neither stores a decline nor moves to its next
-/// generation; it waits, and the retry adopts the charge once it is paid.
+/// The create's answer cannot tell (`idempotency_error`), and the search finds the payment's
+/// PaymentIntent `processing`: one exists, so the key neither stores a decline nor moves to its
+/// next generation; it waits, and the retry adopts the PaymentIntent once it succeeded.
 #[sqlx::test(migrator = "payments_api::MIGRATOR")]
-async fn a_pending_charge_the_search_finds_is_waited_for_not_declined(pool: PgPool) {
+async fn a_processing_intent_the_search_finds_is_waited_for_not_declined(pool: PgPool) {
     let processor = MockServer::start().await;
     let reused = json!({"error": {"type": "idempotency_error", "message": "Keys for idempotent \
         requests can only be used with the same parameters they were first used with."}});
     Mock::given(method("POST"))
-        .and(path("/v1/charges"))
+        .and(path(CREATE))
         .respond_with(ResponseTemplate::new(400).set_body_json(reused))
         .mount(&processor)
         .await;
     let search = SearchFindsPending { undecided: 1, searches: AtomicUsize::new(0) };
     Mock::given(method("GET"))
-        .and(path("/v1/charges/search"))
+        .and(path("/v1/payment_intents/search"))
         .respond_with(search)
         .mount(&processor)
         .await;
@@ -350,13 +358,15 @@ async fn a_pending_charge_the_search_finds_is_waited_for_not_declined(pool: PgPo
 
     let finished = app.post("/v1/payments", &key, Some("k"), &visa()).await;
     assert_eq!(finished.status(), 201);
-    assert_eq!(json(finished).await["status"], "succeeded");
-    let keys = charge_keys(&processor).await;
+    let payment = json(finished).await;
+    assert_eq!(payment["status"], "succeeded");
+    assert_eq!(payment["processor_payment_intent_id"], "pi_wire");
+    let keys = create_keys(&processor).await;
     assert_eq!(keys.len(), 2);
-    assert_eq!(keys[0], keys[1], "never a next generation while a charge exists");
+    assert_eq!(keys[0], keys[1], "never a next generation while a PaymentIntent exists");
 }
 
-/// The charge call takes a while, and when it returns the payment's row is locked (a stuck
+/// The create call takes a while, and when it returns the payment's row is locked (a stuck
 /// transaction, say), so the last phase waits past the lease. A retry meanwhile must not take the
 /// key over: the last phase holds its key from its first statement, so the charged client gets
 /// its `201` (not a `409` for a lease lost while it waited), and the retry replays it.
@@ -364,10 +374,10 @@ async fn a_pending_charge_the_search_finds_is_waited_for_not_declined(pool: PgPo
 async fn a_last_phase_that_waits_past_its_lease_is_not_taken_over(pool: PgPool) {
     let processor = MockServer::start().await;
     Mock::given(method("POST"))
-        .and(path("/v1/charges"))
+        .and(path(CREATE))
         .respond_with(
             ResponseTemplate::new(200)
-                .set_body_json(charge(true))
+                .set_body_json(intent("succeeded"))
                 .set_delay(Duration::from_millis(1500)),
         )
         .mount(&processor)
@@ -413,5 +423,5 @@ async fn a_last_phase_that_waits_past_its_lease_is_not_taken_over(pool: PgPool) 
     let retry = retry.await.unwrap().unwrap();
     assert_eq!(retry.status(), 201);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    assert_eq!(charge_keys(&processor).await.len(), 1, "the retry did not call again");
+    assert_eq!(create_keys(&processor).await.len(), 1, "the retry did not call again");
 }
