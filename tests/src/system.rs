@@ -261,7 +261,14 @@ impl System {
 
     /// Runs one pass of the worker as its own process; returns how it exited.
     pub async fn worker_once(&self) -> ExitStatus {
-        let mut worker = Process::start("payments-worker", &["--once"], &self.common_env(), 0);
+        self.worker_once_with(&[]).await
+    }
+
+    /// As [`System::worker_once`], with further settings (`PAYMENTS__…` pairs).
+    pub async fn worker_once_with(&self, settings: &[(&'static str, &str)]) -> ExitStatus {
+        let mut env = self.common_env();
+        env.extend(settings.iter().map(|(name, value)| (*name, (*value).to_owned())));
+        let mut worker = Process::start("payments-worker", &["--once"], &env, 0);
         match tokio::time::timeout(Duration::from_secs(60), worker.wait()).await {
             Ok(Ok(status)) => status,
             other => panic!("the worker did not finish: {other:?}"),

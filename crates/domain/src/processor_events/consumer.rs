@@ -114,6 +114,9 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
         },
         _ => Received::Unmatched,
     };
+    // A crash here loses the record and its effect together: the processor delivers again (it
+    // got no 2xx), and a payment waiting on its customer is also asked after by its job.
+    idem::failpoint(|| "processor_events.receive.before_commit".to_owned()).await;
     tx.commit().await?;
     if let Received::ExtraCharge { payment_id, extra } = &received {
         report_extra_charge(payment_id, extra, "webhook");

@@ -61,6 +61,8 @@ async fn every_rule_refuses_what_it_rules_out_and_lets_the_rest_through(pool: Pg
         ("UPDATE payments SET amount_captured = -1", "minor_units_not_negative"),
         ("UPDATE payments SET amount_refunded = -1", "minor_units_not_negative"),
         ("UPDATE payments SET amount_refunded = 501", "payments_check1"),
+        ("UPDATE payments SET status = 'requires_action'", "payments_next_action"),
+        ("UPDATE payments SET next_action_url = 'https://x.example'", "payments_next_action"),
         ("UPDATE refunds SET id = 'rf_1'", "refund_id_prefix"),
         ("UPDATE refunds SET id = 'reX1'", "refund_id_prefix"),
         ("UPDATE refunds SET amount = 0", "amount_range"),
@@ -107,6 +109,8 @@ async fn every_rule_refuses_what_it_rules_out_and_lets_the_rest_through(pool: Pg
                                payment_method)
          VALUES ('pay_2', 'acct_1', 1, 'jpy', 'requires_capture', 'manual', 'pm_card_visa')",
         "UPDATE payments SET amount = 99999999",
+        "UPDATE payments SET status = 'requires_action', amount_captured = 0,
+                             amount_refunded = 0, next_action_url = 'https://x.example'",
         "UPDATE payments SET amount = 500, currency = 'eur', status = 'canceled',
                              capture_method = 'manual', amount_captured = 500,
                              amount_refunded = 500",

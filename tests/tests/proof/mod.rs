@@ -999,3 +999,5 @@ async fn squatted_then_retried(pool: PgPool, card: &str, expected: u16) -> (Syst
     drop(api);
     (sys, id)
 }
+
+mod later;
