@@ -1,14 +1,16 @@
-//! Webhooks from the processor, end to end: the stand-in sends Stripe-style `charge.*` events,
-//! signed with `Stripe-Signature`, to the API's `POST /webhooks/processor`. A payment whose charge
-//! got no answer is finished from the event with no further processor call, whether the event
-//! lands before the completer comes or while a holder of the key is mid-call, and the event
-//! makes a key waiting out its back-off due at once; a pushed decline is the answer, unless it is
-//! for a later generation of the key, and so is a declined charge the search finds; a second
-//! successful charge for a payment, reported too late to stop the call, is audited for a person
-//! whichever comes second, and so is one reported after the payment was refused without a
-//! charge; duplicate and out-of-order
-//! deliveries change nothing; a bad signature, a replayed timestamp, an unknown
-//! type or a body that is no event is a 400 and records nothing.
+//! Webhooks from the processor, end to end: the stand-in sends Stripe-style `charge.*` and
+//! `payment_intent.*` events, signed with `Stripe-Signature`, to the API's
+//! `POST /webhooks/processor`. A payment whose PaymentIntent's answer was lost is finished from
+//! the event (`payment_intent.succeeded`, `amount_capturable_updated` or `payment_failed` under
+//! the create's downstream key) with no further processor call, whether the event lands before
+//! the completer comes or while a holder of the key is mid-call, and the event makes a key
+//! waiting out its back-off due at once; a pushed decline is the answer, unless it is for a
+//! later generation of the key, and so is a declined PaymentIntent the search finds; a second
+//! success for a payment (`charge.succeeded` or `payment_intent.succeeded`), reported too late
+//! to stop the call, is audited for a person whichever comes second, and so is one reported
+//! after the payment was refused without a charge; duplicate and out-of-order deliveries change
+//! nothing; a bad signature, a replayed timestamp, an unknown type or a body that is no event is
+//! a 400 and records nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::sync::{Arc, Mutex};
@@ -114,6 +116,23 @@ async fn payment_row(pool: &PgPool) -> (String, String, Option<String>) {
         .expect("one payment")
 }
 
+/// The payment's PaymentIntent (`pi_…`), as it records it.
+async fn payment_intent(pool: &PgPool) -> Option<String> {
+    sqlx::query_scalar("SELECT processor_payment_intent_id FROM payments")
+        .fetch_one(pool)
+        .await
+        .expect("one payment")
+}
+
+/// The id of the object the one received event of type `kind` reports.
+async fn reported(pool: &PgPool, kind: &str) -> String {
+    sqlx::query_scalar("SELECT object_id FROM processor_events WHERE type = $1")
+        .bind(kind)
+        .fetch_one(pool)
+        .await
+        .expect(kind)
+}
+
 async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
 }
@@ -123,11 +142,11 @@ fn unix_now() -> i64 {
 }
 
 #[sqlx::test(migrations = "../migrations")]
-async fn a_payment_whose_charge_answer_was_lost_is_finished_from_the_webhook_without_another_processor_call(
+async fn a_payment_whose_intent_answer_was_lost_is_finished_from_the_webhook_without_another_processor_call(
     pool: PgPool,
 ) {
-    // Every answer is lost after the charge is made; the event arrives a second later, after the
-    // request has given up.
+    // Every answer is lost after the PaymentIntent is made; its events arrive a second later,
+    // after the request has given up.
     let faults =
         FaultConfig { lost_response_rate: 1.0, webhook_delay_ms: 1000, ..FaultConfig::default() };
     let s = setup(&pool, faults, &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
@@ -136,9 +155,13 @@ async fn a_payment_whose_charge_answer_was_lost_is_finished_from_the_webhook_wit
     let (payment_id, status, _) = payment_row(&pool).await;
     assert_eq!(status, "processing");
     let calls = s.stats().await;
-    assert_eq!(calls["charges_created"], 1);
+    assert_eq!(
+        (&calls["payment_intents_created"], &calls["charges_created"]),
+        (&json!(1), &json!(1))
+    );
 
-    until_received(&pool, 1).await;
+    // charge.succeeded and payment_intent.succeeded, under the create's downstream key.
+    until_received(&pool, 2).await;
     // Any call now would lose its answer too: only the event can finish the payment.
     let report = complete(&s.worker(s.client())).await;
     assert_eq!(report.completed, 1, "{report:?}");
@@ -146,12 +169,12 @@ async fn a_payment_whose_charge_answer_was_lost_is_finished_from_the_webhook_wit
     assert_eq!(status, "succeeded");
     let after = s.stats().await;
     assert_eq!(after["requests"], calls["requests"], "no processor call after the event");
-    assert_eq!(after["searches"], 0);
-    let pushed: String = sqlx::query_scalar("SELECT charge_id FROM processor_events")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(charge.as_deref(), Some(pushed.as_str()), "the payment adopted the event's charge");
+    assert_eq!((&after["payment_intent_searches"], &after["searches"]), (&json!(0), &json!(0)));
+    let pushed = reported(&pool, "payment_intent.succeeded").await;
+    assert!(pushed.starts_with("pi_"), "{pushed}");
+    assert_eq!(payment_intent(&pool).await, Some(pushed), "the payment adopted the event's intent");
+    let pushed_charge = reported(&pool, "charge.succeeded").await;
+    assert_eq!(charge, Some(pushed_charge), "and the intent's charge");
     let adopted = count(
         &pool,
         "SELECT count(*) FROM audit_events WHERE action = 'payment.reconciled' \
@@ -187,15 +210,17 @@ async fn an_event_brings_a_key_waiting_out_its_back_off_forward_for_the_complete
     let worker = s.worker(s.client());
     assert_eq!(complete(&worker).await.completed, 0, "not due");
 
-    // Read the charge the lost answer was about (a call would now be answered: the count below
-    // proves none is made).
+    // Read the PaymentIntent the lost answer was about (a call would now be answered: the count
+    // below proves none is made).
     s.set_faults(&FaultConfig::default()).await;
-    let charges = s.http.get(format!("{}/v1/charges", s.sim)).bearer_auth("sk_test_processor");
-    let charges = json(charges.send().await.unwrap()).await;
-    let charge = charges["data"][0].clone();
-    assert_eq!(charge["metadata"]["payment_id"], payment_id.as_str());
-    let event = json!({"id": "evt_by_hand", "object": "event", "type": "charge.succeeded",
-        "created": unix_now(), "data": {"object": charge},
+    let intents =
+        s.http.get(format!("{}/v1/payment_intents", s.sim)).bearer_auth("sk_test_processor");
+    let intents = json(intents.send().await.unwrap()).await;
+    let intent = intents["data"][0].clone();
+    assert_eq!(intent["metadata"]["payment_id"], payment_id.as_str());
+    assert_eq!(intent["status"], "succeeded");
+    let event = json!({"id": "evt_by_hand", "object": "event", "type": "payment_intent.succeeded",
+        "created": unix_now(), "data": {"object": intent},
         "request": {"id": null, "idempotency_key": format!("{payment_id}/charge")}});
     let answer = deliver(&s, &serde_json::to_vec(&event).unwrap(), unix_now()).await;
     assert_eq!(answer.status(), 200);
@@ -205,7 +230,12 @@ async fn an_event_brings_a_key_waiting_out_its_back_off_forward_for_the_complete
 
     let requests = s.stats().await["requests"].clone();
     assert_eq!(complete(&worker).await.completed, 1);
-    assert_eq!(payment_row(&pool).await.1, "succeeded");
+    let (_, status, charge) = payment_row(&pool).await;
+    assert_eq!(
+        (status.as_str(), charge.as_deref()),
+        ("succeeded", intent["latest_charge"].as_str())
+    );
+    assert_eq!(payment_intent(&pool).await.as_deref(), intent["id"].as_str());
     assert_eq!(s.stats().await["requests"], requests, "finished without a processor call");
 }
 
@@ -217,14 +247,25 @@ async fn waiting_key(s: &Setup, pool: &PgPool) -> String {
     payment_row(pool).await.0
 }
 
-/// `charge.failed` for `payment_id`, as if the call under `downstream_key` was declined.
+/// The PaymentIntent `pi_declined` of `payment_id`, declined (`generic_decline`) with its failed
+/// charge `ch_declined`, as Stripe shows one: back to `requires_payment_method`, with the error.
+fn declined_intent(payment_id: &str) -> Value {
+    json!({"id": "pi_declined", "object": "payment_intent", "amount": 500, "currency": "usd",
+        "status": "requires_payment_method", "amount_capturable": 0, "amount_received": 0,
+        "capture_method": "automatic", "latest_charge": "ch_declined",
+        "last_payment_error": {"type": "card_error", "code": "card_declined",
+            "decline_code": "generic_decline", "message": "Your card was declined.",
+            "charge": "ch_declined"},
+        "metadata": {"payment_id": payment_id}})
+}
+
+/// `payment_intent.payment_failed` for `payment_id` ([`declined_intent`]), as if the call under
+/// `downstream_key` was declined.
 fn declined(payment_id: &str, downstream_key: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({"id": "evt_declined", "object": "event", "type": "charge.failed",
-        "created": unix_now(), "request": {"id": null, "idempotency_key": downstream_key},
-        "data": {"object": {"id": "ch_declined", "object": "charge", "amount": 500,
-            "currency": "usd", "captured": false, "paid": false, "status": "failed",
-            "amount_captured": 0, "amount_refunded": 0, "refunded": false,
-            "failure_code": "card_declined", "metadata": {"payment_id": payment_id}}}}))
+    serde_json::to_vec(&json!({"id": "evt_declined", "object": "event",
+        "type": "payment_intent.payment_failed", "created": unix_now(),
+        "request": {"id": null, "idempotency_key": downstream_key},
+        "data": {"object": declined_intent(payment_id)}}))
     .unwrap()
 }
 
@@ -240,9 +281,11 @@ async fn a_pushed_decline_is_adopted_as_the_answer_without_a_call(pool: PgPool) 
     assert_eq!(complete(&s.worker(s.client())).await.completed, 1);
     let (_, status, charge) = payment_row(&pool).await;
     assert_eq!((status.as_str(), charge.as_deref()), ("failed", Some("ch_declined")));
+    assert_eq!(payment_intent(&pool).await.as_deref(), Some("pi_declined"));
     assert_eq!(s.stats().await["requests"], requests, "the decline came without a call");
     let replay = s.pay("order-1", "automatic").await;
-    assert_problem(replay, 402, "card_declined").await;
+    let problem = assert_problem(replay, 402, "card_declined").await;
+    assert_eq!(problem["decline_code"], "generic_decline", "{problem}");
 }
 
 #[sqlx::test(migrations = "../migrations")]
@@ -264,8 +307,9 @@ async fn a_pushed_decline_for_a_later_generation_of_the_key_is_referred_to_a_per
     assert_eq!(count(&pool, flagged).await, 1);
 }
 
-/// A webhook that reports a charge under the key's first generation after the key moved on to
-/// the second: the call under the second would charge again, so a person decides.
+/// A webhook that reports a PaymentIntent that succeeded under the key's first generation after
+/// the key moved on to the second: the call under the second would charge again, so a person
+/// decides.
 #[sqlx::test(migrations = "../migrations")]
 async fn a_pushed_charge_of_an_earlier_generation_stops_the_call_under_a_later_one(pool: PgPool) {
     let s =
@@ -275,18 +319,9 @@ async fn a_pushed_charge_of_an_earlier_generation_stops_the_call_under_a_later_o
     let second = "UPDATE idempotency_keys \
                   SET planned_call = jsonb_set(planned_call, '{key}', to_jsonb((planned_call->>'key') || '/2'))";
     sqlx::query(second).execute(&pool).await.unwrap();
-    let mut event: Value =
-        serde_json::from_slice(&declined(&payment_id, &format!("{payment_id}/charge"))).unwrap();
-    event["id"] = json!("evt_charged");
-    event["type"] = json!("charge.succeeded");
-    let charge = &mut event["data"]["object"];
-    charge["id"] = json!("ch_first");
-    charge["paid"] = json!(true);
-    charge["captured"] = json!(true);
-    charge["status"] = json!("succeeded");
-    charge["amount_captured"] = json!(500);
-    charge["failure_code"] = Value::Null;
-    let answer = deliver(&s, &serde_json::to_vec(&event).unwrap(), unix_now()).await;
+    let event =
+        intent_succeeded("evt_charged", &payment_id, "pi_first", &format!("{payment_id}/charge"));
+    let answer = deliver(&s, &event, unix_now()).await;
     assert_eq!(json(answer).await["outcome"], "recorded");
     s.set_faults(&FaultConfig::default()).await;
     let requests = s.stats().await["requests"].clone();
@@ -296,41 +331,50 @@ async fn a_pushed_charge_of_an_earlier_generation_stops_the_call_under_a_later_o
     assert_eq!(payment_row(&pool).await.1, "processing");
 }
 
-/// The real client, whose charge call waits, mid-call, until the processor's webhook has been
-/// received, and then reports its answer lost.
+/// The charge methods of a test double: the domain calls PaymentIntents, never these (they are
+/// leaving the trait), so a call is a failed test.
+macro_rules! no_charge_calls {
+    () => {
+        async fn create_charge(&self, _: &FrozenRequest) -> Result<Charge, ProcessorError> {
+            unreachable!("the domain creates PaymentIntents, not charges")
+        }
+        async fn capture_charge(&self, _: &FrozenRequest) -> Result<Charge, ProcessorError> {
+            unreachable!("the domain captures PaymentIntents, not charges")
+        }
+        async fn retrieve_charge(&self, _: &str) -> Result<Charge, ProcessorError> {
+            unreachable!("the domain reads PaymentIntents, not charges")
+        }
+        async fn search_charges(&self, _: &str) -> Result<Vec<Charge>, ProcessorError> {
+            unreachable!("the domain searches PaymentIntents, not charges")
+        }
+        async fn list_refunds(&self, _: &str) -> Result<Vec<Refund>, ProcessorError> {
+            unreachable!("the domain lists a PaymentIntent's refunds, not a charge's")
+        }
+    };
+}
+
+/// The real client, whose PaymentIntent create waits, mid-call, until the processor's webhooks
+/// about what it made (`charge.succeeded` and the intent's own) have been received, and then
+/// reports its answer lost.
 struct AnswerLostAfterTheWebhook {
     client: ProcessorClient,
     pool: PgPool,
 }
 
 impl CardProcessor for AnswerLostAfterTheWebhook {
-    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
-        let made = self.client.create_charge(request).await?;
-        until_received(&self.pool, 1).await;
-        Err(ProcessorError::UnknownOutcome {
-            message: format!("the answer ({}) was lost", made.id),
-        })
-    }
-    async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
-        self.client.capture_charge(request).await
-    }
+    no_charge_calls!();
     async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
         self.client.create_refund(request).await
-    }
-    async fn retrieve_charge(&self, charge_id: &str) -> Result<Charge, ProcessorError> {
-        self.client.retrieve_charge(charge_id).await
-    }
-    async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
-        self.client.search_charges(payment_id).await
-    }
-    async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
-        self.client.list_refunds(charge_id).await
     }
     async fn create_payment_intent(
         &self,
         request: &FrozenRequest,
     ) -> Result<PaymentIntent, ProcessorError> {
-        self.client.create_payment_intent(request).await
+        let made = self.client.create_payment_intent(request).await?;
+        until_received(&self.pool, 2).await;
+        Err(ProcessorError::UnknownOutcome {
+            message: format!("the answer ({}) was lost", made.id),
+        })
     }
     async fn capture_payment_intent(
         &self,
@@ -372,7 +416,7 @@ async fn a_webhook_that_lands_while_the_key_holder_is_mid_call_finishes_the_paym
     let dropped = FaultConfig { drop_rate: 1.0, ..FaultConfig::default() };
     let s = setup(&pool, dropped, &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
     assert_problem(s.pay("order-1", "manual").await, 503, "processor_unavailable").await;
-    assert_eq!(s.stats().await["charges_created"], 0);
+    assert_eq!(s.stats().await["payment_intents_created"], 0);
     s.set_faults(&FaultConfig::default()).await;
     // Its back-off run out, by the database's clock.
     sqlx::query("UPDATE idempotency_keys SET next_attempt_at = now()")
@@ -380,21 +424,23 @@ async fn a_webhook_that_lands_while_the_key_holder_is_mid_call_finishes_the_paym
         .await
         .unwrap();
 
-    // The completer holds the key; its call makes the charge, the event lands while it waits for
-    // the answer, and the answer is lost.
+    // The completer holds the key; its call makes the PaymentIntent (authorized, for a manual
+    // capture), the events land while it waits for the answer, and the answer is lost.
     let mid_call = AnswerLostAfterTheWebhook { client: s.client(), pool: pool.clone() };
     let report = complete(&s.worker(mid_call)).await;
     assert_eq!(report.completed, 1, "the holder finished from the event: {report:?}");
     let (_, status, charge) = payment_row(&pool).await;
     assert_eq!(status, "requires_capture");
     let stats = s.stats().await;
-    assert_eq!(stats["charges_created"], 1);
-    assert_eq!(stats["searches"], 0, "the event made a search needless");
-    let pushed: String = sqlx::query_scalar("SELECT charge_id FROM processor_events")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(charge, Some(pushed));
+    assert_eq!(
+        (&stats["payment_intents_created"], &stats["charges_created"]),
+        (&json!(1), &json!(1))
+    );
+    assert_eq!(stats["payment_intent_searches"], 0, "the event made a search needless");
+    assert_eq!(stats["searches"], 0);
+    let pushed = reported(&pool, "payment_intent.amount_capturable_updated").await;
+    assert_eq!(payment_intent(&pool).await, Some(pushed), "the payment adopted the event's intent");
+    assert_eq!(charge, Some(reported(&pool, "charge.succeeded").await));
     let finished = "SELECT count(*) FROM idempotency_keys WHERE completed_at IS NOT NULL";
     assert_eq!(count(&pool, finished).await, 1);
     let authorized = "SELECT count(*) FROM events WHERE type = 'payment.requires_capture'";
@@ -419,50 +465,67 @@ async fn duplicate_and_out_of_order_deliveries_change_nothing(pool: PgPool) {
     let refunded = s.app.post(&path, &s.key, Some("refund-1"), &json!({"amount": 200})).await;
     assert_eq!(refunded.status(), 201);
     let snapshot = "SELECT string_agg(id || status || amount_captured || amount_refunded || \
-                    coalesce(processor_charge_id, ''), ',' ORDER BY id) FROM payments";
+                    coalesce(processor_payment_intent_id, '') || coalesce(processor_charge_id, ''), \
+                    ',' ORDER BY id) FROM payments";
     let before: String = sqlx::query_scalar(snapshot).fetch_one(&pool).await.unwrap();
     let events_before = count(&pool, "SELECT count(*) FROM events").await;
 
-    // succeeded ×2, captured, refunded: four events, each delivered twice.
-    until_received(&pool, 4).await;
+    // Each PaymentIntent's charge succeeded (×2), one intent succeeded and the other was
+    // authorized, then captured (the charge's event and the intent's), and a refund: seven
+    // events, each delivered twice.
+    until_received(&pool, 7).await;
     for _ in 0..200 {
-        if s.stats().await["webhooks_delivered"].as_u64() >= Some(8) {
+        if s.stats().await["webhooks_delivered"].as_u64() >= Some(14) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let stats = s.stats().await;
-    assert_eq!(stats["events_created"], 4);
-    assert_eq!(stats["webhooks_delivered"], 8, "every event was delivered twice: {stats}");
-    assert_eq!(received(&pool).await, 4, "one record per event id");
+    assert_eq!(stats["events_created"], 7);
+    assert_eq!(stats["webhooks_delivered"], 14, "every event was delivered twice: {stats}");
+    assert_eq!(received(&pool).await, 7, "one record per event id");
     let kinds = "SELECT string_agg(type, ',' ORDER BY type) FROM processor_events";
     let kinds: String = sqlx::query_scalar(kinds).fetch_one(&pool).await.unwrap();
-    assert_eq!(kinds, "charge.captured,charge.refunded,charge.succeeded,charge.succeeded");
+    assert_eq!(
+        kinds,
+        "charge.captured,charge.refunded,charge.succeeded,charge.succeeded,\
+         payment_intent.amount_capturable_updated,payment_intent.succeeded,\
+         payment_intent.succeeded"
+    );
     let matched = "SELECT count(*) FROM processor_events WHERE payment_id IS NOT NULL";
-    assert_eq!(count(&pool, matched).await, 4);
+    assert_eq!(count(&pool, matched).await, 7);
 
     assert_eq!(complete(&s.worker(s.client())).await.completed, 0, "nothing was left to do");
     let after: String = sqlx::query_scalar(snapshot).fetch_one(&pool).await.unwrap();
     assert_eq!(after, before, "the payments did not change");
     assert_eq!(count(&pool, "SELECT count(*) FROM events").await, events_before);
 
-    // By hand: a capture reported before the charge's creation, each twice.
-    let charge = json!({"id": "ch_hand", "object": "charge", "amount": 500, "currency": "usd",
-        "captured": true, "paid": true, "status": "succeeded", "amount_captured": 500,
-        "amount_refunded": 0, "refunded": false, "metadata": {"payment_id": manual["id"]}});
-    for (id, kind, outcome) in [
-        ("evt_hand_2", "charge.captured", "recorded"),
-        ("evt_hand_2", "charge.captured", "duplicate"),
-        ("evt_hand_1", "charge.succeeded", "recorded"),
-        ("evt_hand_1", "charge.succeeded", "duplicate"),
+    // By hand: the manual payment's PaymentIntent reported captured before it is reported
+    // authorized, each twice.
+    let intent = manual["processor_payment_intent_id"].as_str().unwrap();
+    assert!(intent.starts_with("pi_"), "{manual}");
+    let (at, charge) = (unix_now(), &manual["processor_charge_id"]);
+    let object = |status: &str, capturable: i64, received: i64| {
+        json!({"id": intent, "object": "payment_intent", "amount": 500, "currency": "usd",
+            "status": status, "amount_capturable": capturable, "amount_received": received,
+            "capture_method": "manual", "latest_charge": charge,
+            "metadata": {"payment_id": manual["id"]}})
+    };
+    let (captured, authorized) = (object("succeeded", 0, 500), object("requires_capture", 500, 0));
+    for (id, kind, object, created, outcome) in [
+        ("evt_hand_2", "payment_intent.succeeded", &captured, at + 1, "recorded"),
+        ("evt_hand_2", "payment_intent.succeeded", &captured, at + 1, "duplicate"),
+        ("evt_hand_1", "payment_intent.amount_capturable_updated", &authorized, at, "recorded"),
+        ("evt_hand_1", "payment_intent.amount_capturable_updated", &authorized, at, "duplicate"),
     ] {
-        let event = json!({"id": id, "object": "event", "type": kind, "created": unix_now(),
-                           "data": {"object": charge}, "request": {"idempotency_key": null}});
+        let event = json!({"id": id, "object": "event", "type": kind, "created": created,
+                           "data": {"object": object}, "request": {"idempotency_key": null}});
         let answer = deliver(&s, &serde_json::to_vec(&event).unwrap(), unix_now()).await;
         assert_eq!(answer.status(), 200);
         assert_eq!(json(answer).await["outcome"], outcome, "{id} {kind}");
     }
-    assert_eq!(received(&pool).await, 6);
+    assert_eq!(received(&pool).await, 9);
+    assert_eq!(extra_charges(&pool).await, [], "the payment's own intent is no extra charge");
     let after: String = sqlx::query_scalar(snapshot).fetch_one(&pool).await.unwrap();
     assert_eq!(after, before, "the payments did not change");
 }
@@ -564,12 +627,36 @@ async fn without_a_secret_the_processor_webhook_route_is_off(pool: PgPool) {
 
 /// `charge.succeeded` for `payment_id`: the charge `charge_id`, made by the call under
 /// `downstream_key`.
-fn succeeded(event_id: &str, payment_id: &str, charge_id: &str, downstream_key: &str) -> Vec<u8> {
+fn charge_succeeded(
+    event_id: &str,
+    payment_id: &str,
+    charge_id: &str,
+    downstream_key: &str,
+) -> Vec<u8> {
     serde_json::to_vec(&json!({"id": event_id, "object": "event", "type": "charge.succeeded",
         "created": unix_now(), "request": {"id": null, "idempotency_key": downstream_key},
         "data": {"object": {"id": charge_id, "object": "charge", "amount": 500,
             "currency": "usd", "captured": true, "paid": true, "status": "succeeded",
             "amount_captured": 500, "amount_refunded": 0, "refunded": false,
+            "metadata": {"payment_id": payment_id}}}}))
+    .unwrap()
+}
+
+/// `payment_intent.succeeded` for `payment_id`: the PaymentIntent `intent_id`, made and captured
+/// by the call under `downstream_key`.
+fn intent_succeeded(
+    event_id: &str,
+    payment_id: &str,
+    intent_id: &str,
+    downstream_key: &str,
+) -> Vec<u8> {
+    serde_json::to_vec(&json!({"id": event_id, "object": "event",
+        "type": "payment_intent.succeeded", "created": unix_now(),
+        "request": {"id": null, "idempotency_key": downstream_key},
+        "data": {"object": {"id": intent_id, "object": "payment_intent", "amount": 500,
+            "currency": "usd", "status": "succeeded", "amount_capturable": 0,
+            "amount_received": 500, "capture_method": "automatic",
+            "latest_charge": intent_id.replacen("pi_", "ch_", 1),
             "metadata": {"payment_id": payment_id}}}}))
     .unwrap()
 }
@@ -593,12 +680,13 @@ async fn a_second_successful_charge_reported_after_the_payment_recorded_its_own_
     let own = own.as_str().unwrap();
 
     // The payment's own charge, reported: nothing to see.
-    let event = succeeded("evt_own", payment_id, own, &format!("{payment_id}/charge/2"));
+    let event = charge_succeeded("evt_own", payment_id, own, &format!("{payment_id}/charge/2"));
     assert_eq!(json(deliver(&s, &event, unix_now()).await).await["outcome"], "recorded");
     assert_eq!(extra_charges(&pool).await, []);
     // A charge an earlier generation of the key made, which the lookups missed, reported late:
     // the card was charged twice.
-    let event = succeeded("evt_extra", payment_id, "ch_extra", &format!("{payment_id}/charge"));
+    let event =
+        charge_succeeded("evt_extra", payment_id, "ch_extra", &format!("{payment_id}/charge"));
     let answer = json(deliver(&s, &event, unix_now()).await).await;
     assert_eq!((&answer["outcome"], &answer["payment"]), (&json!("recorded"), &json!(payment_id)));
     assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "webhook".to_owned())]);
@@ -610,8 +698,9 @@ async fn a_second_successful_charge_reported_after_the_payment_recorded_its_own_
     );
 }
 
-/// The real client, except that the processor's webhook about another charge for the payment
-/// (`ch_extra`) is delivered, and received, while the key's holder is mid-call (`Then`).
+/// The real client, except that the processor's webhook about another PaymentIntent that
+/// succeeded for the payment (`pi_extra`, under the key's first generation) is delivered, and
+/// received, while the key's holder is mid-call (`Then`).
 struct AnotherChargeReportedMidCall {
     client: ProcessorClient,
     http: reqwest::Client,
@@ -620,17 +709,18 @@ struct AnotherChargeReportedMidCall {
     then: Then,
 }
 
-/// When the other charge is reported, and what the holder's call meets.
+/// When the other PaymentIntent is reported, and what the holder's call meets.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Then {
-    /// During the charge call, after the charge is made.
+    /// During the create, after the PaymentIntent is made and authorized.
     Charged,
-    /// During the search that follows a charge call the processor would not answer for
-    /// (`MustReconcile`), which then finds only a declined charge.
+    /// During the search that follows a create the processor would not answer for
+    /// (`MustReconcile`), which then finds only a declined PaymentIntent.
     DeclineFound,
-    /// During the charge call, which the processor then refuses outright: a 400, no charge.
+    /// During the create, which the processor then refuses outright: a 400, nothing made.
     Refused,
-    /// During the charge call, which the processor then declines (`ch_declined`).
+    /// During the create, which the processor then declines (`pi_declined`, whose failed charge
+    /// is `ch_declined`).
     Declined,
 }
 
@@ -646,7 +736,8 @@ impl AnotherChargeReportedMidCall {
     }
 
     async fn report_the_other_charge(&self, payment_id: &str) {
-        let event = succeeded("evt_extra", payment_id, "ch_extra", &format!("{payment_id}/charge"));
+        let first = format!("{payment_id}/charge");
+        let event = intent_succeeded("evt_extra", payment_id, "pi_extra", &first);
         let signature = provider::signature::sign(SECRET, unix_now(), &event);
         let sent = self.http.post(&self.webhook_url).header("stripe-signature", signature);
         assert_eq!(sent.body(event).send().await.unwrap().status(), 200);
@@ -655,23 +746,29 @@ impl AnotherChargeReportedMidCall {
 }
 
 impl CardProcessor for AnotherChargeReportedMidCall {
-    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+    no_charge_calls!();
+    async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
+        self.client.create_refund(request).await
+    }
+    async fn create_payment_intent(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
         match self.then {
             Then::DeclineFound => Err(ProcessorError::MustReconcile {
                 cause: provider::ReconcileCause::KeyReused,
                 message: "the processor will not say what the key did".into(),
             }),
             Then::Refused | Then::Declined => {
-                let payment_id =
-                    request.form.iter().find(|(name, _)| name == "metadata[payment_id]");
-                self.report_the_other_charge(&payment_id.expect("the charge names its payment").1)
+                let payment_id = request.field("metadata[payment_id]");
+                self.report_the_other_charge(payment_id.expect("the intent names its payment"))
                     .await;
                 Err(match self.then {
                     Then::Declined => ProcessorError::Declined {
                         decline_code: "generic_decline".into(),
                         message: "Your card was declined.".into(),
                         charge_id: Some("ch_declined".into()),
-                        payment_intent: None,
+                        payment_intent: Some("pi_declined".into()),
                     },
                     _ => ProcessorError::Invalid {
                         status: 400,
@@ -682,37 +779,11 @@ impl CardProcessor for AnotherChargeReportedMidCall {
                 })
             }
             Then::Charged => {
-                let made = self.client.create_charge(request).await?;
+                let made = self.client.create_payment_intent(request).await?;
                 self.report_the_other_charge(&made.metadata["payment_id"]).await;
                 Ok(made)
             }
         }
-    }
-    async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
-        self.client.capture_charge(request).await
-    }
-    async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
-        self.client.create_refund(request).await
-    }
-    async fn retrieve_charge(&self, charge_id: &str) -> Result<Charge, ProcessorError> {
-        self.client.retrieve_charge(charge_id).await
-    }
-    async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
-        if self.then != Then::DeclineFound {
-            return self.client.search_charges(payment_id).await;
-        }
-        self.report_the_other_charge(payment_id).await;
-        let declined: Value = serde_json::from_slice(&declined(payment_id, "")).unwrap();
-        Ok(vec![serde_json::from_value(declined["data"]["object"].clone()).unwrap()])
-    }
-    async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
-        self.client.list_refunds(charge_id).await
-    }
-    async fn create_payment_intent(
-        &self,
-        request: &FrozenRequest,
-    ) -> Result<PaymentIntent, ProcessorError> {
-        self.client.create_payment_intent(request).await
     }
     async fn capture_payment_intent(
         &self,
@@ -733,7 +804,11 @@ impl CardProcessor for AnotherChargeReportedMidCall {
         &self,
         payment_id: &str,
     ) -> Result<Vec<PaymentIntent>, ProcessorError> {
-        self.client.search_payment_intents(payment_id).await
+        if self.then != Then::DeclineFound {
+            return self.client.search_payment_intents(payment_id).await;
+        }
+        self.report_the_other_charge(payment_id).await;
+        Ok(vec![serde_json::from_value(declined_intent(payment_id)).unwrap()])
     }
     async fn list_intent_refunds(&self, id: &str) -> Result<Vec<Refund>, ProcessorError> {
         self.client.list_intent_refunds(id).await
@@ -772,17 +847,24 @@ async fn a_second_successful_charge_reported_while_a_later_generation_was_called
 ) {
     let s =
         setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
-    // The earlier generation's charge is reported only while the second is being made.
+    // The earlier generation's PaymentIntent is reported only while the second is being made.
     let payment_id = second_generation_key(&s, &pool).await;
     let processor = AnotherChargeReportedMidCall::new(&s, &pool, Then::Charged);
     let report = complete(&s.worker(processor)).await;
     assert_eq!(report.completed, 1, "{report:?}");
     let (id, status, charge) = payment_row(&pool).await;
     assert_eq!((id.as_str(), status.as_str()), (payment_id.as_str(), "succeeded"));
-    assert_ne!(charge.as_deref(), Some("ch_extra"), "the payment records the charge its call made");
-    // The event landed while the holder was mid-call, before the phase that records the charge:
+    let intents =
+        s.http.get(format!("{}/v1/payment_intents", s.sim)).bearer_auth("sk_test_processor");
+    let made = json(intents.send().await.unwrap()).await["data"][0].clone();
+    assert_eq!(
+        (payment_intent(&pool).await.as_deref(), charge.as_deref()),
+        (made["id"].as_str(), made["latest_charge"].as_str()),
+        "the payment records the PaymentIntent its call made"
+    );
+    // The event landed while the holder was mid-call, before the phase that records the intent:
     // the phase saw it.
-    assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "phase".to_owned())]);
+    assert_eq!(extra_charges(&pool).await, [("pi_extra".to_owned(), "phase".to_owned())]);
 }
 
 /// A decline the search finds under a later generation, while the earlier generation's charge
@@ -800,69 +882,58 @@ async fn a_successful_charge_reported_while_a_later_generation_was_found_decline
     assert_eq!((report.completed, report.flagged), (0, 1), "{report:?}");
     let (id, status, charge) = payment_row(&pool).await;
     assert_eq!((id.as_str(), status.as_str(), charge), (payment_id.as_str(), "processing", None));
-    assert_eq!(received(&pool).await, 1, "the earlier generation's charge is on record");
+    assert_eq!(payment_intent(&pool).await, None);
+    assert_eq!(received(&pool).await, 1, "the earlier generation's PaymentIntent is on record");
 }
 
-/// A processor whose every charge call answers a replayed 500 (`MustReconcile`), and whose
-/// search shows nothing for the payment until its key's second generation was called, and then
-/// only a declined charge: as if the first generation's call made a successful charge that the
-/// search trails past its documented lag.
+/// A processor whose every PaymentIntent create answers a replayed 500 (`MustReconcile`), and
+/// whose search shows nothing for the payment until its key's second generation was called, and
+/// then only a declined PaymentIntent: as if the first generation's call made a successful one
+/// that the search trails past its documented lag.
 struct SearchMissesTheFirstCharge {
     /// The downstream keys called, in order.
     called: Arc<Mutex<Vec<String>>>,
 }
 
 impl CardProcessor for SearchMissesTheFirstCharge {
-    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
+    no_charge_calls!();
+    async fn create_refund(&self, _: &FrozenRequest) -> Result<Refund, ProcessorError> {
+        unreachable!("no refund")
+    }
+    async fn create_payment_intent(
+        &self,
+        request: &FrozenRequest,
+    ) -> Result<PaymentIntent, ProcessorError> {
         self.called.lock().unwrap().push(request.key.as_str().to_owned());
         Err(ProcessorError::MustReconcile {
             cause: provider::ReconcileCause::ReplayedFailure(500),
             message: "the processor replays a 500 for this key".into(),
         })
     }
-    async fn capture_charge(&self, _: &FrozenRequest) -> Result<Charge, ProcessorError> {
-        unreachable!("no capture")
-    }
-    async fn create_refund(&self, _: &FrozenRequest) -> Result<Refund, ProcessorError> {
-        unreachable!("no refund")
-    }
-    async fn retrieve_charge(&self, _: &str) -> Result<Charge, ProcessorError> {
-        unreachable!("no charge is read")
-    }
-    async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
-        let second = self.called.lock().unwrap().iter().any(|key| key.ends_with("/charge/2"));
-        if !second {
-            return Ok(vec![]);
-        }
-        let declined: Value = serde_json::from_slice(&declined(payment_id, "")).unwrap();
-        Ok(vec![serde_json::from_value(declined["data"]["object"].clone()).unwrap()])
-    }
-    async fn list_refunds(&self, _: &str) -> Result<Vec<Refund>, ProcessorError> {
-        unreachable!("no refund")
-    }
-    async fn create_payment_intent(
-        &self,
-        _: &FrozenRequest,
-    ) -> Result<PaymentIntent, ProcessorError> {
-        unreachable!("no payment intent")
-    }
     async fn capture_payment_intent(
         &self,
         _: &FrozenRequest,
     ) -> Result<PaymentIntent, ProcessorError> {
-        unreachable!("no payment intent")
+        unreachable!("no capture")
     }
     async fn cancel_payment_intent(
         &self,
         _: &FrozenRequest,
     ) -> Result<PaymentIntent, ProcessorError> {
-        unreachable!("no payment intent")
+        unreachable!("no cancel")
     }
     async fn retrieve_payment_intent(&self, _: &str) -> Result<PaymentIntent, ProcessorError> {
-        unreachable!("no payment intent")
+        unreachable!("no PaymentIntent is read by its id")
     }
-    async fn search_payment_intents(&self, _: &str) -> Result<Vec<PaymentIntent>, ProcessorError> {
-        unreachable!("no payment intent")
+    async fn search_payment_intents(
+        &self,
+        payment_id: &str,
+    ) -> Result<Vec<PaymentIntent>, ProcessorError> {
+        let second = self.called.lock().unwrap().iter().any(|key| key.ends_with("/charge/2"));
+        if !second {
+            return Ok(vec![]);
+        }
+        Ok(vec![serde_json::from_value(declined_intent(payment_id)).unwrap()])
     }
     async fn list_intent_refunds(&self, _: &str) -> Result<Vec<Refund>, ProcessorError> {
         unreachable!("no refund")
@@ -875,8 +946,8 @@ impl CardProcessor for SearchMissesTheFirstCharge {
     }
 }
 
-/// The first generation's call is lost and the search misses its charge; the second generation's
-/// call answers a replayed 500, and the search then shows only a declined charge. That decline
+/// The first generation's call is lost and the search misses its PaymentIntent; the second
+/// generation's call answers a replayed 500, and the search then shows only a declined one. That decline
 /// proves nothing about the first generation's call: nothing is stored, a person looks, as when
 /// the second generation's call or the processor's webhook reports a decline.
 #[sqlx::test(migrations = "../migrations")]
@@ -901,6 +972,7 @@ async fn a_decline_the_search_finds_under_a_later_generation_is_referred_to_a_pe
     assert_eq!(called, [first.clone(), first.clone(), format!("{first}/2")]);
     let (_, status, charge) = payment_row(&pool).await;
     assert_eq!((status.as_str(), charge), ("processing", None), "no decline was stored");
+    assert_eq!(payment_intent(&pool).await, None);
     let unfinished = "SELECT count(*) FROM idempotency_keys \
                       WHERE needs_human_at IS NOT NULL AND response_status IS NULL";
     assert_eq!(count(&pool, unfinished).await, 1, "the key is a person's, with no stored answer");
@@ -916,28 +988,34 @@ async fn a_successful_charge_reported_after_the_payment_was_refused_without_a_ch
     let s =
         setup(&pool, FaultConfig::default(), &[("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")]).await;
     let payment_id = waiting_key_webhooks_by_hand(&s, &pool).await;
-    // The call, sent again under the same downstream key, is refused: a 400, no charge.
+    // The call, sent again under the same downstream key, is refused: a 400, nothing made.
     let processor = MockServer::start().await;
     let refused = json!({"error": {"type": "invalid_request_error", "code": "amount_too_small",
         "param": "amount", "message": "Amount must be at least 50 cents."}});
     Mock::given(method("POST"))
-        .and(path("/v1/charges"))
+        .and(path("/v1/payment_intents"))
         .respond_with(ResponseTemplate::new(400).set_body_json(refused))
+        .expect(1)
         .mount(&processor)
         .await;
     let settings = test_settings(&[("PAYMENTS__PROCESSOR__BASE_URL", processor.uri().as_str())]);
     let client = ProcessorClient::new(settings.processor.client_config()).unwrap();
     let report = complete(&s.worker(client)).await;
     assert_eq!(report.completed, 1, "{report:?}");
+    let calls = processor.received_requests().await.unwrap();
+    let calls: Vec<_> = calls.iter().map(|call| (call.method.as_str(), call.url.path())).collect();
+    assert_eq!(calls, [("POST", "/v1/payment_intents")], "the create, refused, and nothing else");
     let (_, status, charge) = payment_row(&pool).await;
     assert_eq!((status.as_str(), charge), ("failed", None));
+    assert_eq!(payment_intent(&pool).await, None);
 
     // A success reported for the payment after all: its key is finished, so nothing will adopt
-    // the charge, and the payment accounts for none.
-    let event = succeeded("evt_extra", &payment_id, "ch_extra", &format!("{payment_id}/charge"));
+    // the PaymentIntent, and the payment accounts for none.
+    let first = format!("{payment_id}/charge");
+    let event = intent_succeeded("evt_extra", &payment_id, "pi_extra", &first);
     let answer = json(deliver(&s, &event, unix_now()).await).await;
     assert_eq!((&answer["outcome"], &answer["payment"]), (&json!("recorded"), &json!(payment_id)));
-    assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "webhook".to_owned())]);
+    assert_eq!(extra_charges(&pool).await, [("pi_extra".to_owned(), "webhook".to_owned())]);
     assert_eq!(payment_row(&pool).await.1, "failed", "nothing else moved");
 }
 
@@ -955,13 +1033,14 @@ async fn a_successful_charge_reported_while_the_call_was_being_refused_is_audite
     assert_eq!(report.completed, 1, "{report:?}");
     let (id, status, charge) = payment_row(&pool).await;
     assert_eq!((id.as_str(), status.as_str(), charge), (payment_id.as_str(), "failed", None));
+    assert_eq!(payment_intent(&pool).await, None);
     // The event landed while the payment was still processing, so the webhook saw nothing amiss:
     // the phase that recorded the refusal found it.
-    assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "phase".to_owned())]);
+    assert_eq!(extra_charges(&pool).await, [("pi_extra".to_owned(), "phase".to_owned())]);
 }
 
-/// As above, with a decline that names its failed charge: the phase that records the decline
-/// looks, under the first generation too.
+/// As above, with a decline that names its PaymentIntent and its failed charge: the phase that
+/// records the decline looks, under the first generation too.
 #[sqlx::test(migrations = "../migrations")]
 async fn a_successful_charge_reported_while_the_call_was_being_declined_is_audited_for_a_person(
     pool: PgPool,
@@ -977,7 +1056,8 @@ async fn a_successful_charge_reported_while_the_call_was_being_declined_is_audit
         (id.as_str(), status.as_str(), charge.as_deref()),
         (payment_id.as_str(), "failed", Some("ch_declined"))
     );
-    assert_eq!(extra_charges(&pool).await, [("ch_extra".to_owned(), "phase".to_owned())]);
+    assert_eq!(payment_intent(&pool).await.as_deref(), Some("pi_declined"));
+    assert_eq!(extra_charges(&pool).await, [("pi_extra".to_owned(), "phase".to_owned())]);
 }
 
 /// Every decline card the stand-in knows, with the decline code it is refused with.
@@ -1007,6 +1087,8 @@ impl Setup {
         let payment = payment.await;
         assert_eq!(payment["status"], "failed");
         assert_eq!(payment["failure_code"], code, "{payment}");
+        let intent = payment["processor_payment_intent_id"].as_str().unwrap_or_default();
+        assert!(intent.starts_with("pi_"), "the declined PaymentIntent is recorded: {payment}");
         let members = problem.as_object_mut().unwrap();
         for name in ["request_id", "payment_id", "instance"] {
             members.remove(name);
@@ -1044,11 +1126,13 @@ async fn a_decline_adopted_from_the_search_answers_as_the_decline_itself(pool: P
         assert_eq!(adopted, direct, "{card}");
     }
     assert_eq!(adoptions(&pool, "replayed_failure").await, 3, "each was found by the search");
-    assert_eq!(s.stats().await["charges_created"], 6, "one charge per payment");
+    let stats = s.stats().await;
+    assert_eq!(stats["payment_intents_created"], 6, "one PaymentIntent per payment");
+    assert_eq!(stats["charges_created"], 6, "one charge per payment");
 }
 
 /// The processor declines the card and the answer is lost; its webhook reports the declined
-/// charge, and the retry adopts it without a call. The answer and the payment are those the 402
+/// PaymentIntent, and the retry adopts it without a call. The answer and the payment are those the 402
 /// itself would have given, for every decline card.
 #[sqlx::test(migrations = "../migrations")]
 async fn a_decline_adopted_from_the_webhook_answers_as_the_decline_itself(pool: PgPool) {
@@ -1060,12 +1144,13 @@ async fn a_decline_adopted_from_the_webhook_answers_as_the_decline_itself(pool: 
     for (n, (card, code)) in DECLINE_CARDS.into_iter().enumerate() {
         s.set_faults(&FaultConfig::default()).await;
         let direct = s.decline(s.pay_with(&format!("direct-{n}"), card).await, code).await;
-        let events = 2 * i64::try_from(n).unwrap();
-        until_received(&pool, events + 1).await;
+        // Each decline raises charge.failed and payment_intent.payment_failed.
+        let events = 4 * i64::try_from(n).unwrap();
+        until_received(&pool, events + 2).await;
         s.set_faults(&lost).await;
         let key = format!("lost-{n}");
         assert_problem(s.pay_with(&key, card).await, 503, "processor_unavailable").await;
-        until_received(&pool, events + 2).await;
+        until_received(&pool, events + 4).await;
         // A call would be answered now: the count below proves none is made.
         s.set_faults(&FaultConfig::default()).await;
         let requests = s.stats().await["requests"].clone();
