@@ -641,3 +641,34 @@ async fn a_payment_changed_during_its_charge_is_answered_as_it_is(pool: PgPool) 
             .unwrap();
     assert_eq!(charged, 1);
 }
+
+/// A key whose call an earlier release froze as a charge (`POST /v1/charges`) is referred to a
+/// person and calls nobody: sent as frozen, the charge it answers would not read as a
+/// PaymentIntent, and the search for PaymentIntents that follows would find nothing and move the
+/// payment to a next generation that charges the card again.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_call_an_earlier_release_froze_as_a_charge_is_referred_to_a_person(pool: PgPool) {
+    let outage = [("PAYMENTS__PROCESSOR__MAX_RETRIES", "0")];
+    let (app, sim) = spawn_with_sim(pool.clone(), &outage).await;
+    let (_, key) = app.create_account("shop").await;
+    let http = reqwest::Client::new();
+    let faults = |rate: f64| json!({"error_rate": rate});
+    let set = http.put(format!("{sim}/_sim/faults")).json(&faults(1.0)).send().await.unwrap();
+    assert_eq!(set.status(), 200);
+    let parked = app.post("/v1/payments", &key, Some("p1"), &visa(500)).await;
+    assert_problem(parked, 503, "processor_unavailable").await;
+    // As an earlier release froze it.
+    let frozen = "UPDATE idempotency_keys SET planned_call = jsonb_set(planned_call, '{path}', \
+                  '\"/v1/charges\"'), next_attempt_at = now() WHERE idempotency_key = 'p1'";
+    sqlx::query(frozen).execute(&pool).await.unwrap();
+    let set = http.put(format!("{sim}/_sim/faults")).json(&faults(0.0)).send().await.unwrap();
+    assert_eq!(set.status(), 200);
+    let before = sim_stats(&sim).await["requests"].clone();
+
+    let retried = app.post("/v1/payments", &key, Some("p1"), &visa(500)).await;
+    assert_problem(retried, 422, "operation_needs_review").await;
+    assert_eq!(sim_stats(&sim).await["requests"], before, "nothing was sent");
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM payments").fetch_one(&pool).await.unwrap();
+    assert_eq!(status, "processing");
+}

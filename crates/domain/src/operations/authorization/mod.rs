@@ -29,7 +29,7 @@ use crate::events;
 use crate::ids::{AccountId, PaymentId};
 use crate::jobs::Work;
 use crate::operations::reconcile::{
-    Reconciled, adopt_or_move_on, adopted, count_reconciliation, moved_on, planned_call,
+    Reconciled, adopt_or_move_on, adopted, count_reconciliation, frozen_as, moved_on, planned_call,
     refused_at_a_later_generation, when_nothing_found,
 };
 use crate::operations::{
@@ -168,6 +168,7 @@ impl<'a, P: CardProcessor> Authorization<'a, P> {
             .clone()
             .ok_or_else(|| internal("an authorized payment without a PaymentIntent"))?;
         let request = planned_call(lease).await?;
+        frozen_as(&request, "/v1/payment_intents/")?;
         let operation = self.action.names().operation;
         idem::failpoint(|| format!("{operation}.before_call")).await;
         let outcome = self.send(&request).await;

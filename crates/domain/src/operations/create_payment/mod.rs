@@ -14,7 +14,7 @@ use provider::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::reconcile::{adopt_or_move_on, count_reconciliation, planned_call};
+use super::reconcile::{adopt_or_move_on, count_reconciliation, frozen_as, planned_call};
 use super::reconcile::{refused_at_a_later_generation, report_extra};
 use super::{Context, Learnt, LeaseInfo, PaymentOperation, internal};
 use crate::authentication::AuthenticationSettings;
@@ -159,6 +159,7 @@ impl<P: CardProcessor> Operation for CreatePayment<P> {
             CreatePoint::PaymentCreated => {
                 let (payment, version) = self.payment(info.key_id).await?;
                 let request = planned_call(lease).await?;
+                frozen_as(&request, "/v1/payment_intents")?;
                 let Some(answered) = self.confirm(lease, at, &payment, &request).await? else {
                     // Nothing found at the processor: the call moved to its next generation.
                     return Ok(());
