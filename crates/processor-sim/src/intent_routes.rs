@@ -9,12 +9,11 @@ use axum::http::{HeaderMap, header};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use serde::Deserialize;
 
 use crate::Sim;
 use crate::faults::ErrorAfterProcessing;
 use crate::ledger::IntentListQuery;
-use crate::routes::{authorized, idempotent_post};
+use crate::routes::{SearchQuery, authorized, idempotent_post};
 
 /// The PaymentIntent routes, to be put behind the fault middleware.
 pub(crate) fn api() -> Router<Sim> {
@@ -110,14 +109,6 @@ async fn list(
 ) -> Response {
     expire_authentications(&sim);
     authorized(&headers, || sim.lock().ledger.list_intents(&query))
-}
-
-/// `query`, `limit` and `page`, as Stripe's search takes them.
-#[derive(Debug, Deserialize)]
-struct SearchQuery {
-    query: Option<String>,
-    limit: Option<usize>,
-    page: Option<String>,
 }
 
 async fn search(

@@ -192,12 +192,12 @@ async fn list_refunds(
     })
 }
 
-/// `query`, `limit` and `page`, as Stripe's search takes them.
+/// `query`, `limit` and `page`, as Stripe's search takes them (charges' and PaymentIntents').
 #[derive(Debug, Deserialize)]
-struct SearchQuery {
-    query: Option<String>,
-    limit: Option<usize>,
-    page: Option<String>,
+pub(crate) struct SearchQuery {
+    pub(crate) query: Option<String>,
+    pub(crate) limit: Option<usize>,
+    pub(crate) page: Option<String>,
 }
 
 async fn search_charges(
