@@ -21,7 +21,7 @@ use payments_worker::jobs::LogMailer;
 use payments_worker::{PassReport, Worker};
 use processor_sim::FaultConfig;
 use provider::{
-    CardProcessor, Charge, FrozenRequest, PaymentIntent, ProcessorClient, ProcessorError, Refund,
+    CardProcessor, FrozenRequest, PaymentIntent, ProcessorClient, ProcessorError, Refund,
 };
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -331,28 +331,6 @@ async fn a_pushed_charge_of_an_earlier_generation_stops_the_call_under_a_later_o
     assert_eq!(payment_row(&pool).await.1, "processing");
 }
 
-/// The charge methods of a test double: the domain calls PaymentIntents, never these (they are
-/// leaving the trait), so a call is a failed test.
-macro_rules! no_charge_calls {
-    () => {
-        async fn create_charge(&self, _: &FrozenRequest) -> Result<Charge, ProcessorError> {
-            unreachable!("the domain creates PaymentIntents, not charges")
-        }
-        async fn capture_charge(&self, _: &FrozenRequest) -> Result<Charge, ProcessorError> {
-            unreachable!("the domain captures PaymentIntents, not charges")
-        }
-        async fn retrieve_charge(&self, _: &str) -> Result<Charge, ProcessorError> {
-            unreachable!("the domain reads PaymentIntents, not charges")
-        }
-        async fn search_charges(&self, _: &str) -> Result<Vec<Charge>, ProcessorError> {
-            unreachable!("the domain searches PaymentIntents, not charges")
-        }
-        async fn list_refunds(&self, _: &str) -> Result<Vec<Refund>, ProcessorError> {
-            unreachable!("the domain lists a PaymentIntent's refunds, not a charge's")
-        }
-    };
-}
-
 /// The real client, whose PaymentIntent create waits, mid-call, until the processor's webhooks
 /// about what it made (`charge.succeeded` and the intent's own) have been received, and then
 /// reports its answer lost.
@@ -362,7 +340,6 @@ struct AnswerLostAfterTheWebhook {
 }
 
 impl CardProcessor for AnswerLostAfterTheWebhook {
-    no_charge_calls!();
     async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
         self.client.create_refund(request).await
     }
@@ -746,7 +723,6 @@ impl AnotherChargeReportedMidCall {
 }
 
 impl CardProcessor for AnotherChargeReportedMidCall {
-    no_charge_calls!();
     async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
         self.client.create_refund(request).await
     }
@@ -896,7 +872,6 @@ struct SearchMissesTheFirstCharge {
 }
 
 impl CardProcessor for SearchMissesTheFirstCharge {
-    no_charge_calls!();
     async fn create_refund(&self, _: &FrozenRequest) -> Result<Refund, ProcessorError> {
         unreachable!("no refund")
     }

@@ -1,13 +1,15 @@
-//! The stand-in processor, through the real client and plain HTTP: idempotency (strict as
-//! Stripe, and lenient), the test tokens, captures and refunds, search, and seeded faults.
+//! The stand-in processor, through plain HTTP (its charge routes, which older integrations still
+//! call) and the real client's PaymentIntent calls (its faults as the client sees them):
+//! idempotency (strict as Stripe, and lenient), the test tokens, captures and refunds, search,
+//! and seeded faults.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a panic in a test is a failed test
 
 use std::time::Duration;
 
 use processor_sim::{FaultConfig, Idempotency, ManualClock, Simulator};
 use provider::{
-    CardProcessor, ChargeRequest, DownstreamKey, ErrorClass, FrozenRequest, ProcessorClient,
-    ProcessorConfig, ProcessorError, RefundRequest,
+    CardProcessor, Charge, DownstreamKey, ErrorClass, FrozenRequest, PaymentIntentRequest,
+    ProcessorClient, ProcessorConfig, RefundRequest,
 };
 use serde_json::{Value, json};
 
@@ -61,6 +63,18 @@ impl Sim {
             .unwrap()
     }
 
+    /// Sends a frozen request as the client would, once, through plain HTTP.
+    async fn post_frozen(&self, frozen: &FrozenRequest) -> reqwest::Response {
+        self.http
+            .post(format!("{}{}", self.url, frozen.path))
+            .bearer_auth("sk_test_sim")
+            .header("idempotency-key", frozen.key.as_str())
+            .form(&frozen.form)
+            .send()
+            .await
+            .unwrap()
+    }
+
     async fn get(&self, path: &str) -> Value {
         let request = self.http.get(format!("{}{path}", self.url)).bearer_auth("sk_test_sim");
         request.send().await.unwrap().json().await.unwrap()
@@ -75,16 +89,39 @@ impl Sim {
     }
 }
 
-fn charge(payment_id: &str, source: &str) -> ChargeRequest {
-    ChargeRequest {
+/// A charge of 1000 for `payment_id` with card `source`, created through plain HTTP under the
+/// payment's key, as an older integration does.
+async fn charge_of(sim: &Sim, payment_id: &str, source: &str, capture: bool) -> reqwest::Response {
+    let capture = capture.to_string();
+    let form = [
+        ("amount", "1000"),
+        ("currency", "usd"),
+        ("source", source),
+        ("capture", capture.as_str()),
+        ("metadata[payment_id]", payment_id),
+    ];
+    sim.post("/v1/charges", &format!("{payment_id}/charge"), &form).await
+}
+
+/// The charge a 200 answered.
+async fn charge_in(response: reqwest::Response) -> Charge {
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
+/// A PaymentIntent of 1000 for `payment_id`, to create and confirm with the client.
+fn intent(payment_id: &str) -> FrozenRequest {
+    PaymentIntentRequest {
         payment_id: payment_id.into(),
         amount: 1000,
         currency: "usd".into(),
-        source: source.into(),
+        payment_method: "pm_card_visa".into(),
         capture: true,
         description: None,
         metadata: Default::default(),
+        return_url: "https://pay.example.com/return".into(),
     }
+    .freeze(DownstreamKey::charge(payment_id))
 }
 
 #[tokio::test]
@@ -127,13 +164,8 @@ async fn the_same_key_with_other_parameters_is_an_idempotency_error() {
 #[tokio::test]
 async fn every_test_token_decides_the_outcome() {
     let sim = start(FaultConfig::default()).await;
-    let client = sim.client(0);
     for (n, token) in ["pm_card_visa", "pm_card_mastercard"].into_iter().enumerate() {
-        let id = format!("pay_{n}");
-        let made = client
-            .create_charge(&charge(&id, token).freeze(DownstreamKey::charge(&id)))
-            .await
-            .unwrap();
+        let made = charge_in(charge_of(&sim, &format!("pay_{n}"), token, true).await).await;
         assert!(made.paid && made.captured && made.status == "succeeded", "{token}");
         let outcome = made.outcome.unwrap();
         assert_eq!((outcome.type_.as_deref(), outcome.reason), (Some("authorized"), None));
@@ -144,34 +176,29 @@ async fn every_test_token_decides_the_outcome() {
         ("pm_card_chargeDeclinedExpiredCard", "expired_card"),
     ];
     for (n, (token, expected)) in declines.into_iter().enumerate() {
-        let id = format!("pay_d{n}");
-        let err = client
-            .create_charge(&charge(&id, token).freeze(DownstreamKey::charge(&id)))
-            .await
-            .unwrap_err();
-        match err {
-            ProcessorError::Declined { decline_code, charge_id, message, .. } => {
-                assert_eq!(decline_code, expected);
-                let charge_id = charge_id.unwrap();
-                assert!(charge_id.starts_with("ch_"));
-                // The declined charge says what the 402 said, as Stripe's does: the error's code
-                // and message, and the decline code as the outcome's reason.
-                let declined = client.retrieve_charge(&charge_id).await.unwrap();
-                assert_eq!(declined.decline_code(), expected, "{token}");
-                assert_eq!(declined.failure_message.as_deref(), Some(message.as_str()));
-                let outcome = declined.outcome.unwrap();
-                assert_eq!(outcome.type_.as_deref(), Some("issuer_declined"));
-                assert_eq!(outcome.network_status.as_deref(), Some("declined_by_network"));
-            }
-            other => panic!("{token}: {other:?}"),
-        }
+        let response = charge_of(&sim, &format!("pay_d{n}"), token, true).await;
+        assert_eq!(response.status(), 402, "{token}");
+        let error = response.json::<Value>().await.unwrap()["error"].clone();
+        assert_eq!(error["type"], "card_error", "{token}");
+        assert_eq!(error["decline_code"], expected, "{token}");
+        let charge_id = error["charge"].as_str().unwrap();
+        assert!(charge_id.starts_with("ch_"));
+        // The declined charge says what the 402 said, as Stripe's does: the error's code and
+        // message, and the decline code as the outcome's reason.
+        let declined: Charge =
+            serde_json::from_value(sim.get(&format!("/v1/charges/{charge_id}")).await).unwrap();
+        assert_eq!(declined.decline_code(), expected, "{token}");
+        assert_eq!(declined.failure_message.as_deref(), error["message"].as_str());
+        let outcome = declined.outcome.unwrap();
+        assert_eq!(outcome.type_.as_deref(), Some("issuer_declined"));
+        assert_eq!(outcome.network_status.as_deref(), Some("declined_by_network"));
     }
-    let err = client
-        .create_charge(&charge("pay_x", "pm_card_unknown").freeze(DownstreamKey::charge("pay_x")))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, ProcessorError::Invalid { status: 400, ref param, .. } if param.as_deref() == Some("source"))
+    let unknown = charge_of(&sim, "pay_x", "pm_card_unknown", true).await;
+    assert_eq!(unknown.status(), 400);
+    let error = unknown.json::<Value>().await.unwrap()["error"].clone();
+    assert_eq!(
+        (&error["type"], &error["param"]),
+        (&json!("invalid_request_error"), &json!("source"))
     );
 }
 
@@ -216,47 +243,39 @@ async fn a_charge_carries_stripes_outcome_on_the_wire() {
 #[tokio::test]
 async fn captures_and_refunds_keep_the_books_straight() {
     let sim = start(FaultConfig::default()).await;
-    let client = sim.client(0);
-    let mut request = charge("pay_1", "pm_card_visa");
-    request.capture = false;
-    let authorized =
-        client.create_charge(&request.freeze(DownstreamKey::charge("pay_1"))).await.unwrap();
+    let authorized = charge_in(charge_of(&sim, "pay_1", "pm_card_visa", false).await).await;
     assert!(!authorized.captured);
-    let captured = client
-        .capture_charge(&FrozenRequest::capture(
-            &authorized.id,
-            Some(600),
-            DownstreamKey::capture("pay_1", 1),
-        ))
-        .await
-        .unwrap();
+    let capture = FrozenRequest {
+        path: format!("/v1/charges/{}/capture", authorized.id),
+        form: vec![("amount".to_owned(), "600".to_owned())],
+        key: DownstreamKey::capture("pay_1", 1),
+    };
+    let captured = charge_in(sim.post_frozen(&capture).await).await;
     assert_eq!((captured.amount_captured, captured.amount_refunded), (600, 400));
 
-    let refund = |id: &str, amount| RefundRequest {
-        charge_id: Some(authorized.id.clone()),
-        payment_intent: None,
-        payment_id: "pay_1".into(),
-        refund_id: Some(id.into()),
-        amount,
-        reason: None,
+    let refund = |id: &str, amount| {
+        RefundRequest {
+            charge_id: Some(authorized.id.clone()),
+            payment_intent: None,
+            payment_id: "pay_1".into(),
+            refund_id: Some(id.into()),
+            amount,
+            reason: None,
+        }
+        .freeze(DownstreamKey::refund(id))
     };
-    client
-        .create_refund(&refund("re_1", Some(500)).freeze(DownstreamKey::refund("re_1")))
-        .await
-        .unwrap();
-    let too_much = client
-        .create_refund(&refund("re_2", Some(200)).freeze(DownstreamKey::refund("re_2")))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(too_much, ProcessorError::Invalid { ref code, .. } if code.as_deref() == Some("amount_too_large"))
+    assert_eq!(sim.post_frozen(&refund("re_1", Some(500))).await.status(), 200);
+    let too_much = sim.post_frozen(&refund("re_2", Some(200))).await;
+    assert_eq!(too_much.status(), 400);
+    let error = too_much.json::<Value>().await.unwrap()["error"].clone();
+    assert_eq!(
+        (&error["type"], &error["code"]),
+        (&json!("invalid_request_error"), &json!("amount_too_large"))
     );
-    let rest = client
-        .create_refund(&refund("re_3", None).freeze(DownstreamKey::refund("re_3")))
-        .await
-        .unwrap();
-    assert_eq!(rest.amount, 100);
-    let after = client.retrieve_charge(&authorized.id).await.unwrap();
+    let rest: Value = sim.post_frozen(&refund("re_3", None)).await.json().await.unwrap();
+    assert_eq!(rest["amount"], 100);
+    let after: Charge =
+        serde_json::from_value(sim.get(&format!("/v1/charges/{}", authorized.id)).await).unwrap();
     assert!(after.refunded);
 
     let refunds = sim.get("/v1/refunds?limit=10").await;
@@ -267,13 +286,8 @@ async fn captures_and_refunds_keep_the_books_straight() {
 #[tokio::test]
 async fn charges_are_listed_newest_first_with_their_payment_ids() {
     let sim = start(FaultConfig::default()).await;
-    let client = sim.client(0);
     for n in 0..3 {
-        let id = format!("pay_{n}");
-        client
-            .create_charge(&charge(&id, "pm_card_visa").freeze(DownstreamKey::charge(&id)))
-            .await
-            .unwrap();
+        charge_in(charge_of(&sim, &format!("pay_{n}"), "pm_card_visa", true).await).await;
     }
     let page = sim.get("/v1/charges?limit=2").await;
     assert_eq!(page["has_more"], true);
@@ -286,41 +300,42 @@ async fn charges_are_listed_newest_first_with_their_payment_ids() {
 }
 
 #[tokio::test]
-async fn a_lost_response_still_records_the_charge_and_a_retry_returns_it() {
+async fn a_lost_response_still_records_the_payment_and_a_retry_returns_it() {
     let sim = start(FaultConfig { lost_response_rate: 1.0, ..FaultConfig::default() }).await;
     let client = sim.client(0);
-    let key = DownstreamKey::charge("pay_lost");
-    let err = client
-        .create_charge(&charge("pay_lost", "pm_card_visa").freeze(key.clone()))
-        .await
-        .unwrap_err();
+    let err = client.create_payment_intent(&intent("pay_lost")).await.unwrap_err();
     assert_eq!(err.class(), ErrorClass::UnknownOutcome, "{err:?}");
-    assert_eq!(sim.stats().await["charges_created"], 1, "the charge happened");
+    let stats = sim.stats().await;
+    assert_eq!(
+        (stats["payment_intents_created"].as_u64(), stats["charges_created"].as_u64()),
+        (Some(1), Some(1)),
+        "the payment happened"
+    );
 
     sim.set_faults(json!({})).await;
-    let charge = client
-        .create_charge(&charge("pay_lost", "pm_card_visa").freeze(key.clone()))
-        .await
-        .unwrap();
-    let listed = sim.get("/v1/charges").await;
-    assert_eq!(listed["data"].as_array().unwrap().len(), 1, "no second charge");
-    assert_eq!(listed["data"][0]["id"], charge.id.as_str());
+    let made = client.create_payment_intent(&intent("pay_lost")).await.unwrap();
+    let listed = sim.get("/v1/payment_intents").await;
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1, "no second PaymentIntent");
+    assert_eq!(listed["data"][0]["id"], made.id.as_str());
+    let charges = sim.get("/v1/charges").await;
+    assert_eq!(charges["data"].as_array().unwrap().len(), 1, "no second charge");
+    assert_eq!(Some(charges["data"][0]["id"].as_str().unwrap()), made.latest_charge.as_deref());
     assert_eq!(sim.stats().await["idempotent_replays"], 1);
 }
 
 #[tokio::test]
 async fn a_dropped_request_does_nothing() {
     let sim = start(FaultConfig { drop_rate: 1.0, ..FaultConfig::default() }).await;
-    let err = sim
-        .client(0)
-        .create_charge(&charge("pay_1", "pm_card_visa").freeze(DownstreamKey::charge("pay_1")))
-        .await
-        .unwrap_err();
+    let err = sim.client(0).create_payment_intent(&intent("pay_1")).await.unwrap_err();
     assert_ne!(err.class(), ErrorClass::Final);
     let stats = sim.stats().await;
     assert_eq!(
-        (stats["charges_created"].as_u64(), stats["faults_injected"].as_u64()),
-        (Some(0), Some(1))
+        (
+            stats["payment_intents_created"].as_u64(),
+            stats["charges_created"].as_u64(),
+            stats["faults_injected"].as_u64()
+        ),
+        (Some(0), Some(0), Some(1))
     );
 }
 
@@ -363,12 +378,9 @@ async fn the_same_seed_gives_the_same_fault_sequence() {
 #[tokio::test]
 async fn server_errors_and_rate_limits_are_injected_without_acting() {
     let sim = start(FaultConfig { error_rate: 1.0, ..FaultConfig::default() }).await;
-    let err = sim
-        .client(1)
-        .create_charge(&charge("pay_1", "pm_card_visa").freeze(DownstreamKey::charge("pay_1")))
-        .await
-        .unwrap_err();
+    let err = sim.client(1).create_payment_intent(&intent("pay_1")).await.unwrap_err();
     assert_eq!(err.class(), ErrorClass::Transient);
+    assert_eq!(sim.stats().await["payment_intents_created"], 0);
     assert_eq!(sim.stats().await["charges_created"], 0);
     assert_eq!(sim.stats().await["requests"], 2);
 }

@@ -1,6 +1,6 @@
 //! The HTTP client as a [`CardProcessor`]: each call's method and path, and the lookups that read
-//! a bounded number of Stripe's search and list pages (charges and PaymentIntents by our payment's
-//! id, refunds by their charge or their PaymentIntent).
+//! a bounded number of Stripe's search and list pages (PaymentIntents by our payment's id, refunds
+//! by their PaymentIntent).
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 
 use super::answer::unknown;
 use super::{CardProcessor, ProcessorClient, ProcessorError};
-use crate::types::{Charge, FrozenRequest, PaymentIntent, Refund, mask_token};
+use crate::types::{FrozenRequest, PaymentIntent, Refund, mask_token};
 
 /// Stripe's search result page.
 #[derive(Debug, Deserialize)]
@@ -40,13 +40,12 @@ fn search_literal(value: &str) -> String {
 }
 
 impl ProcessorClient {
-    /// Every object that `search_path` (`/v1/charges/search`, `/v1/payment_intents/search`)
-    /// finds with `metadata[payment_id]` = `payment_id`, page after page.
-    async fn search_by_payment<T: DeserializeOwned>(
+    /// Every PaymentIntent that `/v1/payment_intents/search` finds with `metadata[payment_id]` =
+    /// `payment_id`, page after page.
+    async fn search_by_payment(
         &self,
-        search_path: &str,
         payment_id: &str,
-    ) -> Result<Vec<T>, ProcessorError> {
+    ) -> Result<Vec<PaymentIntent>, ProcessorError> {
         let query = format!("metadata['payment_id']:'{}'", search_literal(payment_id));
         let mut found = Vec::new();
         let mut page: Option<String> = None;
@@ -57,8 +56,9 @@ impl ProcessorClient {
             }
             let encoded = serde_urlencoded::to_string(&params)
                 .map_err(|err| unknown(format!("cannot encode a search: {err}")))?;
-            let result: SearchPage<T> =
-                self.call(Method::GET, &format!("{search_path}?{encoded}"), None, None).await?;
+            let path = format!("/v1/payment_intents/search?{encoded}");
+            let result: SearchPage<PaymentIntent> =
+                self.call(Method::GET, &path, None, None).await?;
             found.extend(result.data);
             match result.next_page {
                 Some(next) if result.has_more => page = Some(next),
@@ -68,11 +68,11 @@ impl ProcessorClient {
         Err(unknown(format!("the search for {payment_id} has more than {MAX_PAGES} pages")))
     }
 
-    /// Every refund whose `of` (`charge`, `payment_intent`) is `id`, page after page.
-    async fn refunds_of(&self, of: &str, id: &str) -> Result<Vec<Refund>, ProcessorError> {
+    /// Every refund of PaymentIntent `id`, page after page.
+    async fn refunds_of(&self, id: &str) -> Result<Vec<Refund>, ProcessorError> {
         let mut found: Vec<Refund> = Vec::new();
         for _ in 0..MAX_PAGES {
-            let mut params = vec![(of, id), ("limit", "100")];
+            let mut params = vec![("payment_intent", id), ("limit", "100")];
             if let Some(last) = found.last() {
                 params.push(("starting_after", &last.id));
             }
@@ -99,29 +99,8 @@ impl ProcessorClient {
 }
 
 impl CardProcessor for ProcessorClient {
-    async fn create_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
-        tracing::debug!(key = %request.key, source = %request.field("source").map(mask_token).unwrap_or_default(), "creating a charge");
-        self.send(request).await
-    }
-
-    async fn capture_charge(&self, request: &FrozenRequest) -> Result<Charge, ProcessorError> {
-        self.send(request).await
-    }
-
     async fn create_refund(&self, request: &FrozenRequest) -> Result<Refund, ProcessorError> {
         self.send(request).await
-    }
-
-    async fn retrieve_charge(&self, charge_id: &str) -> Result<Charge, ProcessorError> {
-        self.call(Method::GET, &format!("/v1/charges/{charge_id}"), None, None).await
-    }
-
-    async fn search_charges(&self, payment_id: &str) -> Result<Vec<Charge>, ProcessorError> {
-        self.search_by_payment("/v1/charges/search", payment_id).await
-    }
-
-    async fn list_refunds(&self, charge_id: &str) -> Result<Vec<Refund>, ProcessorError> {
-        self.refunds_of("charge", charge_id).await
     }
 
     async fn create_payment_intent(
@@ -157,11 +136,11 @@ impl CardProcessor for ProcessorClient {
         &self,
         payment_id: &str,
     ) -> Result<Vec<PaymentIntent>, ProcessorError> {
-        self.search_by_payment("/v1/payment_intents/search", payment_id).await
+        self.search_by_payment(payment_id).await
     }
 
     async fn list_intent_refunds(&self, intent_id: &str) -> Result<Vec<Refund>, ProcessorError> {
-        self.refunds_of("payment_intent", intent_id).await
+        self.refunds_of(intent_id).await
     }
 
     fn search_lag(&self) -> Duration {

@@ -4,8 +4,7 @@
 //! never sent again (it is [`ReconcileCause::UnreadableAnswer`]: look the object up).
 //!
 //! Here: what we need of a processor ([`CardProcessor`]): PaymentIntents (create and confirm,
-//! capture, cancel, retrieve, search, their refunds) and, until the domain has moved to them,
-//! charges. How it is reached is in `config`; its errors and their classes in `error`; the HTTP
+//! capture, cancel, retrieve, search) and their refunds. How it is reached is in `config`; its errors and their classes in `error`; the HTTP
 //! client, its retries and its metrics in `http`; how an answer becomes an error in `answer`;
 //! each call's path and the paged lookups in `endpoints`.
 
@@ -22,48 +21,17 @@ pub use http::ProcessorClient;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::types::{Charge, FrozenRequest, PaymentIntent, Refund};
+use crate::types::{FrozenRequest, PaymentIntent, Refund};
 
 /// The operations we need from a card processor. The HTTP client implements it; tests may use a
 /// deterministic double. The money-moving calls take a [`FrozenRequest`]: what is sent was
 /// decided, and stored, before the first attempt.
 pub trait CardProcessor: Send + Sync + 'static {
-    /// Creates (and, with `capture`, captures) a charge: `POST /v1/charges`.
-    fn create_charge(
-        &self,
-        request: &FrozenRequest,
-    ) -> impl Future<Output = Result<Charge, ProcessorError>> + Send;
-
-    /// Captures an authorized charge: `POST /v1/charges/{id}/capture`.
-    fn capture_charge(
-        &self,
-        request: &FrozenRequest,
-    ) -> impl Future<Output = Result<Charge, ProcessorError>> + Send;
-
-    /// Refunds a captured charge, or releases an uncaptured one: `POST /v1/refunds`.
+    /// Refunds a captured payment ([`crate::RefundRequest`]): `POST /v1/refunds`.
     fn create_refund(
         &self,
         request: &FrozenRequest,
     ) -> impl Future<Output = Result<Refund, ProcessorError>> + Send;
-
-    /// Reads a charge.
-    fn retrieve_charge(
-        &self,
-        charge_id: &str,
-    ) -> impl Future<Output = Result<Charge, ProcessorError>> + Send;
-
-    /// The charges whose `metadata[payment_id]` is `payment_id`, through the processor's search,
-    /// which may trail writes by up to [`CardProcessor::search_lag`].
-    fn search_charges(
-        &self,
-        payment_id: &str,
-    ) -> impl Future<Output = Result<Vec<Charge>, ProcessorError>> + Send;
-
-    /// Every refund of a charge (a consistent list, no lag).
-    fn list_refunds(
-        &self,
-        charge_id: &str,
-    ) -> impl Future<Output = Result<Vec<Refund>, ProcessorError>> + Send;
 
     /// Creates and confirms a PaymentIntent ([`crate::PaymentIntentRequest`]):
     /// `POST /v1/payment_intents`. A decline answers [`ProcessorError::Declined`] with the

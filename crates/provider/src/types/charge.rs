@@ -1,12 +1,11 @@
-//! Stripe's Charge ([`Charge`]), read leniently, and the charge we ask for ([`ChargeRequest`]).
+//! Stripe's Charge ([`Charge`]), read leniently: the object of the processor's `charge.*` webhook
+//! events (we create PaymentIntents, never charges).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::lenient::map_or_null;
-use super::{FrozenRequest, mask_token};
-use crate::keys::DownstreamKey;
 
 /// A charge at the processor.
 ///
@@ -156,59 +155,6 @@ pub struct ChargeOutcome {
     /// For the seller, not the customer.
     #[serde(default)]
     pub seller_message: Option<String>,
-}
-
-/// A charge to create.
-#[derive(Clone)]
-pub struct ChargeRequest {
-    /// Our payment's id; sent as `metadata[payment_id]`.
-    pub payment_id: String,
-    /// Amount in minor units.
-    pub amount: i64,
-    /// Lower-case ISO 4217.
-    pub currency: String,
-    /// The card token (`pm_…`/`tok_…`). Never logged in full.
-    pub source: String,
-    /// `false` only authorizes (manual capture).
-    pub capture: bool,
-    /// Free text.
-    pub description: Option<String>,
-    /// Further `metadata[…]` members, beside `payment_id` (a deployment's own tags).
-    pub metadata: BTreeMap<String, String>,
-}
-
-impl ChargeRequest {
-    /// The request as it will be sent, under `key`, on every attempt.
-    pub fn freeze(&self, key: DownstreamKey) -> FrozenRequest {
-        let mut form = vec![
-            ("amount".to_owned(), self.amount.to_string()),
-            ("currency".to_owned(), self.currency.clone()),
-            ("source".to_owned(), self.source.clone()),
-            ("capture".to_owned(), self.capture.to_string()),
-            ("metadata[payment_id]".to_owned(), self.payment_id.clone()),
-        ];
-        for (name, value) in &self.metadata {
-            if name != "payment_id" {
-                form.push((format!("metadata[{name}]"), value.clone()));
-            }
-        }
-        if let Some(description) = &self.description {
-            form.push(("description".to_owned(), description.clone()));
-        }
-        FrozenRequest { path: "/v1/charges".to_owned(), form, key }
-    }
-}
-
-impl std::fmt::Debug for ChargeRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChargeRequest")
-            .field("payment_id", &self.payment_id)
-            .field("amount", &self.amount)
-            .field("currency", &self.currency)
-            .field("source", &mask_token(&self.source))
-            .field("capture", &self.capture)
-            .finish_non_exhaustive()
-    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The processor's objects and the requests we send, in the Stripe wire format's subset: charges
-//! (`charge`), refunds (`refund`), PaymentIntents (`payment_intent`), the frozen form every
+//! (`charge`, as the processor's `charge.*` webhook events carry them), refunds (`refund`), PaymentIntents (`payment_intent`), the frozen form every
 //! money-moving call sends ([`FrozenRequest`]), and Stripe's error object. Answers are read
 //! leniently (`lenient`): unknown fields are ignored and fields a server may omit have defaults,
 //! so only a field the code uses can make an answer unreadable.
@@ -9,7 +9,7 @@ mod lenient;
 mod payment_intent;
 mod refund;
 
-pub use charge::{Charge, ChargeOutcome, ChargeRequest};
+pub use charge::{Charge, ChargeOutcome};
 pub use payment_intent::{
     IntentStatus, NextAction, PaymentError, PaymentIntent, PaymentIntentRequest, RedirectToUrl,
 };
@@ -25,7 +25,7 @@ use lenient::id_or_expanded;
 /// key. Nothing changed afterwards (the local object, a default, the code) can change it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrozenRequest {
-    /// The path, e.g. `/v1/charges`.
+    /// The path, e.g. `/v1/payment_intents`.
     pub path: String,
     /// The form's fields, in the order sent.
     pub form: Vec<(String, String)>,
@@ -34,12 +34,6 @@ pub struct FrozenRequest {
 }
 
 impl FrozenRequest {
-    /// The capture of charge `charge_id`, all of it or `amount`.
-    pub fn capture(charge_id: &str, amount: Option<i64>, key: DownstreamKey) -> Self {
-        let form = amount.map(|a| ("amount".to_owned(), a.to_string())).into_iter().collect();
-        Self { path: format!("/v1/charges/{charge_id}/capture"), form, key }
-    }
-
     /// The same request under the key's next generation.
     pub fn next_generation(&self) -> Self {
         let key = self.key.generation(self.key.generation_number() + 1);
@@ -108,4 +102,29 @@ pub struct ErrorBody {
 pub struct ErrorEnvelope {
     /// The error.
     pub error: ErrorBody,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_masked_and_a_next_generation_changes_only_the_key() {
+        assert_eq!(mask_token("pm_card_chargeDeclined"), "pm_card_…");
+        assert_eq!(mask_token("short"), "…");
+        let frozen = FrozenRequest {
+            path: "/v1/payment_intents".to_owned(),
+            form: vec![
+                ("payment_method".to_owned(), "tok_visa_4242424242424242".to_owned()),
+                ("source".to_owned(), "tok_visa_4242424242424242".to_owned()),
+                ("metadata[payment_id]".to_owned(), "pay_1".to_owned()),
+            ],
+            key: DownstreamKey::charge("pay_1"),
+        };
+        assert!(!format!("{frozen:?}").contains("4242"));
+        assert_eq!(frozen.field("metadata[payment_id]"), Some("pay_1"));
+        let next = frozen.next_generation();
+        assert_eq!(next.key.as_str(), "pay_1/charge/2");
+        assert_eq!((next.path.as_str(), &next.form), (frozen.path.as_str(), &frozen.form));
+    }
 }

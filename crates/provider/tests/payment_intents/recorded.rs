@@ -31,7 +31,7 @@ fn a_sparse_intent_reads_with_defaults_as_its_status_means_them() {
     let read = intent(fixture("payment_intent_sparse"));
     assert_eq!(read.status, IntentStatus::RequiresCapture);
     assert_eq!(read.amount_capturable, 500, "awaiting capture: all of it is capturable");
-    assert_eq!(read.amount_received, Some(0));
+    assert_eq!(read.amount_received, None, "left out: unknown, not 0");
     assert_eq!(
         (&read.latest_charge, &read.next_action, &read.last_payment_error),
         (&None, &None, &None)
