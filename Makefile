@@ -35,7 +35,7 @@ demo-crash:
 diagrams:
 	@scripts/check-diagrams.sh
 
-# The fault matrix of tests/tests/proof.rs with more requests and another seed. `make test` runs
+# The fault matrix of tests/tests/proof/mod.rs with more requests and another seed. `make test` runs
 # it at scale 1.
 PROOF_SCALE ?= 5
 PROOF_SEED ?= $(shell date +%s)
