@@ -228,6 +228,12 @@ async fn a_failed_authentication_fails_the_payment(pool: PgPool) {
     assert_eq!(events(&pool, id).await, ["payment.requires_action", "payment.failed"]);
     replays(&s, "order-1", &first, "automatic").await;
     assert_eq!(s.stats().await["charges_created"], 0, "no money moved");
+    // The failed attempt left the PaymentIntent open (the customer's page could confirm it
+    // again): the webhook brought the job forward, and it closes it.
+    assert_eq!(s.stats().await["payment_intents_canceled"], 0);
+    s.worker_pass().await;
+    assert_eq!(s.stats().await["payment_intents_canceled"], 1, "closed at the processor");
+    assert_eq!(s.payment(id).await["status"], "failed", "and the payment stays failed");
 }
 
 #[sqlx::test(migrations = "../migrations")]

@@ -64,12 +64,14 @@ impl AuthenticationSettings {
         Self { return_url: return_url.into(), check_after, expires_after }
     }
 
-    /// The job that looks after `payment`, staged by the phase that records it `requires_action`.
-    pub fn job(&self, payment: &Payment) -> Work {
+    /// The job that looks after `payment`, staged by the phase that records it `requires_action`
+    /// at `now` (the database's unix seconds): the customer has `expires_after` from then, however
+    /// long the create took to get there.
+    pub fn job(&self, payment: &Payment, now: i64) -> Work {
         let expires_after = i64::try_from(self.expires_after.as_secs()).unwrap_or(i64::MAX);
         Work::Authentication(AuthenticationJob {
             payment_id: payment.id.clone(),
-            expires_at: payment.created.saturating_add(expires_after),
+            expires_at: now.saturating_add(expires_after),
         })
     }
 }
@@ -96,10 +98,10 @@ pub enum Settled {
     NotWaiting,
 }
 
-/// Records the outcome `intent` reports for payment `payment_id`, if the payment still
-/// `requires_action` and records this PaymentIntent: its status, charge and amounts, its event
-/// (and the event's webhook deliveries), its receipt when it succeeded, and an audit record, in
-/// the caller's transaction, holding the payment's row until it ends.
+/// Records the outcome `intent` reports for payment `payment_id`, if it may settle the payment
+/// ([`may_settle`]): its status, charge and amounts, its event (and the event's webhook
+/// deliveries), its receipt when it succeeded, and an audit record, in the caller's transaction,
+/// holding the payment's row until it ends.
 pub async fn settle(
     tx: &mut PgConnection,
     payment_id: &PaymentId,
@@ -109,9 +111,7 @@ pub async fn settle(
     let Some(payment) = payments::lock_by_id(tx, payment_id).await? else {
         return Ok(Settled::NotWaiting);
     };
-    if payment.status != PaymentStatus::RequiresAction
-        || payment.processor_payment_intent_id.as_deref() != Some(intent.id.as_str())
-    {
+    if !may_settle(&payment, intent) {
         return Ok(Settled::NotWaiting);
     }
     let code = intent.decline_code();
@@ -141,6 +141,43 @@ pub async fn settle(
     events::record(tx, &recorded.account_id, event, &recorded.to_json()).await?;
     let extra = other_success(tx, &recorded, (found_by, &source)).await?;
     Ok(Settled::Recorded(status, extra))
+}
+
+/// Whether news of `intent` may settle `payment`: it records that PaymentIntent, and still waits
+/// on its customer; or it awaits a capture and the processor canceled the authorization (the
+/// expiry's cancel crossed the customer's authentication at the last moment, or the processor
+/// released an authorization nobody captured): the payment is canceled, whoever was told
+/// otherwise, since no capture can succeed.
+fn may_settle(payment: &Payment, intent: &PaymentIntent) -> bool {
+    let released =
+        payment.status == PaymentStatus::RequiresCapture && intent.status == IntentStatus::Canceled;
+    payment.processor_payment_intent_id.as_deref() == Some(intent.id.as_str())
+        && (payment.status == PaymentStatus::RequiresAction || released)
+}
+
+/// Makes the authentication job of payment `payment_id` due now, unless a runner holds it: a
+/// payment the webhook settled `failed` has a PaymentIntent to close.
+pub async fn bring_job_forward(
+    conn: &mut PgConnection,
+    payment_id: &PaymentId,
+) -> Result<(), DomainError> {
+    sqlx::query!(
+        "UPDATE jobs SET run_at = now()
+          WHERE kind = 'authentication' AND dedupe_key = $1 AND done_at IS NULL
+            AND dead_at IS NULL AND claimed_until IS NULL",
+        payment_id.as_str(),
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The database's time (unix seconds): what an authentication's expiry is counted by.
+pub async fn database_now(conn: &mut PgConnection) -> Result<i64, DomainError> {
+    let now = sqlx::query_scalar!(r#"SELECT extract(epoch FROM now())::bigint AS "now!""#)
+        .fetch_one(conn)
+        .await?;
+    Ok(now)
 }
 
 /// What the PaymentIntent's outcome does to the payment: its changes and its event (`code`: its
@@ -239,8 +276,11 @@ pub enum Checked {
 }
 
 /// The worker's authentication job: asks the processor what became of the payment, records an
-/// outcome ([`settle`]), and cancels the PaymentIntent once the authentication has expired. An
-/// `Err` is a failure to try again later (the processor did not answer).
+/// outcome ([`settle`]), and cancels the PaymentIntent once the authentication has expired. A
+/// payment recorded `failed` (its customer failed to authenticate) has its PaymentIntent canceled
+/// too: a failed attempt leaves it open at the processor, where the customer's page could confirm
+/// it again behind the failed payment. An `Err` is a failure to try again later (the processor
+/// did not answer).
 pub async fn check<P: CardProcessor>(
     pool: &PgPool,
     processor: &P,
@@ -249,48 +289,87 @@ pub async fn check<P: CardProcessor>(
     job_id: i64,
 ) -> Result<Checked, String> {
     let error = |err: DomainError| err.to_string();
-    let (payment, now) = waiting(pool, &job.payment_id).await.map_err(error)?;
+    let (payment, now) = current(pool, &job.payment_id).await.map_err(error)?;
     let Some(payment) = payment else { return Ok(Checked::Done) };
     let Some(intent_id) = payment.processor_payment_intent_id.clone() else {
-        return Err(format!("{} requires action but records no PaymentIntent", payment.id));
+        return Ok(Checked::Done);
     };
+    match payment.status {
+        PaymentStatus::RequiresAction => {}
+        PaymentStatus::Failed => return close(processor, &payment, &intent_id).await,
+        _ => return Ok(Checked::Done),
+    }
     let by = SettledBy::Job(job_id);
     let intent = processor.retrieve_payment_intent(&intent_id).await.map_err(|e| e.to_string())?;
-    if intent.status != IntentStatus::RequiresAction && record(pool, &payment, &intent, by).await? {
-        return Ok(Checked::Done);
+    if intent.status != IntentStatus::RequiresAction {
+        match record(pool, &payment, &intent, by).await? {
+            Settled::Recorded(PaymentStatus::Failed, _) => {
+                return close(processor, &payment, &intent_id).await;
+            }
+            Settled::Recorded(..) => return Ok(Checked::Done),
+            // The webhook came first: look again at what it recorded.
+            Settled::NotWaiting => return Ok(Checked::Later(Duration::from_secs(1))),
+            Settled::NotYet => {}
+        }
     }
     if now < job.expires_at {
         let left = Duration::from_secs(u64::try_from(job.expires_at - now).unwrap_or(0));
         return Ok(Checked::Later(settings.check_after.min(left).max(Duration::from_secs(1))));
     }
-    let request = FrozenRequest::cancel_intent(
-        &intent_id,
-        Some("abandoned"),
-        DownstreamKey::expiry(payment.id.as_str()),
-    );
-    let intent = match processor.cancel_payment_intent(&request).await {
-        Ok(intent) => intent,
-        // Not cancelable: the customer authenticated (or failed to) at the last moment.
+    let intent = cancel(processor, &payment, &intent_id).await?;
+    match record(pool, &payment, &intent, by).await? {
+        Settled::Recorded(PaymentStatus::Failed, _) => close(processor, &payment, &intent_id).await,
+        Settled::Recorded(..) => Ok(Checked::Done),
+        Settled::NotWaiting => Ok(Checked::Later(Duration::from_secs(1))),
+        Settled::NotYet => Err(format!("{intent_id} is {:?} after its cancel", intent.status)),
+    }
+}
+
+/// Cancels the PaymentIntent `intent_id` of `payment` under the payment's own downstream key
+/// (`pay_…/expire`: one per payment, whichever runner sends it), as `abandoned`; the
+/// PaymentIntent as it is after the cancel, or as it is when the processor refuses the cancel
+/// because it moved on (the customer authenticated, or failed to, at the last moment).
+async fn cancel<P: CardProcessor>(
+    processor: &P,
+    payment: &Payment,
+    intent_id: &str,
+) -> Result<PaymentIntent, String> {
+    let key = DownstreamKey::expiry(payment.id.as_str());
+    let request = FrozenRequest::cancel_intent(intent_id, Some("abandoned"), key);
+    match processor.cancel_payment_intent(&request).await {
+        Ok(intent) => Ok(intent),
         Err(ProcessorError::Invalid { code: Some(code), .. })
             if code == "payment_intent_unexpected_state" =>
         {
-            processor.retrieve_payment_intent(&intent_id).await.map_err(|e| e.to_string())?
+            processor.retrieve_payment_intent(intent_id).await.map_err(|e| e.to_string())
         }
-        Err(err) => return Err(err.to_string()),
-    };
-    if record(pool, &payment, &intent, by).await? {
-        return Ok(Checked::Done);
+        Err(err) => Err(err.to_string()),
     }
-    Err(format!("{intent_id} is {:?} after its cancel", intent.status))
 }
 
-/// [`settle`] in a transaction of its own: whether the payment no longer waits.
+/// Closes the PaymentIntent of a payment recorded `failed`: canceled, unless it moved on. One
+/// that succeeded after all is a charge the payment does not account for: the processor's
+/// webhook reports it, and it is audited for a person (`payment.extra_charge`).
+async fn close<P: CardProcessor>(
+    processor: &P,
+    payment: &Payment,
+    intent_id: &str,
+) -> Result<Checked, String> {
+    let intent = cancel(processor, payment, intent_id).await?;
+    if matches!(intent.status, IntentStatus::Succeeded | IntentStatus::RequiresCapture) {
+        tracing::error!(payment_id = %payment.id, intent_id, "the PaymentIntent of a failed payment was authorized after all");
+    }
+    Ok(Checked::Done)
+}
+
+/// [`settle`] in a transaction of its own; an extra charge it audited is reported once that
+/// commits.
 async fn record(
     pool: &PgPool,
     payment: &Payment,
     intent: &PaymentIntent,
     by: SettledBy<'_>,
-) -> Result<bool, String> {
+) -> Result<Settled, String> {
     let error = |err: DomainError| err.to_string();
     let mut tx = pool.begin().await.map_err(|err| err.to_string())?;
     let settled = settle(&mut tx, &payment.id, intent, by).await.map_err(error)?;
@@ -298,17 +377,15 @@ async fn record(
     if let Settled::Recorded(_, Some(extra)) = &settled {
         processor_events::report_extra_charge(&payment.id, extra, "job");
     }
-    Ok(settled != Settled::NotYet)
+    Ok(settled)
 }
 
-/// Payment `id` if it still `requires_action`, and the database's time (unix seconds).
-async fn waiting(pool: &PgPool, id: &PaymentId) -> Result<(Option<Payment>, i64), DomainError> {
+/// Payment `id` as it is now, and the database's time (unix seconds).
+async fn current(pool: &PgPool, id: &PaymentId) -> Result<(Option<Payment>, i64), DomainError> {
     // A look, not a claim: the row lock ends with the transaction, at once.
     let mut tx = pool.begin().await?;
-    let now = sqlx::query_scalar!(r#"SELECT extract(epoch FROM now())::bigint AS "now!""#)
-        .fetch_one(&mut *tx)
-        .await?;
+    let now = database_now(&mut tx).await?;
     let payment = payments::lock_by_id(&mut tx, id).await?;
     tx.rollback().await?;
-    Ok((payment.filter(|p| p.status == PaymentStatus::RequiresAction), now))
+    Ok((payment, now))
 }

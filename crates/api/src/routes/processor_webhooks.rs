@@ -45,8 +45,9 @@ pub fn routes(api: ApiRouter) -> ApiRouter {
 pub struct ProcessorWebhookReceipt {
     /// The processor's event id.
     pub id: String,
-    /// `recorded` (about one of our payments), `unmatched` (about a charge we do not know) or
-    /// `duplicate` (received before; nothing changed).
+    /// `recorded` (about one of our payments), `unmatched` (about an object we do not know),
+    /// `duplicate` (received before; nothing changed) or `ignored` (a type this server does not
+    /// take: nothing recorded).
     pub outcome: String,
     /// The payment the event is about, when it is one of ours.
     #[schema(value_type = Option<String>)]
@@ -69,7 +70,7 @@ fn refusal(refused: &Refused) -> ApiError {
     let error = ApiError::new(ProblemCode::InvalidRequest, format!("Webhook refused: {refused}."));
     match refused {
         Refused::NoSignature | Refused::Signature(_) => error.with_param(SIGNATURE_HEADER),
-        Refused::Malformed(_) | Refused::UnknownType(_) => error,
+        Refused::Malformed(_) | Refused::UnknownType { .. } => error,
     }
 }
 
@@ -79,8 +80,8 @@ fn refusal(refused: &Refused) -> ApiError {
     path = "/webhooks/processor",
     operation_id = "receiveProcessorWebhook",
     tag = "webhooks",
-    summary = "The card processor's webhooks (charge.succeeded, charge.failed, charge.captured, \
-               charge.refunded), signed with Stripe-Signature; recorded once per event id",
+    summary = "The card processor's webhooks (charge.* and payment_intent.*), signed with \
+               Stripe-Signature; recorded once per event id, other types answered and ignored",
     params(param::StripeSignature),
     request_body(content = ProcessorEvent, content_type = "application/json"),
     responses(
@@ -124,10 +125,22 @@ pub async fn receive(
     };
     // Read holding no place in flight, as every body is; the sender is known once it verifies.
     let body = read_body(request, &state).await?;
-    let event =
-        processor_events::verify(&body, signature.as_deref(), secret, tolerance, unix_now())
-            .map_err(|r| refused(&r))?;
+    let verified =
+        processor_events::verify(&body, signature.as_deref(), secret, tolerance, unix_now());
     drop(unverified);
+    let event = match verified {
+        Ok(event) => event,
+        // Signed by the processor, of a type we do not take: a refusal would be retried for days
+        // (and could get the endpoint disabled, losing the events we do take).
+        Err(Refused::UnknownType { event, kind }) => {
+            metrics::counter!("processor_webhooks_total", "outcome" => "ignored").increment(1);
+            tracing::info!(event_id = %event, event_type = %kind, "processor webhook of a type not taken: ignored");
+            let receipt =
+                ProcessorWebhookReceipt { id: event, outcome: "ignored".into(), payment: None };
+            return Ok(Json(receipt).into_response());
+        }
+        Err(refusal) => return Err(refused(&refusal)),
+    };
 
     let received = processor_events::receive(&state.pool, &event).await?;
     let (outcome, payment) = match received {

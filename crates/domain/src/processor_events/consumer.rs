@@ -1,7 +1,7 @@
 //! The idempotent consumer of a verified event ([`receive`]): the event id and its effect
 //! recorded in one transaction that holds the payment's row, and what that did ([`Received`]).
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::extra_charge::{ExtraCharge, audit_extra_charge, report_extra_charge};
 use super::{ProcessorEvent, ProcessorEventType, Reported};
@@ -79,39 +79,14 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
         return Ok(Received::Duplicate);
     }
     let received = match (known, payment) {
-        (Some(payment_id), Some(payment))
-            if let Reported::Intent(intent) = &event.reported
-                && payment.status == PaymentStatus::RequiresAction =>
-        {
-            let by = SettledBy::Webhook(&event.id);
-            match authentication::settle(&mut tx, &payment_id, intent, by).await? {
+        (Some(payment_id), Some(payment)) => {
+            match settled_by(&mut tx, &payment_id, &payment, event).await? {
                 Settled::Recorded(status, None) => Received::Settled { payment_id, status },
                 Settled::Recorded(_, Some(extra)) => Received::ExtraCharge { payment_id, extra },
-                Settled::NotYet | Settled::NotWaiting => {
-                    Received::Recorded { payment_id, woke: false }
-                }
+                Settled::NotYet => Received::Recorded { payment_id, woke: false },
+                Settled::NotWaiting => news(&mut tx, payment_id, &payment, event).await?,
             }
         }
-        (Some(payment_id), Some(payment)) => match unaccounted(&payment, event) {
-            Some(extra) => {
-                let (account, key_id) = (&payment.account_id, payment.key_id);
-                let found_by = ("webhook", &*event.id);
-                audit_extra_charge(&mut tx, &payment_id, account, key_id, &extra, found_by).await?;
-                Received::ExtraCharge { payment_id, extra }
-            }
-            // Nothing the payment does not account for: wake its creating key, which does nothing
-            // once the key is finished (a payment that records a charge or its outcome).
-            None => {
-                let woke = match payment.key_id {
-                    Some(key_id) => {
-                        event.event_type.may_answer_the_create()
-                            && idem::wake(&mut *tx, key_id).await?
-                    }
-                    None => false,
-                };
-                Received::Recorded { payment_id, woke }
-            }
-        },
         _ => Received::Unmatched,
     };
     // A crash here loses the record and its effect together: the processor delivers again (it
@@ -122,6 +97,52 @@ pub async fn receive(pool: &PgPool, event: &ProcessorEvent) -> Result<Received, 
         report_extra_charge(payment_id, extra, "webhook");
     }
     Ok(received)
+}
+
+/// What the PaymentIntent `event` reports settles `payment`, if the payment waits on its
+/// customer, or awaits a capture that the processor's cancel made impossible
+/// (`crate::authentication::settle`). A payment settled `failed` has its authentication job
+/// brought forward: the job closes the PaymentIntent that the failed attempt left open.
+async fn settled_by(
+    tx: &mut PgConnection,
+    payment_id: &PaymentId,
+    payment: &ChargeRecord,
+    event: &ProcessorEvent,
+) -> Result<Settled, DomainError> {
+    let Reported::Intent(intent) = &event.reported else { return Ok(Settled::NotWaiting) };
+    if !matches!(payment.status, PaymentStatus::RequiresAction | PaymentStatus::RequiresCapture) {
+        return Ok(Settled::NotWaiting);
+    }
+    let settled =
+        authentication::settle(tx, payment_id, intent, SettledBy::Webhook(&event.id)).await?;
+    if let Settled::Recorded(PaymentStatus::Failed, _) = settled {
+        authentication::bring_job_forward(tx, payment_id).await?;
+    }
+    Ok(settled)
+}
+
+/// News that settles nothing: a success the payment does not account for is audited for a
+/// person; any other news wakes the payment's creating key, which does nothing once the key is
+/// finished (a payment that records a charge or its outcome).
+async fn news(
+    tx: &mut PgConnection,
+    payment_id: PaymentId,
+    payment: &ChargeRecord,
+    event: &ProcessorEvent,
+) -> Result<Received, DomainError> {
+    if let Some(extra) = unaccounted(payment, event) {
+        let (account, key_id) = (&payment.account_id, payment.key_id);
+        let found_by = ("webhook", &*event.id);
+        audit_extra_charge(tx, &payment_id, account, key_id, &extra, found_by).await?;
+        return Ok(Received::ExtraCharge { payment_id, extra });
+    }
+    let woke = match payment.key_id {
+        Some(key_id) => {
+            event.event_type.may_answer_the_create() && idem::wake(&mut *tx, key_id).await?
+        }
+        None => false,
+    };
+    Ok(Received::Recorded { payment_id, woke })
 }
 
 /// The charge or PaymentIntent `event` reports as a success, if `payment` does not account for
@@ -137,7 +158,12 @@ fn unaccounted(payment: &ChargeRecord, event: &ProcessorEvent) -> Option<ExtraCh
         _ => return None,
     };
     let reported = event.reported.id();
+    // A charge made under the PaymentIntent the payment records is that PaymentIntent's, whether
+    // or not the payment knows its id (a compatible server may leave `latest_charge` out).
+    let under_recorded_intent = matches!(&event.reported, Reported::Charge(charge)
+        if charge.payment_intent.is_some() && charge.payment_intent == payment.intent_id);
     let accounted = match recorded {
+        _ if under_recorded_intent => payment.status != PaymentStatus::Failed,
         Some(recorded) => recorded == reported && payment.status != PaymentStatus::Failed,
         None => matches!(payment.status, PaymentStatus::Processing | PaymentStatus::RequiresAction),
     };

@@ -23,9 +23,15 @@ pub enum Refused {
     /// Signed, but not a Stripe event about a charge or a PaymentIntent.
     #[error("the payload is not an event about a charge or a PaymentIntent: {0}")]
     Malformed(String),
-    /// An event of a type this endpoint does not take.
-    #[error("events of type `{0}` are not taken here (only {known})", known = known_types())]
-    UnknownType(String),
+    /// Signed, and of a type this endpoint does not take: the route answers it `200` and records
+    /// nothing, so that a processor subscribed to more types does not retry it for days.
+    #[error("events of type `{kind}` are not taken here (only {known})", known = known_types())]
+    UnknownType {
+        /// The event's id.
+        event: String,
+        /// Its type.
+        kind: String,
+    },
 }
 
 /// The longest event id accepted.
@@ -73,8 +79,9 @@ pub fn verify(
     if !wire.id.starts_with("evt_") || wire.id.chars().count() > ID_MAX_CHARS {
         return Err(Refused::Malformed("`id` is not an event id (`evt_…`)".into()));
     }
-    let event_type =
-        ProcessorEventType::parse(&wire.event_type).ok_or(Refused::UnknownType(wire.event_type))?;
+    let event_type = ProcessorEventType::parse(&wire.event_type).ok_or_else(|| {
+        Refused::UnknownType { event: wire.id.clone(), kind: wire.event_type.clone() }
+    })?;
     let object = wire.data.object.clone();
     // Stripe names every object's kind; a compatible server may not, and then the shape decides.
     let expected = if event_type.is_about_an_intent() { "payment_intent" } else { "charge" };

@@ -31,7 +31,8 @@ pub async fn other_succeeded_charge(
     let row = sqlx::query!(
         r#"SELECT object_id, downstream_key FROM processor_events
             WHERE payment_id = $1
-              AND ((type = 'charge.succeeded' AND object_id IS DISTINCT FROM $2)
+              AND ((type = 'charge.succeeded' AND object_id IS DISTINCT FROM $2
+                    AND (object->>'payment_intent') IS DISTINCT FROM $3)
                    OR (type IN ('payment_intent.succeeded',
                                 'payment_intent.amount_capturable_updated')
                        AND object_id IS DISTINCT FROM $3))

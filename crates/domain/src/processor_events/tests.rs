@@ -111,7 +111,8 @@ fn a_bad_signature_an_old_timestamp_or_no_header_is_refused_before_parsing() {
 fn an_unknown_type_or_a_payload_that_is_no_charge_event_is_refused() {
     let body = event("customer.created");
     let refused = check(&body, &signature::sign(SECRET, NOW, &body)).err();
-    assert_eq!(refused, Some(Refused::UnknownType("customer.created".into())));
+    let unknown = Refused::UnknownType { event: "evt_1".into(), kind: "customer.created".into() };
+    assert_eq!(refused, Some(unknown));
     for body in [
         b"not json".to_vec(),
         br#"{"id":"evt_1","object":"event","type":"charge.succeeded","created":1,"data":{"object":{}}}"#.to_vec(),

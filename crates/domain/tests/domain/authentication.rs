@@ -94,3 +94,33 @@ async fn a_failed_attempt_fails_the_payment_with_its_decline_code(pool: PgPool) 
         sqlx::query_scalar("SELECT type FROM events").fetch_one(&pool).await.unwrap();
     assert_eq!(event, "payment.failed");
 }
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_cancel_that_crossed_a_last_moment_authentication_cancels_the_payment_awaiting_capture(
+    pool: PgPool,
+) {
+    let id = waiting(&pool).await;
+    // The customer authenticated at the last moment: the webhook recorded the authorization.
+    let authorized = intent("pi_1", "requires_capture");
+    let recorded = settle(&pool, &id, &authorized).await;
+    assert_eq!(recorded, Settled::Recorded(PaymentStatus::RequiresCapture, None));
+    // The expiry's cancel, sent a moment before, was taken: no capture can succeed now.
+    let mut canceled = intent("pi_1", "canceled");
+    canceled.cancellation_reason = Some("abandoned".to_owned());
+    assert_eq!(
+        settle(&pool, &id, &canceled).await,
+        Settled::Recorded(PaymentStatus::Canceled, None)
+    );
+    let (status, reason): (String, String) =
+        sqlx::query_as("SELECT status, cancellation_reason FROM payments")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("canceled", "abandoned"));
+    // Nothing else moves a payment awaiting capture: its own capture and cancel do.
+    sqlx::query("UPDATE payments SET status = 'requires_capture', cancellation_reason = NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(settle(&pool, &id, &intent("pi_1", "succeeded")).await, Settled::NotWaiting);
+}

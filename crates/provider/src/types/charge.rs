@@ -42,6 +42,8 @@ pub struct Charge {
     pub outcome: Option<ChargeOutcome>,
     /// Our ids on it (`payment_id`), as the client sent them.
     pub metadata: BTreeMap<String, String>,
+    /// The PaymentIntent it was made under, if any (an id, or the expanded object's).
+    pub payment_intent: Option<String>,
 }
 
 /// A charge as it comes over the wire: everything but its identity may be missing.
@@ -61,6 +63,8 @@ struct ChargeWire {
     outcome: Option<ChargeOutcome>,
     #[serde(default, deserialize_with = "map_or_null")]
     metadata: BTreeMap<String, String>,
+    #[serde(default, deserialize_with = "super::id_or_expanded")]
+    payment_intent: Option<String>,
 }
 
 impl From<ChargeWire> for Charge {
@@ -108,6 +112,7 @@ impl From<ChargeWire> for Charge {
             failure_code: wire.failure_code,
             failure_message: wire.failure_message,
             outcome: wire.outcome,
+            payment_intent: wire.payment_intent,
             metadata: wire.metadata,
         }
     }

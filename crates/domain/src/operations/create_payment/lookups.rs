@@ -128,8 +128,21 @@ impl<P: CardProcessor> CreatePayment<P> {
             .search_payment_intents(&payment.id)
             .await
             .map_err(|err| unavailable(&err))?;
+        let hits = found.len();
         let ours: Vec<PaymentIntent> =
             found.into_iter().filter(|intent| intent.is_of(&payment.id)).collect();
+        // A search by our id whose hits do not carry it (a compatible server that leaves
+        // `metadata` out) cannot tell ours from nothing: "nothing" would charge again.
+        if ours.len() < hits {
+            return Err(Interrupted::NeedsHuman {
+                reason: format!(
+                    "the processor's search for {} found {hits} PaymentIntents, {} of them not \
+                     naming the payment ({why})",
+                    payment.id,
+                    hits - ours.len()
+                ),
+            });
+        }
         // Authorized, or waiting on the customer: either may become a charge.
         let live: Vec<&PaymentIntent> = ours
             .iter()

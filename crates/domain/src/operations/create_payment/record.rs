@@ -15,7 +15,7 @@ use super::super::{
 };
 use crate::DomainError;
 use crate::audit::{self, AuditEvent};
-use crate::authentication::{AuthenticationSettings, REQUIRES_ACTION};
+use crate::authentication::{self, AuthenticationSettings, REQUIRES_ACTION};
 use crate::events::{self, EventType};
 use crate::jobs::{self, Work};
 use crate::payments::{self, Changes, Payment, PaymentStatus};
@@ -173,7 +173,8 @@ pub(super) async fn awaiting(
     let detail = json!({"payment_intent": intent.id, "downstream_key": learnt.key.as_str()});
     let audit = info.audit(&payment.account_id, &payment.id, REQUIRES_ACTION, detail);
     let payment = payments::update(tx, &payment.id, &changes, Some(&audit)).await?;
-    jobs::stage_after(tx, &settings.job(&payment), settings.check_after).await?;
+    let now = authentication::database_now(tx).await?;
+    jobs::stage_after(tx, &settings.job(&payment, now), settings.check_after).await?;
     let event = EventType::PaymentRequiresAction;
     events::record(tx, &payment.account_id, event, &payment.to_json()).await?;
     Ok(payment_answer(201, &payment, true))
