@@ -316,3 +316,40 @@ async fn a_partial_capture_on_a_sparse_server_records_the_amount_asked_for(pool:
     let (status, amount_captured, ..) = stored_payment(&pool, &held_id).await;
     assert_eq!((status.as_str(), amount_captured), ("succeeded", 600));
 }
+
+/// A create whose 2xx answer cannot be read is looked up, never sent again; a server whose search
+/// answers PaymentIntents that do not name the payment (it leaves `metadata` out) cannot tell the
+/// payment's from nothing, so the key is referred to a person: read as "nothing found", it would
+/// move to the next generation of its key and charge the card a second time.
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn a_search_whose_hits_do_not_name_the_payment_is_for_a_person_not_nothing_found(
+    pool: PgPool,
+) {
+    let processor = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path_regex(r"^/v1/payment_intents$"))
+        .respond_with(ResponseTemplate::new(200).set_body_string("{\"id\": \"pi_garbled"))
+        .expect(1)
+        .mount(&processor)
+        .await;
+    let hit = sparse_intent("pi_garbled", 500, "usd", "succeeded");
+    let page = json!({"object": "search_result", "data": [hit], "has_more": false});
+    Mock::given(method("GET"))
+        .and(path_regex(r"^/v1/payment_intents/search$"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(page))
+        .mount(&processor)
+        .await;
+    let app = app_against(pool.clone(), &processor).await;
+    let (_, key) = app.create_account("shop").await;
+    let body = json!({"amount": 500, "currency": "usd", "payment_method": "pm_card_visa"});
+    let created = app.post("/v1/payments", &key, Some("k1"), &body).await;
+    assert_eq!(created.status(), 422, "{:?}", created.text().await);
+    let again = app.post("/v1/payments", &key, Some("k1"), &body).await;
+    assert_eq!(again.status(), 422);
+    let creates = received(&processor).await;
+    let creates = creates.iter().filter(|r| *r == "POST /v1/payment_intents").count();
+    assert_eq!(creates, 1, "never sent again, under any generation");
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM payments").fetch_one(&pool).await.unwrap();
+    assert_eq!(status, "processing");
+}
