@@ -71,7 +71,7 @@ CREATE DOMAIN public.minor_units AS bigint
 CREATE DOMAIN public.payment_id AS text
 	CONSTRAINT payment_id_prefix CHECK ((VALUE ~~ 'pay\_%'::text));
 CREATE DOMAIN public.payment_status AS text
-	CONSTRAINT payment_status_known CHECK ((VALUE = ANY (ARRAY['processing'::text, 'requires_capture'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text])));
+	CONSTRAINT payment_status_known CHECK ((VALUE = ANY (ARRAY['processing'::text, 'requires_action'::text, 'requires_capture'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text])));
 CREATE DOMAIN public.refund_id AS text
 	CONSTRAINT refund_id_prefix CHECK ((VALUE ~~ 're\_%'::text));
 CREATE DOMAIN public.refund_reason AS text
@@ -399,14 +399,17 @@ CREATE TABLE public.payments (
     description text,
     metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
     receipt_email text,
+    processor_payment_intent_id text,
     processor_charge_id text,
+    next_action_url text,
     failure_code text,
     failure_message text,
     cancellation_reason text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT payments_check CHECK (((amount_captured)::bigint <= (amount)::bigint)),
-    CONSTRAINT payments_check1 CHECK (((amount_refunded)::bigint <= (amount_captured)::bigint))
+    CONSTRAINT payments_check1 CHECK (((amount_refunded)::bigint <= (amount_captured)::bigint)),
+    CONSTRAINT payments_next_action CHECK ((((status)::text = 'requires_action'::text) = (next_action_url IS NOT NULL)))
 );
 ALTER TABLE public.payments ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.payments_seq_seq
@@ -419,10 +422,10 @@ ALTER TABLE public.payments ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
 CREATE TABLE public.processor_events (
     id text NOT NULL,
     type text NOT NULL,
-    charge_id text NOT NULL,
+    object_id text NOT NULL,
     payment_id text,
     downstream_key text,
-    charge jsonb NOT NULL,
+    object jsonb NOT NULL,
     created bigint NOT NULL,
     received_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT processor_events_id_check CHECK (((id ~~ 'evt\_%'::text) AND (length(id) <= 255)))
@@ -550,6 +553,8 @@ ALTER TABLE ONLY public.payments
 ALTER TABLE ONLY public.payments
     ADD CONSTRAINT payments_processor_charge_id_key UNIQUE (processor_charge_id);
 ALTER TABLE ONLY public.payments
+    ADD CONSTRAINT payments_processor_payment_intent_id_key UNIQUE (processor_payment_intent_id);
+ALTER TABLE ONLY public.payments
     ADD CONSTRAINT payments_seq_key UNIQUE (seq);
 ALTER TABLE ONLY public.processor_events
     ADD CONSTRAINT processor_events_pkey PRIMARY KEY (id);
@@ -583,7 +588,7 @@ CREATE INDEX jobs_endpoint_claimed_idx ON public.jobs USING btree (endpoint_id) 
 CREATE INDEX jobs_endpoint_due_idx ON public.jobs USING btree (endpoint_id, run_at) WHERE ((endpoint_id IS NOT NULL) AND (done_at IS NULL) AND (dead_at IS NULL));
 CREATE INDEX payments_account_created_seq_idx ON public.payments USING btree (account_id, created_at DESC, seq DESC);
 CREATE INDEX processor_events_downstream_key_idx ON public.processor_events USING btree (downstream_key) WHERE (downstream_key IS NOT NULL);
-CREATE INDEX processor_events_payment_succeeded_idx ON public.processor_events USING btree (payment_id) WHERE (type = 'charge.succeeded'::text);
+CREATE INDEX processor_events_payment_succeeded_idx ON public.processor_events USING btree (payment_id) WHERE (type = ANY (ARRAY['charge.succeeded'::text, 'payment_intent.succeeded'::text, 'payment_intent.amount_capturable_updated'::text]));
 CREATE INDEX receipts_admitted_idx ON public.receipts USING btree (account_id, admitted_at) WHERE (admitted_at IS NOT NULL);
 CREATE INDEX refunds_payment_created_seq_idx ON public.refunds USING btree (payment_id, created_at DESC, seq DESC);
 CREATE INDEX webhook_attempts_endpoint_idx ON public.webhook_attempts USING btree (endpoint_id, seq DESC);

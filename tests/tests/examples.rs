@@ -720,6 +720,189 @@ fn unlinked_items(text: &str) -> Vec<(usize, String)> {
     found
 }
 
+/// The Markdown files a reader of the repository sees: `README.md`, `BENCHMARKS.md`, every
+/// `docs/**/*.md` and every `examples/**/README.md`, in name order.
+fn public_docs() -> Vec<PathBuf> {
+    fn walk(dir: &Path, wanted: &dyn Fn(&Path) -> bool, found: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                walk(&path, wanted, found);
+            } else if wanted(&path) {
+                found.push(path);
+            }
+        }
+    }
+    let root = root();
+    let mut found: Vec<PathBuf> = ["README.md", "BENCHMARKS.md"]
+        .iter()
+        .map(|name| root.join(name))
+        .filter(|path| path.exists())
+        .collect();
+    let markdown = |path: &Path| path.extension().is_some_and(|ext| ext == "md");
+    walk(&root.join("docs"), &markdown, &mut found);
+    let readme = |path: &Path| path.file_name().is_some_and(|name| name == "README.md");
+    let mut examples = Vec::new();
+    walk(&root.join("examples"), &readme, &mut examples);
+    examples.retain(|path| !path.components().any(|part| part.as_os_str() == "node_modules"));
+    found.extend(examples);
+    found.sort();
+    found
+}
+
+/// Whether `word` is a Rust identifier.
+fn is_identifier(word: &str) -> bool {
+    word.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The item a link's code span names, by its last segment: `Code::PaymentRequiresAction` names
+/// `PaymentRequiresAction`, `settle()` names `settle`, `fail_point!` names the macro
+/// `fail_point!`. `None` for a span that names no item (`make test`, `crates/idem`, `jobs.rs`).
+fn named_item(span: &str) -> Option<String> {
+    let span = span.strip_suffix("()").unwrap_or(span);
+    let (path, bang) = span.strip_suffix('!').map_or((span, ""), |path| (path, "!"));
+    let segments: Vec<&str> = path.split("::").collect();
+    segments
+        .iter()
+        .all(|segment| is_identifier(segment))
+        .then(|| format!("{}{bang}", segments[segments.len() - 1]))
+}
+
+/// The links to a Rust source file whose text is one code span naming an item
+/// (`` [`settle`](../crates/domain/src/authentication.rs) ``), outside code blocks: the line, the
+/// span, and the file as written (without its fragment).
+fn symbol_links(text: &str) -> Vec<(usize, String, String)> {
+    let mut found = Vec::new();
+    for (number, line) in prose_lines(text) {
+        let mut from = 0;
+        while let Some(at) = line[from..].find("[`").map(|at| from + at) {
+            from = at + 2;
+            // A `[` inside a code span (after an odd number of backticks) opens no link.
+            if line[..at].matches('`').count() % 2 == 1 {
+                continue;
+            }
+            let after = &line[at + 2..];
+            let Some(end) = after.find("`](") else { break };
+            let (span, target) = (&after[..end], &after[end + 3..]);
+            let Some(close) = target.find(')') else { break };
+            let file = target[..close].split('#').next().unwrap_or_default();
+            if !span.contains('`') && file.ends_with(".rs") && named_item(span).is_some() {
+                found.push((number, span.to_owned(), file.to_owned()));
+            }
+            from = line.len() - target.len() + close;
+        }
+    }
+    found
+}
+
+/// Whether Rust `source` defines `item` (as [`named_item`] gives it): a `fn`, `struct`, `enum`,
+/// `trait`, `const`, `static`, `type` or `mod` of that name, a variant of one of its enums, or,
+/// for `name!`, a `macro_rules! name`. Comments do not count; a re-export (`pub use`) does not
+/// define.
+fn defines(source: &str, item: &str) -> bool {
+    const KINDS: [&str; 9] =
+        ["fn", "struct", "enum", "trait", "const", "static", "type", "mod", "union"];
+    let (name, is_macro) = item.strip_suffix('!').map_or((item, false), |name| (name, true));
+    let braces = |code: &str| code.matches('{').count() as i64 - code.matches('}').count() as i64;
+    // The depth of braces inside the enum being read, if one is: 1 on the lines of its variants.
+    let mut in_enum: Option<i64> = None;
+    for line in source.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        let words: Vec<&str> = code
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '!'))
+            .filter(|word| !word.is_empty())
+            .collect();
+        for pair in words.windows(2) {
+            let kind_matches =
+                if is_macro { pair[0] == "macro_rules!" } else { KINDS.contains(&pair[0]) };
+            if kind_matches && pair[1] == name {
+                return true;
+            }
+        }
+        if let Some(depth) = in_enum.as_mut() {
+            let variant = code.trim_start().strip_prefix(name).map(str::trim_start);
+            if *depth == 1
+                && !is_macro
+                && variant
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with([',', '(', '{', '=']))
+            {
+                return true;
+            }
+            *depth += braces(code);
+            if *depth <= 0 {
+                in_enum = None;
+            }
+        } else if words.windows(2).any(|pair| pair[0] == "enum" && is_identifier(pair[1]))
+            && braces(code) > 0
+        {
+            in_enum = Some(braces(code));
+        }
+    }
+    false
+}
+
+/// Whether `item` is the module that the source file `file` is (`idem::batch` is `batch.rs`,
+/// `operations` is `operations/mod.rs`).
+fn is_module_of(file: &str, item: &str) -> bool {
+    let path = Path::new(file);
+    let stem = path.file_stem().and_then(|stem| stem.to_str());
+    let dir = path.parent().and_then(Path::file_name).and_then(|dir| dir.to_str());
+    match stem {
+        Some("mod" | "lib") => dir == Some(item),
+        stem => stem == Some(item),
+    }
+}
+
+/// The symbol links of the Markdown file at `path` (whose text is `text`) to a source file that
+/// does not define the item they name, one line each. A link to no file is left to
+/// `every_relative_link_of_the_readme_and_the_guide_resolves`.
+fn wrong_symbol_links(path: &Path, text: &str) -> Vec<String> {
+    let dir = path.parent().expect("a file's directory");
+    symbol_links(text)
+        .into_iter()
+        .filter_map(|(line, span, file)| {
+            let source = std::fs::read_to_string(dir.join(&file)).ok()?;
+            let item = named_item(&span)?;
+            (!defines(&source, &item) && !is_module_of(&file, &item))
+                .then(|| format!("{}:{line}: [`{span}`]({file})", relative(path)))
+        })
+        .collect()
+}
+
+/// Where a text speaks of a work session or an issue by its number ("session 12", "Issue #40",
+/// "issues #38"), which a reader of the repository cannot follow: the line and the words.
+fn private_references(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        // ASCII lower case keeps every byte where it was, so offsets hold in `line` too.
+        let lower = line.to_ascii_lowercase();
+        for word in ["session", "issue"] {
+            let mut from = 0;
+            while let Some(at) = lower[from..].find(word) {
+                let start = from + at;
+                from = start + word.len();
+                let starts_word =
+                    !lower[..start].chars().next_back().is_some_and(|c| c.is_alphanumeric());
+                let after = lower[from..].strip_prefix('s').unwrap_or(&lower[from..]);
+                let spaced = after.trim_start_matches(' ');
+                let number = match spaced.strip_prefix('#') {
+                    Some(number) => number,
+                    None if word == "session" && spaced.len() < after.len() => spaced,
+                    None => continue,
+                };
+                let digits = number.chars().take_while(char::is_ascii_digit).count();
+                if starts_word && digits > 0 {
+                    let end = line.len() - number.len() + digits;
+                    found.push((index + 1, line[start..end].to_owned()));
+                }
+            }
+        }
+    }
+    found
+}
+
 #[test]
 fn every_relative_link_of_the_readme_and_the_guide_resolves() {
     let mut broken = Vec::new();
@@ -775,6 +958,68 @@ fn the_link_checks_find_what_they_look_for() {
     assert_eq!(unlinked_paths(text), [(2, "crates/idem".to_owned())]);
     let text = "`Lease::phase` and `a::b c`\n\n[`Lease::phase`](e.rs) and `store::advance`\n";
     assert_eq!(unlinked_items(text), [(1, "Lease::phase".to_owned())]);
+}
+
+#[test]
+fn links_that_name_an_item_point_at_the_file_that_defines_it() {
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for path in public_docs() {
+        let text = std::fs::read_to_string(&path).expect("a Markdown file");
+        checked += symbol_links(&text).len();
+        wrong.extend(wrong_symbol_links(&path, &text));
+    }
+    assert!(checked >= 50, "found only {checked} links that name an item");
+    assert!(
+        wrong.is_empty(),
+        "links that name an item the linked file does not define (a fn, struct, enum, variant, \
+         trait, const, static, type, mod or macro_rules! of that name; for `A::B`, B):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_public_docs_never_speak_of_sessions_or_issues_by_number() {
+    let mut found = Vec::new();
+    for path in public_docs() {
+        let text = std::fs::read_to_string(&path).expect("a Markdown file");
+        for (line, words) in private_references(&text) {
+            found.push(format!("{}:{line}: {words}", relative(&path)));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a reader cannot follow a session or an issue by its number; say what it changed:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_symbol_and_wording_checks_find_what_they_look_for() {
+    let text = "[`settle`](a.rs#L3) [`Code::Gone`](a.rs) [`m!`](a.rs) [`x` or `y`](a.rs) \
+                [`crates/idem`](a.rs) [`Code`](b.md) `[`s`](a.rs)`\n```\n[`f`](a.rs)\n```\n";
+    let spans: Vec<String> = symbol_links(text).into_iter().map(|(_, span, _)| span).collect();
+    assert_eq!(spans, ["settle", "Code::Gone", "m!"]);
+    let source = "//! fn hidden\npub enum Code {\n    /// Gone, once\n    Gone,\n    Api { status: u16 },\n    \
+                  Other(String),\n}\npub(crate) async fn settle<T>(x: T) {}\nmacro_rules! m { () => {} }\n\
+                  pub use other::Elsewhere;\nfn after() { status(1); }\n";
+    for item in ["Code", "Gone", "Api", "Other", "settle", "m!", "after"] {
+        assert!(defines(source, item), "{item} is defined");
+    }
+    for item in ["hidden", "status", "Elsewhere", "once", "x", "settle!"] {
+        assert!(!defines(source, item), "{item} is not defined");
+    }
+    let planted = root().join("docs/planted.md");
+    let wrong = "[`Code::PaymentRequiresAction`](../crates/client/src/lib.rs)\n";
+    assert_eq!(wrong_symbol_links(&planted, wrong).len(), 1, "a moved item's stale link is found");
+    let right = "[`Code::PaymentRequiresAction`](../crates/client/src/error.rs)\n";
+    assert!(wrong_symbol_links(&planted, right).is_empty());
+    let module =
+        "[`idem::batch`](../crates/idem/src/batch.rs) [`store`](../crates/idem/src/store/mod.rs)\n";
+    assert!(wrong_symbol_links(&planted, module).is_empty(), "a module is the file it names");
+    let text = "As issue #12 said,\nand in Session 4, after issues #38;\na session of 3 issue 5\n";
+    let words: Vec<String> = private_references(text).into_iter().map(|(_, w)| w).collect();
+    assert_eq!(words, ["issue #12", "Session 4", "issues #38"]);
 }
 
 #[test]
