@@ -41,7 +41,7 @@ SIM_PORT=${SIM_PORT:-12111}
 BASE=http://127.0.0.1:$PORT
 export PAYMENTS__PROCESSOR__BASE_URL=${PAYMENTS__PROCESSOR__BASE_URL:-http://127.0.0.1:$SIM_PORT}
 # The inspector, with a fresh operator token unless one is given.
-# Local runs deliver webhooks to a receiver on this machine (the README's example receiver).
+# Local runs deliver webhooks to a receiver on this machine (docs/reference/local-webhooks.md).
 export PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK=${PAYMENTS__WEBHOOKS__ALLOW_LOOPBACK:-true}
 export PAYMENTS__INSPECTOR__ENABLED=${PAYMENTS__INSPECTOR__ENABLED:-true}
 export PAYMENTS__INSPECTOR__TOKEN=${PAYMENTS__INSPECTOR__TOKEN:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
@@ -72,7 +72,7 @@ cat >&2 <<MSG
 
   Demo secret key (shown once):  $KEY
 
-  Try it (the README walks through capture, refunds and declines, under keys of its own):
+  Try it (docs/reference/http-api.md walks through capture, refunds and declines):
     curl -s $BASE/v1/payments -H "Authorization: Bearer $KEY" \\
       -H "Idempotency-Key: banner-1" -H "Content-Type: application/json" \\
       -d '{"amount":500,"currency":"usd","payment_method":"pm_card_visa"}'

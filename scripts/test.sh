@@ -8,6 +8,50 @@ export SQLX_OFFLINE=true
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
+step "prerequisites: node and npm, python3 with venv, psql, Postgres, a browser"
+missing=0
+need() { echo "missing: $*" >&2; missing=1; }
+pg_bin() { command -v "$1" || ls /usr/lib/postgresql/*/bin/"$1" 2>/dev/null | sort -V | tail -n 1; }
+# The diagram check, Stripe's Node SDK and the Node example suite.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  need "node and npm (Node.js 18 or later): apt-get install nodejs npm, or https://nodejs.org"
+elif ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0 : 1)'; then
+  need "Node.js 18 or later (found $(node --version)): https://nodejs.org"
+fi
+# Stripe's Python SDK, the Python example suite and schemathesis, each in a venv under target/.
+if ! command -v python3 >/dev/null 2>&1; then
+  need "python3 with venv: apt-get install python3 python3-venv"
+elif ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  need "python3's venv with pip (ensurepip): apt-get install python3-venv"
+fi
+# The transcripts' examples, and the check below for a database an earlier build migrated.
+[ -n "$(pg_bin psql)" ] || need "psql, PostgreSQL's client: apt-get install postgresql-client"
+# A server at DATABASE_URL, or Docker, or this machine's initdb (scripts/postgres.sh, below).
+if [ -z "${DATABASE_URL:-}" ] && [ -z "$(pg_bin initdb)" ] && ! command -v docker >/dev/null 2>&1 &&
+   ! timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5432' >/dev/null 2>&1; then
+  need "PostgreSQL 15: a server on 127.0.0.1:5432 or at DATABASE_URL, Docker, or initdb" \
+    "(apt-get install postgresql)"
+fi
+# The inspector's browser test (Debian's chromium), installed here where apt-get can.
+has_browser() { command -v chromium || command -v chromium-browser || command -v google-chrome || command -v google-chrome-stable; } >/dev/null 2>&1
+if ! has_browser && command -v apt-get >/dev/null 2>&1; then
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  echo "installing chromium with apt-get" >&2
+  $SUDO apt-get update -qq >/dev/null && \
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null || true
+fi
+# In CI, or wherever a browser is there, the browser test must run (not skip).
+if has_browser || [ -n "${CI:-}" ]; then
+  export PAYMENTS_REQUIRE_BROWSER=1
+else
+  echo "warning: no browser, so the inspector's browser test will be skipped:" \
+    "apt-get install chromium (or put chromium or google-chrome on PATH)" >&2
+fi
+if [ "$missing" = 1 ]; then
+  echo "make test needs the above first; the README's \"What you need\" lists every prerequisite" >&2
+  exit 1
+fi
+
 step "the pinned toolchain (rust-toolchain.toml)"
 scripts/toolchain.sh
 
@@ -62,17 +106,6 @@ fi
 
 step "docs/schema.sql matches a freshly migrated database"
 scripts/schema.sh check
-
-step "a headless browser for the inspector's test (Debian's chromium)"
-has_browser() { command -v chromium || command -v chromium-browser || command -v google-chrome; } >/dev/null 2>&1
-if ! has_browser && command -v apt-get >/dev/null 2>&1; then
-  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-  echo "installing chromium with apt-get" >&2
-  $SUDO apt-get update -qq >/dev/null && \
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null || true
-fi
-# In CI, or wherever a browser is there, the browser test must run (not skip).
-if has_browser || [ -n "${CI:-}" ]; then export PAYMENTS_REQUIRE_BROWSER=1; fi
 
 step "tests"
 cargo test --workspace --locked --no-fail-fast

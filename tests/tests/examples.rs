@@ -1,12 +1,12 @@
 //! The examples of the README and the guide, run, and their links, followed: every
-//! ```` ```console ```` block of `README.md` and `docs/*.md` is a transcript, and this test types
+//! ```` ```console ```` block of `README.md`, `docs/*.md` and `docs/reference/*.md` is a transcript, and this test types
 //! each of its commands into a shell against the real `payments-api`, `payments-worker` and
 //! `processor-sim` binaries (on free ports, over a fresh database, as `make run` starts them), then
 //! checks what the transcript says the command prints. An example that stops working fails `make
 //! test`. So does a relative link or heading anchor that leads nowhere, a file of the repository
 //! named without a link, and a Rust item named in a paragraph that links to no source file.
 //!
-//! The transcript format, which the README's "Reading the examples" explains to readers:
+//! The transcript format, which `docs/reference/transcripts.md` explains to readers:
 //! - `$ command` is typed into one `bash` per Markdown file (so `B=…` set in one command holds in
 //!   the next); a line ending in `\` continues on the next one. `KEY` holds a fresh account's
 //!   secret key, as `make run` prints one. `http://127.0.0.1:8080`, `127.0.0.1:12111` and
@@ -106,15 +106,19 @@ fn root() -> PathBuf {
         .into()
 }
 
-/// `README.md`, then `docs/*.md` in name order.
+/// `README.md`, then `docs/*.md` and `docs/reference/*.md`, each folder in name order.
 fn markdown_files() -> Vec<PathBuf> {
     let root = root();
-    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
-        .expect("docs/ is readable")
-        .map(|entry| entry.expect("a docs/ entry").path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
-        .collect();
-    docs.sort();
+    let in_folder = |folder: &str| {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(root.join(folder))
+            .unwrap_or_else(|err| panic!("{folder}/ is readable: {err}"))
+            .map(|entry| entry.expect("a folder's entry").path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+            .collect();
+        files.sort();
+        files
+    };
+    let docs = in_folder("docs").into_iter().chain(in_folder("docs/reference"));
     std::iter::once(root.join("README.md")).chain(docs).collect()
 }
 

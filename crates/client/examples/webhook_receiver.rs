@@ -1,8 +1,8 @@
 //! An idempotent webhook receiver: verifies each delivery's signature, and records its event id
 //! in its own table inside the same transaction as its effect, so a redelivery changes nothing.
 //!
-//! Run it beside `make run` (README, "Receiving a signed webhook locally"), with a database of
-//! its own, which it creates if missing:
+//! Run it beside `make run` (docs/reference/local-webhooks.md), with a database of its own,
+//! which it creates if missing:
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/receiver WEBHOOK_SECRET=whsec_… PORT=4242 \

@@ -191,7 +191,9 @@ fn description(retention_hours: u32) -> String {
          an `Idempotency-Key`.\n\n\
          **Authentication**: `Authorization: Bearer sk_test_…` (or HTTP Basic with the key as the \
          user name). Every object belongs to the key's account.\n\n\
-         **Idempotency**: every POST requires an `Idempotency-Key`; the first final answer is \
+         **Idempotency**: a payment's create, capture and cancel and a refund require an \
+         `Idempotency-Key`; a PATCH of a payment and a webhook endpoint's create or update take \
+         one if it is sent. With a key, the first final answer is \
          stored and every retry with the same key and the same request gets it back, byte for \
          byte, with `Idempotent-Replayed: true`. The same key with another request is `422`; \
          while the first request runs, `409` with `Retry-After`. A `500` or `503` stores nothing \

@@ -159,8 +159,8 @@ async fn check(pool: &sqlx::PgPool) -> Probe {
             (StatusCode::SERVICE_UNAVAILABLE, "unreachable", Schema::default())
         }
         // A schema ahead of this binary is ready: migrations are applied before the release
-        // that needs them starts (README, "Upgrading"), so the release still serving meets the
-        // next one's migrations, and they only add what it does not use.
+        // that needs them starts (docs/reference/upgrading.md), so the release still serving
+        // meets the next one's migrations, and they only add what it does not use.
         Ok(Ok(schema)) if schema.version.is_some() && schema.missing == Some(0) => {
             (StatusCode::OK, "ok", schema)
         }
