@@ -18,7 +18,8 @@ pub struct WorkerSettings {
     /// An unfinished key older than this waits for a person: the processor forgets its own
     /// idempotency keys after 24 hours, and a retry after that could charge twice.
     pub processor_window_hours: u32,
-    /// After this many attempts a job is dead-lettered.
+    /// After this many attempts a receipt job is dead-lettered (a webhook delivery gives up at
+    /// `webhooks.horizon_hours`; an authentication job never: it waits on its customer).
     pub job_max_attempts: u32,
     /// First delay before a failed job runs again; doubles per attempt.
     pub job_backoff_base_ms: u64,
