@@ -5,7 +5,8 @@
 //! replays it byte for byte) and stages an authentication job in the same phase. From then on
 //! the payment has two possible writers, and the outcome is recorded once, by whichever comes
 //! first, with the payment's event and webhook deliveries in the same transaction ([`settle`],
-//! under the payment's row lock, only while it still `requires_action`):
+//! under the payment's row lock, while it still `requires_action`; or, awaiting a capture, when
+//! the processor canceled the authorization):
 //!
 //! - the processor's webhook (`payment_intent.succeeded`, `…payment_failed`,
 //!   `…amount_capturable_updated`, `…canceled`), in `processor_events::receive`;
@@ -13,7 +14,8 @@
 //!   `processor.authentication_check_after_s` if no webhook came, again at that interval, and
 //!   once the authentication has expired (`processor.authentication_expires_after_s`) cancels the
 //!   PaymentIntent at the processor, under a downstream key of its own, and records the payment
-//!   `canceled` (`abandoned`), or what the customer did at the last moment.
+//!   `canceled` (`abandoned`), or what the customer did at the last moment. It also closes the
+//!   PaymentIntent of a payment recorded `failed`, which the failed attempt left open.
 
 use std::sync::Arc;
 use std::time::Duration;
