@@ -791,7 +791,7 @@ fn symbol_links(text: &str) -> Vec<(usize, String, String)> {
             let Some(end) = after.find("`](") else { break };
             let (span, target) = (&after[..end], &after[end + 3..]);
             let Some(close) = target.find(')') else { break };
-            let file = target[..close].split('#').next().unwrap_or_default();
+            let file = target[..close].split('#').next().expect("split yields a first piece");
             if !span.contains('`') && file.ends_with(".rs") && named_item(span).is_some() {
                 found.push((number, span.to_owned(), file.to_owned()));
             }
@@ -813,7 +813,7 @@ fn defines(source: &str, item: &str) -> bool {
     // The depth of braces inside the enum being read, if one is: 1 on the lines of its variants.
     let mut in_enum: Option<i64> = None;
     for line in source.lines() {
-        let code = line.split("//").next().unwrap_or_default();
+        let code = line.split("//").next().expect("split yields a first piece");
         let words: Vec<&str> = code
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '!'))
             .filter(|word| !word.is_empty())

@@ -1064,7 +1064,8 @@ impl Setup {
         let payment = payment.await;
         assert_eq!(payment["status"], "failed");
         assert_eq!(payment["failure_code"], code, "{payment}");
-        let intent = payment["processor_payment_intent_id"].as_str().unwrap_or_default();
+        let intent =
+            payment["processor_payment_intent_id"].as_str().expect("a recorded PaymentIntent");
         assert!(intent.starts_with("pi_"), "the declined PaymentIntent is recorded: {payment}");
         let members = problem.as_object_mut().unwrap();
         for name in ["request_id", "payment_id", "instance"] {

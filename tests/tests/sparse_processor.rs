@@ -34,7 +34,8 @@ fn form(request: &Request) -> BTreeMap<String, String> {
 /// The intent id in a path `/v1/payment_intents/{id}/{action}`.
 fn intent_in(request: &Request) -> String {
     let segments: Vec<&str> = request.url.path().split('/').collect();
-    segments.get(3).map(|id| (*id).to_owned()).unwrap_or_default()
+    let id = segments.get(3).expect("a path with the PaymentIntent's id");
+    (*id).to_owned()
 }
 
 fn sparse_intent(id: &str, amount: i64, currency: &str, status: &str) -> Value {
