@@ -157,23 +157,6 @@ fn may_settle(payment: &Payment, intent: &PaymentIntent) -> bool {
         && (payment.status == PaymentStatus::RequiresAction || released)
 }
 
-/// Makes the authentication job of payment `payment_id` due now, unless a runner holds it: a
-/// payment the webhook settled `failed` has a PaymentIntent to close.
-pub async fn bring_job_forward(
-    conn: &mut PgConnection,
-    payment_id: &PaymentId,
-) -> Result<(), DomainError> {
-    sqlx::query!(
-        "UPDATE jobs SET run_at = now()
-          WHERE kind = 'authentication' AND dedupe_key = $1 AND done_at IS NULL
-            AND dead_at IS NULL AND claimed_until IS NULL",
-        payment_id.as_str(),
-    )
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
 /// The database's time (unix seconds): what an authentication's expiry is counted by.
 pub async fn database_now(conn: &mut PgConnection) -> Result<i64, DomainError> {
     let now = sqlx::query_scalar!(r#"SELECT extract(epoch FROM now())::bigint AS "now!""#)
@@ -318,7 +301,8 @@ pub async fn check<P: CardProcessor>(
         let left = Duration::from_secs(u64::try_from(job.expires_at - now).unwrap_or(0));
         return Ok(Checked::Later(settings.check_after.min(left).max(Duration::from_secs(1))));
     }
-    let intent = cancel(processor, &payment, &intent_id).await?;
+    let key = DownstreamKey::expiry(payment.id.as_str());
+    let intent = cancel(processor, &intent_id, key).await?;
     match record(pool, &payment, &intent, by).await? {
         Settled::Recorded(PaymentStatus::Failed, _) => close(processor, &payment, &intent_id).await,
         Settled::Recorded(..) => Ok(Checked::Done),
@@ -327,16 +311,15 @@ pub async fn check<P: CardProcessor>(
     }
 }
 
-/// Cancels the PaymentIntent `intent_id` of `payment` under the payment's own downstream key
-/// (`pay_…/expire`: one per payment, whichever runner sends it), as `abandoned`; the
-/// PaymentIntent as it is after the cancel, or as it is when the processor refuses the cancel
-/// because it moved on (the customer authenticated, or failed to, at the last moment).
+/// Cancels the PaymentIntent `intent_id` under `key` (one per payment and purpose, whichever
+/// runner sends it), as `abandoned`; the PaymentIntent as it is after the cancel, or as it is
+/// when the processor refuses the cancel because it moved on (the customer authenticated, or
+/// failed to, at the last moment).
 async fn cancel<P: CardProcessor>(
     processor: &P,
-    payment: &Payment,
     intent_id: &str,
+    key: DownstreamKey,
 ) -> Result<PaymentIntent, String> {
-    let key = DownstreamKey::expiry(payment.id.as_str());
     let request = FrozenRequest::cancel_intent(intent_id, Some("abandoned"), key);
     match processor.cancel_payment_intent(&request).await {
         Ok(intent) => Ok(intent),
@@ -357,7 +340,9 @@ async fn close<P: CardProcessor>(
     payment: &Payment,
     intent_id: &str,
 ) -> Result<Checked, String> {
-    let intent = cancel(processor, payment, intent_id).await?;
+    // A key of its own: under the expiry's, the processor could replay a refusal it kept for an
+    // earlier cancel (of a PaymentIntent then `processing`) and leave this one open.
+    let intent = cancel(processor, intent_id, DownstreamKey::close(payment.id.as_str())).await?;
     if matches!(intent.status, IntentStatus::Succeeded | IntentStatus::RequiresCapture) {
         tracing::error!(payment_id = %payment.id, intent_id, "the PaymentIntent of a failed payment was authorized after all");
     }

@@ -230,6 +230,27 @@ pub async fn done(
     Ok(done == 1)
 }
 
+/// Makes the job of `kind` staged under `dedupe_key` ([`Work::dedupe_key`]) due now, unless it is
+/// done, dead, or held by a runner (whose run decides): a payment the processor's webhook settled
+/// `failed` has its authentication job brought forward, to close the PaymentIntent the failed
+/// attempt left open.
+pub async fn bring_forward(
+    conn: &mut PgConnection,
+    kind: JobKind,
+    dedupe_key: &str,
+) -> Result<(), DomainError> {
+    sqlx::query!(
+        "UPDATE jobs SET run_at = now()
+          WHERE kind = $1 AND dedupe_key = $2 AND done_at IS NULL AND dead_at IS NULL
+            AND claimed_until IS NULL",
+        kind as JobKind,
+        dedupe_key,
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// Puts off a job whose claim `attempt` found nothing to do yet (a payment still waiting on its
 /// customer): it runs again after `delay`, with no error recorded. The attempts keep counting
 /// (they are the claims' fence, which must never repeat); the runner does not dead-letter the

@@ -53,6 +53,12 @@ impl DownstreamKey {
         Self::derive(payment_id, "expire")
     }
 
+    /// The key for closing the PaymentIntent of payment `payment_id` once it was recorded
+    /// `failed` (a failed authentication leaves it open to be confirmed again).
+    pub fn close(payment_id: &str) -> Self {
+        Self::derive(payment_id, "close")
+    }
+
     /// The key for creating refund `refund_id` at the processor.
     pub fn refund(refund_id: &str) -> Self {
         Self::derive(refund_id, "refund")

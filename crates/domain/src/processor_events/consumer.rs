@@ -8,6 +8,7 @@ use super::{ProcessorEvent, ProcessorEventType, Reported};
 use crate::DomainError;
 use crate::authentication::{self, Settled, SettledBy};
 use crate::ids::PaymentId;
+use crate::jobs::{self, JobKind};
 use crate::payments::{self, ChargeRecord, PaymentStatus};
 
 /// What receiving an event did.
@@ -116,7 +117,8 @@ async fn settled_by(
     let settled =
         authentication::settle(tx, payment_id, intent, SettledBy::Webhook(&event.id)).await?;
     if let Settled::Recorded(PaymentStatus::Failed, _) = settled {
-        authentication::bring_job_forward(tx, payment_id).await?;
+        // An authentication job is staged under its payment's id.
+        jobs::bring_forward(tx, JobKind::Authentication, payment_id.as_str()).await?;
     }
     Ok(settled)
 }
