@@ -554,8 +554,6 @@ ALTER TABLE ONLY public.payments
     ADD CONSTRAINT payments_processor_charge_id_key UNIQUE (processor_charge_id);
 ALTER TABLE ONLY public.payments
     ADD CONSTRAINT payments_processor_payment_intent_id_key UNIQUE (processor_payment_intent_id);
-ALTER TABLE ONLY public.payments
-    ADD CONSTRAINT payments_seq_key UNIQUE (seq);
 ALTER TABLE ONLY public.processor_events
     ADD CONSTRAINT processor_events_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.receipts
@@ -566,8 +564,6 @@ ALTER TABLE ONLY public.refunds
     ADD CONSTRAINT refunds_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.refunds
     ADD CONSTRAINT refunds_processor_refund_id_key UNIQUE (processor_refund_id);
-ALTER TABLE ONLY public.refunds
-    ADD CONSTRAINT refunds_seq_key UNIQUE (seq);
 ALTER TABLE ONLY public.verified_emails
     ADD CONSTRAINT verified_emails_pkey PRIMARY KEY (account_id, email);
 ALTER TABLE ONLY public.webhook_attempts

@@ -21,6 +21,13 @@ use crate::load::{Budget, histogram};
 const NEW_SQL: &str = include_str!("../pgbench/new.sql");
 /// A replay's statements (`crates/bench/pgbench/replay.sql`).
 const REPLAY_SQL: &str = include_str!("../pgbench/replay.sql");
+/// The reading scenarios' floors (`crates/bench/pgbench/reads/`): the least SQL each read needs,
+/// on the project's tables.
+const READS: [(Scenario, &str); 3] = [
+    (Scenario::Get, include_str!("../pgbench/reads/get.sql")),
+    (Scenario::List, include_str!("../pgbench/reads/list.sql")),
+    (Scenario::Events, include_str!("../pgbench/reads/events.sql")),
+];
 
 /// The design floor's scripts (`pgbench/design/README.md`).
 pub mod design {
@@ -43,6 +50,8 @@ pub struct Floor {
     vars: Vec<(&'static str, String)>,
     fanout: u64,
     threads: usize,
+    /// Whether the reading scenarios' scripts are there (the project's floor only).
+    reads: bool,
 }
 
 /// What one pgbench run measured.
@@ -72,14 +81,25 @@ impl Floor {
             ("key_hash", format!("\\x{key_hash_hex}")),
             ("replay_keys", replay_keys.to_string()),
         ];
-        Self::with_scripts(
-            &work_dir.join("pgbench"),
-            (NEW_SQL, REPLAY_SQL),
-            url,
-            vars,
-            fanout,
-            threads,
-        )
+        let dir = work_dir.join("pgbench");
+        let mut floor =
+            Self::with_scripts(&dir, (NEW_SQL, REPLAY_SQL), url, vars, fanout, threads)?;
+        for (scenario, script) in READS {
+            std::fs::write(dir.join(format!("{}.sql", scenario.name())), script)?;
+        }
+        floor.reads = true;
+        Ok(floor)
+    }
+
+    /// Sets a variable of the scripts (`ncursors` once `bench_cursors` holds the reads' cursors).
+    pub fn define(&mut self, name: &'static str, value: String) {
+        self.vars.retain(|(n, _)| *n != name);
+        self.vars.push((name, value));
+    }
+
+    /// Whether this floor has a script for `scenario` (the design's has none for the reads).
+    pub fn has(&self, scenario: Scenario) -> bool {
+        self.reads || !scenario.reads()
     }
 
     /// The design's floor, on a database that holds `design::SCHEMA` and `replay_keys` keys of
@@ -107,7 +127,15 @@ impl Floor {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("new.sql"), new)?;
         std::fs::write(dir.join("replay.sql"), replay)?;
-        Ok(Self { pgbench: find_pgbench()?, dir: dir.to_owned(), url, vars, fanout, threads })
+        Ok(Self {
+            pgbench: find_pgbench()?,
+            dir: dir.to_owned(),
+            url,
+            vars,
+            fanout,
+            threads,
+            reads: false,
+        })
     }
 
     /// Runs `scenario`'s SQL over `clients` connections for the budget.
@@ -145,6 +173,13 @@ impl Floor {
                 replay.display(),
                 self.fanout - 1
             )),
+            read => {
+                anyhow::ensure!(self.has(read), "no floor script for `{}`", read.name());
+                command.arg(format!(
+                    "--file={}",
+                    self.dir.join(format!("{}.sql", read.name())).display()
+                ))
+            }
         };
         for (name, value) in &self.vars {
             command.arg(format!("--define={name}={value}"));

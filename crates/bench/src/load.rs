@@ -41,14 +41,35 @@ pub struct Keys {
     pub replay_keys: u64,
     /// How many requests share a key in `storm`.
     pub fanout: u64,
+    /// What the reading scenarios (`get`, `list`, `events`) ask for, in turn: paths with their
+    /// query strings.
+    pub paths: Arc<[String]>,
+}
+
+/// What the request numbered `n` of a run is.
+#[derive(Debug, PartialEq, Eq)]
+enum Ask {
+    /// `POST /v1/payments` with this idempotency key.
+    Create(String),
+    /// `GET` of this path.
+    Read(String),
 }
 
 impl Keys {
     fn key(&self, n: u64) -> String {
         match self.scenario {
-            Scenario::New => format!("{}-{n}", self.run),
             Scenario::Replay => replay_key(n % self.replay_keys.max(1)),
             Scenario::Storm => format!("{}-{}", self.run, n / self.fanout.max(1)),
+            _ => format!("{}-{n}", self.run),
+        }
+    }
+
+    fn ask(&self, n: u64) -> Ask {
+        if self.scenario.reads() {
+            let len = self.paths.len().max(1) as u64;
+            Ask::Read(self.paths.get((n % len) as usize).cloned().unwrap_or_default())
+        } else {
+            Ask::Create(self.key(n))
         }
     }
 }
@@ -154,12 +175,18 @@ async fn connection(
         if sender.is_none() {
             sender = Some(connect(authority.as_str()).await?);
         }
-        let request = http::Request::post(uri.path())
-            .header(http::header::HOST, authority.as_str())
-            .header(http::header::AUTHORIZATION, authorization.clone())
-            .header("idempotency-key", keys.key(n))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from_static(BODY.as_bytes())))?;
+        let request = match keys.ask(n) {
+            Ask::Create(key) => http::Request::post(uri.path())
+                .header(http::header::HOST, authority.as_str())
+                .header(http::header::AUTHORIZATION, authorization.clone())
+                .header("idempotency-key", key)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from_static(BODY.as_bytes())))?,
+            Ask::Read(path) => http::Request::get(path)
+                .header(http::header::HOST, authority.as_str())
+                .header(http::header::AUTHORIZATION, authorization.clone())
+                .body(Full::new(Bytes::new()))?,
+        };
         let answer = match sender.as_mut() {
             Some(sender) => exchange(sender, request).await,
             None => Err(anyhow::anyhow!("not connected")),
@@ -210,8 +237,13 @@ pub fn histogram() -> Histogram<u64> {
 
 /// Creates the completed payments that `replay` asks for again, over a few connections.
 pub async fn preload(target: &Target, count: u64) -> anyhow::Result<()> {
-    let keys =
-        Keys { scenario: Scenario::Replay, run: String::new(), replay_keys: count, fanout: 1 };
+    let keys = Keys {
+        scenario: Scenario::Replay,
+        run: String::new(),
+        replay_keys: count,
+        fanout: 1,
+        paths: Arc::from([]),
+    };
     let outcome = run(target, &keys, 8, Budget::Requests(count)).await?;
     let created = outcome.statuses.get(&201).copied().unwrap_or(0);
     anyhow::ensure!(
@@ -268,7 +300,8 @@ mod tests {
     use super::*;
 
     fn keys(scenario: Scenario) -> Keys {
-        Keys { scenario, run: "r".into(), replay_keys: 3, fanout: 4 }
+        let paths = Arc::from(["/v1/a".to_owned(), "/v1/b".to_owned()]);
+        Keys { scenario, run: "r".into(), replay_keys: 3, fanout: 4, paths }
     }
 
     #[test]
@@ -279,6 +312,10 @@ mod tests {
         assert_eq!(replay, ["0", "1", "2", "0"]);
         let storm: Vec<String> = (0..9).map(|n| keys(Scenario::Storm).key(n)).collect();
         assert_eq!(storm, ["r-0", "r-0", "r-0", "r-0", "r-1", "r-1", "r-1", "r-1", "r-2"]);
+        let reads: Vec<Ask> = (0..3).map(|n| keys(Scenario::List).ask(n)).collect();
+        let read = |p: &str| Ask::Read(p.to_owned());
+        assert_eq!(reads, [read("/v1/a"), read("/v1/b"), read("/v1/a")]);
+        assert_eq!(keys(Scenario::New).ask(5), Ask::Create("r-5".into()));
     }
 
     #[test]

@@ -18,6 +18,8 @@
 mod floor;
 mod load;
 mod report;
+mod scale;
+mod scale_report;
 mod server;
 mod stats;
 
@@ -46,6 +48,12 @@ pub enum Scenario {
     Replay,
     /// Many concurrent requests per key.
     Storm,
+    /// `GET /v1/payments/{id}` of one of the account's payments.
+    Get,
+    /// A page of 100 of the account's payments, after a cursor deep in the account.
+    List,
+    /// A poll of the account's events: the next 100 after a cursor.
+    Events,
 }
 
 impl Scenario {
@@ -54,7 +62,15 @@ impl Scenario {
             Self::New => "new",
             Self::Replay => "replay",
             Self::Storm => "storm",
+            Self::Get => "get",
+            Self::List => "list",
+            Self::Events => "events",
         }
+    }
+
+    /// Whether the scenario only reads (GET), with no idempotency key.
+    pub fn reads(self) -> bool {
+        matches!(self, Self::Get | Self::List | Self::Events)
     }
 }
 
@@ -62,45 +78,55 @@ impl Scenario {
 /// database URL may hold a password.
 #[derive(Parser)]
 #[command(name = "payments-bench", version)]
-struct Args {
+pub(crate) struct Args {
     /// A PostgreSQL server that preloads pg_stat_statements, trust authentication, as a
     /// superuser. Its database `payments_bench` is dropped and created afresh (only that one,
     /// whatever database the URL names).
     #[arg(long, env = "BENCH_DATABASE_URL")]
-    database_url: String,
+    pub(crate) database_url: String,
     /// Where payments-api, payments-worker and processor-sim are (default: beside this program).
     #[arg(long)]
-    bin_dir: Option<PathBuf>,
+    pub(crate) bin_dir: Option<PathBuf>,
     /// Where logs, pgbench scripts and results go.
     #[arg(long, default_value = "target/bench")]
-    work_dir: PathBuf,
+    pub(crate) work_dir: PathBuf,
     /// Seconds each measured run lasts (each side).
     #[arg(long, default_value_t = 10)]
-    seconds: u64,
+    pub(crate) seconds: u64,
     /// Seconds of unmeasured load before each of the API's runs.
     #[arg(long, default_value_t = 2)]
-    warmup: u64,
+    pub(crate) warmup: u64,
     /// Connection counts, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 32])]
-    connections: Vec<usize>,
+    pub(crate) connections: Vec<usize>,
     /// Scenarios, comma-separated.
     #[arg(long, value_delimiter = ',', default_values = ["new", "replay", "storm"])]
-    scenarios: Vec<Scenario>,
+    pub(crate) scenarios: Vec<Scenario>,
     /// Requests per scenario in the statement-counting pass (over 8 connections).
     #[arg(long, default_value_t = 2000)]
-    count: u64,
+    pub(crate) count: u64,
     /// Completed keys that `replay` cycles through.
     #[arg(long, default_value_t = 2000)]
-    replay_keys: u64,
+    pub(crate) replay_keys: u64,
     /// Requests per key in `storm`.
     #[arg(long, default_value_t = 8)]
-    fanout: u64,
+    pub(crate) fanout: u64,
     /// Charges sent straight to processor-sim at the end, to measure what holding them costs.
     #[arg(long, default_value_t = 100_000)]
-    sim_charges: u64,
+    pub(crate) sim_charges: u64,
     /// Threads of the load generator and of pgbench (the same for both).
     #[arg(long, default_value_t = 1)]
-    threads: usize,
+    pub(crate) threads: usize,
+    /// At scale: measure on the fresh database, fill it (and the design floor's) with this many
+    /// payments as a year of use leaves them, and measure again (`scale.rs`). 0: the usual run.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) fill: u64,
+    /// Payments per statement of the fill.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) fill_chunk: u64,
+    /// At scale: keys past their retention put in the reaper's way while `new` runs.
+    #[arg(long, default_value_t = 200_000)]
+    pub(crate) backlog: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -112,7 +138,24 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(bench(args))
 }
 
-async fn bench(args: Args) -> anyhow::Result<()> {
+/// The system under test, started: its database, the three processes, and whom the load acts as.
+pub(crate) struct System {
+    pub db: Database,
+    pub api: Process,
+    pub worker: Process,
+    pub sim: Process,
+    pub sim_url: String,
+    pub target: Target,
+    /// The benchmark's account, and the SHA-256 of its API key in hex.
+    pub account: String,
+    pub key_hash: String,
+    /// The design floor's database, as the floor's role.
+    pub design_url: String,
+}
+
+/// A fresh database with the account, the processes started against it, the completed payments
+/// `replay` asks for, and the design floor's database beside it.
+async fn start(args: &Args) -> anyhow::Result<System> {
     let bin_dir = args.bin_dir.clone().unwrap_or_else(server::own_dir);
     let logs = args.work_dir.join("logs");
     std::fs::create_dir_all(&logs)?;
@@ -156,10 +199,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let api_port = server::free_port()?;
     let mut api_env = common(API_ROLE);
     api_env.push(("PAYMENTS__HTTP__PORT", api_port.to_string()));
-    let mut api = Process::start(&bin_dir, &logs, "payments-api", &["serve"], &api_env)?;
+    let api = Process::start(&bin_dir, &logs, "payments-api", &["serve"], &api_env)?;
     let base = format!("http://127.0.0.1:{api_port}");
     server::wait_ready(&format!("{base}/readyz")).await?;
-    let mut worker = Process::start(&bin_dir, &logs, "payments-worker", &[], &common(WORKER_ROLE))?;
+    let worker = Process::start(&bin_dir, &logs, "payments-worker", &[], &common(WORKER_ROLE))?;
 
     let target = Target { url: format!("{base}/v1/payments"), secret };
     eprintln!("bench: creating {} completed payments for `replay`", args.replay_keys);
@@ -167,13 +210,33 @@ async fn bench(args: Args) -> anyhow::Result<()> {
 
     eprintln!("bench: preparing the design floor's database");
     let design_url = design_database(&db, args.replay_keys).await?;
+    Ok(System {
+        db,
+        api,
+        worker,
+        sim,
+        sim_url,
+        target,
+        account,
+        key_hash: hex(&key_hash),
+        design_url,
+    })
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
+    let system = start(&args).await?;
+    if args.fill > 0 {
+        return scale::measure(&args, system).await;
+    }
+    let System { db, mut api, mut worker, sim, sim_url, target, account, key_hash, design_url } =
+        system;
     let design =
         Floor::design(&args.work_dir, design_url, args.replay_keys, args.fanout, args.threads)?;
     let floor = Floor::project(
         &args.work_dir,
         db.url_as(FLOOR_ROLE),
         &account,
-        &hex(&key_hash),
+        &key_hash,
         args.replay_keys,
         args.fanout,
         args.threads,
@@ -183,6 +246,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         run,
         replay_keys: args.replay_keys,
         fanout: args.fanout,
+        paths: std::sync::Arc::from([]),
     };
 
     let mut report = Report::new(&db.pool, args.seconds, args.fanout).await?;

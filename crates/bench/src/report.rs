@@ -95,12 +95,18 @@ impl Report {
         })
     }
 
-    pub fn render(&self) -> String {
+    /// The machine and server the run measured, as a Markdown section.
+    pub fn render_machine(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(out, "## Machine\n");
         for (name, value) in &self.machine {
             let _ = writeln!(out, "- {name}: {value}");
         }
+        out
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = self.render_machine();
         let _ = writeln!(
             out,
             "\n## Throughput and latency ({} s per run; storm: {} requests per key)\n",
@@ -208,7 +214,7 @@ impl Report {
     }
 }
 
-fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
+pub(crate) fn ms(histogram: &Histogram<u64>, quantile: f64) -> f64 {
     histogram.value_at_percentile(quantile) as f64 / 1000.0
 }
 
@@ -217,7 +223,7 @@ fn mib(kib: Option<u64>) -> String {
 }
 
 /// The API's statuses, and any request that got no answer or pgbench transaction that failed.
-fn answers(api: &Outcome, floor_failed: u64) -> String {
+pub(crate) fn answers(api: &Outcome, floor_failed: u64) -> String {
     let mut parts: Vec<String> = api.statuses.iter().map(|(s, n)| format!("{s}×{n}")).collect();
     if api.errors > 0 {
         parts.push(format!("no answer×{}", api.errors));
