@@ -573,8 +573,8 @@ ALTER TABLE ONLY public.webhook_endpoints
 ALTER TABLE ONLY public.webhook_endpoints
     ADD CONSTRAINT webhook_endpoints_seq_key UNIQUE (seq);
 CREATE INDEX api_keys_account_id_idx ON public.api_keys USING btree (account_id);
-CREATE INDEX audit_events_key_idx ON public.audit_events USING btree (idempotency_key_id, id);
-CREATE INDEX audit_events_object_idx ON public.audit_events USING btree (object_id, id);
+CREATE INDEX audit_events_key_idx ON public.audit_events USING btree (idempotency_key_id);
+CREATE INDEX audit_events_object_idx ON public.audit_events USING btree (object_id);
 CREATE INDEX events_account_commit_idx ON public.events USING btree (account_id, COALESCE(xid, '0'::xid8) DESC, seq DESC);
 CREATE INDEX events_account_type_commit_idx ON public.events USING btree (account_id, type, COALESCE(xid, '0'::xid8) DESC, seq DESC);
 CREATE INDEX idempotency_keys_completed_idx ON public.idempotency_keys USING btree (completed_at) WHERE (completed_at IS NOT NULL);

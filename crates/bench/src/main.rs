@@ -15,6 +15,7 @@
 //! bench` runs it against a private PostgreSQL server it starts with `pg_stat_statements`
 //! loaded; see BENCHMARKS.md.
 
+mod fill;
 mod floor;
 mod load;
 mod report;

@@ -15,20 +15,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Context as _;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
+use crate::fill;
 use crate::floor::Floor;
 use crate::load::{self, Budget, Keys, Outcome};
 use crate::scale_report::{Reads, Reaper, ScaleReport, ScaleRow, Sizes};
 use crate::server::FLOOR_ROLE;
 use crate::{Args, Scenario, System, secs, stats};
-
-/// The fill of the project's tables (`pgbench/fill/project.sql`).
-const PROJECT_FILL: &str = include_str!("../pgbench/fill/project.sql");
-/// The fill of the design floor's tables (`pgbench/fill/design.sql`).
-const DESIGN_FILL: &str = include_str!("../pgbench/fill/design.sql");
 
 /// Cursors each reading scenario cycles through.
 const CURSORS: i64 = 2000;
@@ -40,7 +35,7 @@ pub(crate) async fn measure(args: &Args, system: System) -> anyhow::Result<()> {
     for level in [0, args.fill] {
         if level > 0 {
             let started = Instant::now();
-            fill(&db.pool, &design_pool, &account, level, args.fill_chunk).await?;
+            fill::both(&db.pool, &design_pool, &account, level, args.fill_chunk).await?;
             report.fill_seconds = started.elapsed().as_secs();
         }
         let paths = cursors(&db.pool, &account).await?;
@@ -120,60 +115,6 @@ pub(crate) async fn measure(args: &Args, system: System) -> anyhow::Result<()> {
     let out = args.work_dir.join("scale.md");
     std::fs::write(&out, &text)?;
     eprintln!("bench: wrote {}", out.display());
-    Ok(())
-}
-
-/// One `-- part: name` of a fill script, with its `{{…}}` words replaced.
-fn part(script: &str, name: &str, words: &[(&str, String)]) -> anyhow::Result<String> {
-    let start = script
-        .find(&format!("-- part: {name}\n"))
-        .with_context(|| format!("no part `{name}` in the fill script"))?;
-    let body = &script[start..];
-    let body = body[1..].find("\n-- part: ").map_or(body, |end| &body[..end + 1]);
-    let mut text = body.to_owned();
-    for (word, value) in words {
-        text = text.replace(&format!("{{{{{word}}}}}"), value);
-    }
-    Ok(text)
-}
-
-/// Fills both databases with `n` payments, `chunk` to a statement, then vacuums and analyzes
-/// them as autovacuum would have over the year, and writes everything out (CHECKPOINT).
-async fn fill(
-    pool: &PgPool,
-    design: &PgPool,
-    account: &str,
-    n: u64,
-    chunk: u64,
-) -> anyhow::Result<()> {
-    let words = |lo: u64, hi: u64| {
-        vec![
-            ("n", n.to_string()),
-            ("account", account.to_owned()),
-            ("lo", lo.to_string()),
-            ("hi", hi.to_string()),
-        ]
-    };
-    sqlx::raw_sql(&part(PROJECT_FILL, "setup", &words(0, 0))?).execute(pool).await?;
-    let started = Instant::now();
-    let mut lo = 1;
-    while lo <= n {
-        let hi = (lo + chunk.max(1) - 1).min(n);
-        sqlx::raw_sql(&part(PROJECT_FILL, "chunk", &words(lo, hi))?)
-            .execute(pool)
-            .await
-            .with_context(|| format!("filling payments {lo} to {hi}"))?;
-        sqlx::raw_sql(&part(DESIGN_FILL, "chunk", &words(lo, hi))?).execute(design).await?;
-        let rate = hi as f64 / started.elapsed().as_secs_f64().max(1e-3);
-        eprintln!("bench: filled {hi} of {n} payments ({rate:.0} a second)");
-        lo = hi + 1;
-    }
-    sqlx::raw_sql(&part(PROJECT_FILL, "finish", &words(0, 0))?).execute(pool).await?;
-    eprintln!("bench: vacuuming and analyzing both databases");
-    for pool in [pool, design] {
-        sqlx::raw_sql("VACUUM (ANALYZE)").execute(pool).await?;
-    }
-    sqlx::raw_sql("CHECKPOINT").execute(pool).await?;
     Ok(())
 }
 
@@ -299,9 +240,8 @@ async fn reaper(
         .fetch_one(pool)
         .await
     };
-    let words = [("count", args.backlog.to_string()), ("retention_hours", "24".to_owned())];
     eprintln!("bench: {} keys past retention for the reaper, while `new` runs", args.backlog);
-    sqlx::raw_sql(&part(PROJECT_FILL, "backlog", &words)?).execute(pool).await?;
+    fill::backlog(pool, args.backlog, 24).await?;
     let before = expired().await?;
     let keys = Keys {
         scenario: Scenario::New,
