@@ -361,7 +361,7 @@ ALTER TABLE public.idempotency_keys ALTER COLUMN id ADD GENERATED ALWAYS AS IDEN
 CREATE TABLE public.jobs (
     id bigint NOT NULL,
     kind text NOT NULL,
-    dedupe_key text NOT NULL,
+    dedupe_key text NOT NULL COLLATE pg_catalog."C",
     payload jsonb NOT NULL,
     run_at timestamp with time zone DEFAULT now() NOT NULL,
     attempts integer DEFAULT 0 NOT NULL,
@@ -585,6 +585,7 @@ CREATE INDEX jobs_endpoint_due_idx ON public.jobs USING btree (endpoint_id, run_
 CREATE INDEX payments_account_created_seq_idx ON public.payments USING btree (account_id, created_at DESC, seq DESC);
 CREATE INDEX processor_events_downstream_key_idx ON public.processor_events USING btree (downstream_key) WHERE (downstream_key IS NOT NULL);
 CREATE INDEX processor_events_payment_succeeded_idx ON public.processor_events USING btree (payment_id) WHERE (type = ANY (ARRAY['charge.succeeded'::text, 'payment_intent.succeeded'::text, 'payment_intent.amount_capturable_updated'::text]));
+CREATE INDEX processor_events_received_idx ON public.processor_events USING btree (received_at);
 CREATE INDEX receipts_admitted_idx ON public.receipts USING btree (account_id, admitted_at) WHERE (admitted_at IS NOT NULL);
 CREATE INDEX refunds_payment_created_seq_idx ON public.refunds USING btree (payment_id, created_at DESC, seq DESC);
 CREATE INDEX webhook_attempts_endpoint_idx ON public.webhook_attempts USING btree (endpoint_id, seq DESC);

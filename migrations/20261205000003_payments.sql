@@ -121,7 +121,10 @@ CREATE INDEX audit_events_key_idx ON audit_events (idempotency_key_id);
 CREATE TABLE jobs (
     id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     kind                 text NOT NULL,
-    dedupe_key           text NOT NULL,
+    -- In byte order (collation "C"), whatever the database's: an event's deliveries
+    -- (`<event>:<endpoint>`) are then one range of the unique index below, which retention reads
+    -- to keep an event while any of them is pending (crates/domain/src/events.rs, `delete_expired`).
+    dedupe_key           text COLLATE "C" NOT NULL,
     payload              jsonb NOT NULL,
     run_at               timestamptz NOT NULL DEFAULT now(),
     attempts             integer NOT NULL DEFAULT 0,

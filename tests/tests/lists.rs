@@ -1,11 +1,14 @@
 //! Lists: a page costs what the page holds, not what the account holds (Postgres' own counters
-//! say how many rows a page read), and the order is the one the client sees, `created` newest
-//! first with ties broken by creation sequence.
+//! say how many rows a page read), the order is the one the client sees, `created` newest
+//! first with ties broken by creation sequence, and a cursor retention deleted is a missing one.
+
+use std::time::Duration;
 
 use payments_domain::payments::{self, Cursor};
-use payments_domain::refunds;
 use payments_domain::{AccountId, PaymentId};
-use payments_tests::{TestApp, json};
+use payments_domain::{events, refunds};
+use payments_testkit::eventually;
+use payments_tests::{TestApp, assert_problem, json};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
 
@@ -180,4 +183,36 @@ async fn lists_follow_created_even_when_insertion_order_disagrees(pool: PgPool) 
     let (page, _) = refunds::list(&mut *conn, &payment, 100, None).await.unwrap().unwrap();
     let created: Vec<i64> = page.iter().map(|r| r.created).collect();
     assert!(created.windows(2).all(|w| w[0] >= w[1]), "{created:?}");
+}
+
+#[sqlx::test(migrator = "payments_api::MIGRATOR")]
+async fn an_event_cursor_that_retention_deleted_is_a_missing_resource_naming_the_cursor(
+    pool: PgPool,
+) {
+    let app = TestApp::spawn(pool.clone()).await;
+    let (account_id, key) = app.create_account("shop").await;
+    sqlx::query(
+        "INSERT INTO events (id, account_id, type, object, created_at)
+         VALUES ('evt_expired', $1, 'payment.succeeded', '{}', now() - interval '31 days'),
+                ('evt_kept', $1, 'payment.succeeded', '{}', now() - interval '29 days')",
+    )
+    .bind(&account_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let batch = events::delete_expired(&pool, 0, 100, 30).await.unwrap();
+    assert_eq!(batch.deleted, 1);
+    // The list shows an event once every transaction older than it has ended (other tests' too).
+    let settled = || async { events::unlisted(&pool).await.unwrap() == 0 };
+    eventually("the feed settled", Duration::from_secs(60), settled).await;
+
+    let listed = json(app.get("/v1/events", &key).await).await;
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1);
+    assert_eq!(listed["data"][0]["id"], "evt_kept");
+    for param in ["starting_after", "ending_before"] {
+        let response = app.get(&format!("/v1/events?{param}=evt_expired"), &key).await;
+        let body = assert_problem(response, 404, "resource_missing").await;
+        assert_eq!(body["param"], param, "{body}");
+    }
+    assert_problem(app.get("/v1/events/evt_expired", &key).await, 404, "resource_missing").await;
 }

@@ -4,6 +4,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgExecutor};
 
 use crate::DomainError;
+use crate::retention::{Batch, sql_days};
 
 /// One audit record, written in the same transaction as the change it describes.
 #[derive(Debug)]
@@ -80,6 +81,34 @@ pub async fn for_key(
     .fetch_all(executor)
     .await?;
     Ok(lines)
+}
+
+/// Retention ([`crate::retention`]): of the `limit` records after `id` `after`, deletes those
+/// written more than `days` ago.
+pub async fn delete_expired(
+    executor: impl PgExecutor<'_>,
+    after: i64,
+    limit: u32,
+    days: u32,
+) -> Result<Batch, DomainError> {
+    let row = sqlx::query!(
+        r#"
+        WITH head AS (
+            SELECT id, created_at < now() - make_interval(days => $3) AS past
+              FROM audit_events WHERE id > $1 ORDER BY id LIMIT $2
+        ), gone AS (
+            DELETE FROM audit_events a USING head h WHERE a.id = h.id AND h.past RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM gone) AS "deleted!", (SELECT max(id) FROM head) AS last,
+               (SELECT count(*) FROM head WHERE past) AS "past!"
+        "#,
+        after,
+        i64::from(limit),
+        sql_days(days),
+    )
+    .fetch_one(executor)
+    .await?;
+    Ok(Batch::walked(row.deleted, row.last, row.past, limit))
 }
 
 /// Stages a job after the commit of the current transaction: `jobs::stage`, under the name the

@@ -20,6 +20,7 @@ use crate::DomainError;
 use crate::ids::{AccountId, EventId};
 use crate::jobs::JobKind;
 use crate::payments::Cursor;
+use crate::retention::{Batch, sql_days};
 use crate::stored::{from_name, text_enum};
 
 text_enum! {
@@ -267,6 +268,45 @@ pub async fn unlisted(executor: impl PgExecutor<'_>) -> Result<i64, DomainError>
     )
     .fetch_one(executor)
     .await?)
+}
+
+/// Retention ([`crate::retention`]): of the `limit` events after `seq` `after`, deletes those
+/// written more than `days` ago that nothing names any more: no attempt of the delivery log (its
+/// foreign key) and no delivery still pending (a `webhook` job, which names its event in its
+/// payload and in its dedupe key `<event>:<endpoint>`; the dedupe key's byte order makes an
+/// event's deliveries one range of the jobs' unique index).
+pub async fn delete_expired(
+    executor: impl PgExecutor<'_>,
+    after: i64,
+    limit: u32,
+    days: u32,
+) -> Result<Batch, DomainError> {
+    let row = sqlx::query!(
+        r#"
+        WITH head AS (
+            SELECT seq, id, created_at < now() - make_interval(days => $3) AS past
+              FROM events WHERE seq > $1 ORDER BY seq LIMIT $2
+        ), gone AS (
+            DELETE FROM events e USING head h
+             WHERE e.seq = h.seq AND h.past
+               AND NOT EXISTS (SELECT 1 FROM webhook_attempts a WHERE a.event_id = h.id)
+               AND NOT EXISTS (
+                   SELECT 1 FROM jobs j
+                    WHERE j.kind = $4 AND j.dedupe_key >= h.id || ':' AND j.dedupe_key < h.id || ';'
+                      AND j.done_at IS NULL AND j.dead_at IS NULL)
+            RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM gone) AS "deleted!", (SELECT max(seq) FROM head) AS last,
+               (SELECT count(*) FROM head WHERE past) AS "past!"
+        "#,
+        after,
+        i64::from(limit),
+        sql_days(days),
+        JobKind::Webhook as JobKind,
+    )
+    .fetch_one(executor)
+    .await?;
+    Ok(Batch::walked(row.deleted, row.last, row.past, limit))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The `jobs` table: work staged in a change's own transaction, to run after its commit at least
-//! once (receipts, webhook deliveries, the look at a payment that waits on its customer). Its only SQL but one: `events::record` stages an event's
-//! deliveries in the statement that writes the event, which keeps a change at one round trip.
+//! once (receipts, webhook deliveries, the look at a payment that waits on its customer). Its only SQL but two: `events::record` stages an event's
+//! deliveries in the statement that writes the event, which keeps a change at one round trip, and
+//! `events::delete_expired` keeps an event while a delivery of it is pending.
 //!
 //! A job is claimed with `FOR UPDATE SKIP LOCKED` and pushed out of sight for the claim's length
 //! (so a runner that dies mid-job lets another take it later); `done` and `failed` are fenced on
@@ -18,6 +19,7 @@ use sqlx::{PgConnection, PgExecutor};
 use crate::DomainError;
 use crate::ids::{EventId, PaymentId, WebhookEndpointId};
 use crate::payments::Payment;
+use crate::retention::{Batch, sql_days};
 use crate::stored::text_enum;
 
 text_enum! {
@@ -305,6 +307,39 @@ pub async fn failed(
     .await?
     .rows_affected();
     Ok(failed == 1)
+}
+
+/// Retention ([`crate::retention`]): of the `limit` jobs after `id` `after`, deletes those done
+/// more than `done_days` ago and those dead more than `dead_days` ago; a job not finished stays.
+/// The walk is over at a job younger than the shorter of the two, which cannot be due yet.
+pub async fn delete_expired(
+    executor: impl PgExecutor<'_>,
+    after: i64,
+    limit: u32,
+    (done_days, dead_days): (u32, u32),
+) -> Result<Batch, DomainError> {
+    let row = sqlx::query!(
+        r#"
+        WITH head AS (
+            SELECT id, created_at < now() - make_interval(days => least($3::int, $4::int)) AS past
+              FROM jobs WHERE id > $1 ORDER BY id LIMIT $2
+        ), gone AS (
+            DELETE FROM jobs j USING head h
+             WHERE j.id = h.id AND (j.done_at < now() - make_interval(days => $3)
+                                    OR j.dead_at < now() - make_interval(days => $4))
+            RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM gone) AS "deleted!", (SELECT max(id) FROM head) AS last,
+               (SELECT count(*) FROM head WHERE past) AS "past!"
+        "#,
+        after,
+        i64::from(limit),
+        sql_days(done_days),
+        sql_days(dead_days),
+    )
+    .fetch_one(executor)
+    .await?;
+    Ok(Batch::walked(row.deleted, row.last, row.past, limit))
 }
 
 /// A job not done yet, as an operator sees it.

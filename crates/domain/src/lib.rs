@@ -18,6 +18,7 @@ pub mod problems;
 pub mod processor_events;
 pub mod receipts;
 pub mod refunds;
+pub mod retention;
 pub mod stored;
 pub mod text;
 pub mod webhooks;

@@ -22,6 +22,7 @@ mod inspector;
 mod log;
 mod processor;
 mod ranges;
+mod retention;
 mod server;
 mod validate;
 mod webhooks;
@@ -33,6 +34,7 @@ pub use inspector::{INSPECTOR_TOKEN_MIN_CHARS, InspectorSettings};
 pub use log::{LogFormat, LogSettings};
 pub use processor::ProcessorSettings;
 pub use ranges::AddressRanges;
+pub use retention::{PROCESSOR_REDELIVERY_DAYS, RetentionSettings};
 pub use server::{ForwardedHeader, HttpSettings, RateLimitSettings};
 pub use webhooks::{SEALING_KEY_BYTES, SealingKey, SealingKeys, WebhookSettings};
 pub use worker::WorkerSettings;
@@ -64,6 +66,8 @@ pub struct Settings {
     pub inspector: InspectorSettings,
     /// Outbound webhooks: which URLs may be registered, how deliveries are timed.
     pub webhooks: WebhookSettings,
+    /// How long the worker keeps the rows of the tables that only grow.
+    pub retention: RetentionSettings,
 }
 
 /// Why the settings could not be loaded. The message always names the setting.

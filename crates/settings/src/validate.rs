@@ -264,6 +264,7 @@ impl Settings {
         if self.idempotency.retention_hours == 0 {
             return Err(invalid("idempotency.retention_hours", "must be at least 1".into()));
         }
+        self.retention.check(self)?;
         tracing_subscriber::EnvFilter::try_new(&self.log.filter)
             .map_err(|e| invalid("log.filter", e.to_string()))?;
         Ok(())

@@ -5,9 +5,10 @@
 //!   is due (`FOR UPDATE SKIP LOCKED`), one at a time, and drives each to its end through the very operations
 //!   the API runs (`payments_domain::operations::resume`); no HTTP, no second implementation.
 //!   Keys past the attempt bound or the processor's idempotency window are flagged for a person.
-//! - **Reaper**: deletes completed keys past the retention window, in bounded batches; flags
-//!   unfinished ones instead of deleting them. Payments never refer to keys by foreign key, so
-//!   nothing is orphaned.
+//! - **Reaper**: deletes everything past its retention, in bounded batches: completed keys past
+//!   their window (unfinished ones are flagged instead; payments never refer to keys by foreign
+//!   key, so nothing is orphaned), then events, webhook attempts, audit records, processor events
+//!   and finished jobs past `[retention]` (`payments_domain::retention`).
 //! - **Job runner**: runs staged receipts at least once, one at a time, with back-off and a dead
 //!   letter; a receipt sent twice carries one `Message-ID`.
 //! - **Deliveries**: run webhook deliveries at least once, concurrently, claimed fairly across
@@ -44,17 +45,19 @@ use tokio::sync::watch;
 
 use crate::deliveries::Until;
 use crate::jobs::{LogMailer, Mailer, ReceiptSender, SmtpMailer};
+use crate::reaper::Walks;
 use crate::webhooks::Deliverer;
 
-/// At most this many batches per loop in one pass, so a pass always ends.
-pub(crate) const MAX_BATCHES_PER_PASS: usize = 20;
+/// At most this many batches per loop in one pass (per table, for the reaper's retention), so a
+/// pass always ends.
+pub const MAX_BATCHES_PER_PASS: usize = 20;
 
 /// The worker's loops, run side by side ([`Worker::run_until`]).
 #[derive(Debug, Clone, Copy)]
 enum Loop {
     /// Drives unfinished keys to their answers (`Worker::complete`).
     Completer,
-    /// Deletes expired keys (`Worker::reap`).
+    /// Deletes keys and rows past their retention (`Worker::reap`).
     Reaper,
     /// Sends receipts (`Worker::run_jobs`).
     Receipts,
@@ -80,6 +83,8 @@ pub struct Worker<P> {
     settings: WorkerSettings,
     receipts: ReceiptSender,
     deliverer: Deliverer,
+    /// The reaper's walks over the tables that only grow.
+    walks: Walks,
 }
 
 impl<P> std::fmt::Debug for Worker<P> {
@@ -127,6 +132,7 @@ impl<P: CardProcessor> Worker<P> {
             settings: settings.worker.clone(),
             receipts: ReceiptSender::new(mailer, &settings.worker),
             deliverer: Deliverer::new(&settings.webhooks, sealing_keys)?,
+            walks: Walks::new(&settings.retention),
         })
     }
 

@@ -1,5 +1,7 @@
 //! What a pass of the worker's loops did, and the counters it adds to.
 
+use payments_domain::retention::Table;
+
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PassReport {
@@ -19,6 +21,16 @@ pub struct PassReport {
     pub jobs_retried: u64,
     /// Jobs dead-lettered.
     pub jobs_dead: u64,
+    /// Events deleted past retention.
+    pub events_deleted: u64,
+    /// Attempts of the delivery log deleted past retention.
+    pub webhook_attempts_deleted: u64,
+    /// Finished jobs deleted past retention.
+    pub jobs_deleted: u64,
+    /// Audit records deleted past retention.
+    pub audit_events_deleted: u64,
+    /// The processor's events deleted past retention.
+    pub processor_events_deleted: u64,
 }
 
 impl PassReport {
@@ -36,6 +48,34 @@ impl PassReport {
         ] {
             metrics::counter!(name).increment(value);
         }
+        for table in Table::ALL {
+            let deleted = self.deleted(table);
+            metrics::counter!("worker_retention_deleted_total", "table" => table.name())
+                .increment(deleted);
+        }
+    }
+
+    /// The count of `table`'s rows deleted past retention.
+    pub fn deleted(&self, table: Table) -> u64 {
+        match table {
+            Table::Events => self.events_deleted,
+            Table::WebhookAttempts => self.webhook_attempts_deleted,
+            Table::Jobs => self.jobs_deleted,
+            Table::AuditEvents => self.audit_events_deleted,
+            Table::ProcessorEvents => self.processor_events_deleted,
+        }
+    }
+
+    /// Counts `deleted` rows of `table` deleted past retention.
+    pub(crate) fn expired(&mut self, table: Table, deleted: u64) {
+        let count = match table {
+            Table::Events => &mut self.events_deleted,
+            Table::WebhookAttempts => &mut self.webhook_attempts_deleted,
+            Table::Jobs => &mut self.jobs_deleted,
+            Table::AuditEvents => &mut self.audit_events_deleted,
+            Table::ProcessorEvents => &mut self.processor_events_deleted,
+        };
+        *count += deleted;
     }
 
     /// Adds `other`'s counts to these.
@@ -48,6 +88,9 @@ impl PassReport {
         self.jobs_done += other.jobs_done;
         self.jobs_retried += other.jobs_retried;
         self.jobs_dead += other.jobs_dead;
+        for table in Table::ALL {
+            self.expired(table, other.deleted(table));
+        }
     }
 
     /// Whether the pass found any work.

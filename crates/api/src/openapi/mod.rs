@@ -105,7 +105,7 @@ pub fn document(mut api: OpenApi, settings: &Settings, public_base_url: &str) ->
     let retention = settings.idempotency.retention_hours;
     for item in api.paths.paths.values_mut() {
         for operation in operations(item) {
-            finish(operation, retention);
+            finish(operation, retention, settings.retention.events_days);
         }
     }
     let components = api.components.get_or_insert_with(Components::new);
@@ -142,8 +142,12 @@ fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
 }
 
 /// Adds to an operation what its annotation leaves to the document: the headers' descriptions,
-/// `Request-Id`, the security requirement, and the retention in the key's description.
-fn finish(operation: &mut Operation, retention_hours: u32) {
+/// `Request-Id`, the security requirement, the retention in the key's description, and the
+/// events' retention in the description of the operations that read events.
+fn finish(operation: &mut Operation, retention_hours: u32, events_days: u32) {
+    if let Some(description) = &mut operation.description {
+        *description = description.replace(param::EVENTS_DAYS, &events_days.to_string());
+    }
     headers::describe(operation);
     optional_body(operation);
     // `ApiKey` and `Keyed` problems answer 401: the operation takes an API key.

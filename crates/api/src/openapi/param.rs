@@ -14,6 +14,8 @@ use crate::error::ProblemCode;
 
 /// What `super::document` replaces with `idempotency.retention_hours`.
 pub(super) const RETENTION_HOURS: &str = "{retention_hours}";
+/// What `super::document` replaces with `retention.events_days`, in an operation's description.
+pub(super) const EVENTS_DAYS: &str = "{events_days}";
 
 /// Implements `IntoParams` for a unit type from a function that builds its parameters.
 macro_rules! params {

@@ -176,3 +176,17 @@ fn the_delivery_log_is_documented_with_coarse_failures_and_no_timing() {
         assert!(failure.contains(&format!("\"{class}\"")), "{class}: {failure}");
     }
 }
+
+#[test]
+fn the_event_operations_say_how_long_events_are_kept() {
+    let mut settings = defaults();
+    settings.retention.events_days = 45;
+    let document = rendered(&settings);
+    for (path, id) in [("/v1/events", "listEvents"), ("/v1/events/{id}", "retrieveEvent")] {
+        let operation = &document["paths"][path]["get"];
+        assert_eq!(operation["operationId"], id);
+        let description = operation["description"].as_str().unwrap_or_default();
+        assert!(description.contains("45 days (`retention.events_days`"), "{description}");
+    }
+    assert!(!document.to_string().contains(param::EVENTS_DAYS), "filled in everywhere");
+}

@@ -74,6 +74,8 @@ fn no_such_event(id: &str) -> ApiError {
     operation_id = "retrieveEvent",
     tag = "events",
     summary = "Retrieve an event",
+    description = "An event is kept {events_days} days (`retention.events_days`; Stripe keeps \
+                   them 30), then deleted: reading it is `404 resource_missing`.",
     params(param::EventId),
     responses(
         (status = 200, description = OK, body = EventDoc),
@@ -98,6 +100,10 @@ pub async fn retrieve(
     operation_id = "listEvents",
     tag = "events",
     summary = "List events (each written in the same transaction as its change), newest first",
+    description = "Events are kept {events_days} days (`retention.events_days`; Stripe keeps \
+                   them 30), then deleted: a deleted one is no longer listed, and a cursor that \
+                   names one is `404 resource_missing` with `param` the cursor's, as any unknown \
+                   cursor: a poller away that long starts again from the newest.",
     params(param::EventType, param::Page),
     responses(
         (status = 200, description = OK, body = EventList),

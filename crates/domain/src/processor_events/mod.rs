@@ -23,12 +23,14 @@
 //!
 //! Here: what an event is ([`ProcessorEventType`], [`Reported`], [`ProcessorEvent`]). A delivery
 //! is verified in `delivery`, consumed in `consumer`; a charge the payment does not account for
-//! is in `extra_charge`; the reads of recorded events in `lookups`.
+//! is in `extra_charge`; the reads of recorded events in `lookups`; their deletion past
+//! `retention.processor_events_days` in `retention`.
 
 mod consumer;
 mod delivery;
 mod extra_charge;
 mod lookups;
+mod retention;
 
 pub use consumer::{Received, receive};
 pub use delivery::{Refused, check_header, verify};
@@ -37,6 +39,7 @@ pub use extra_charge::{ExtraCharge, report_extra_charge};
 pub use lookups::{
     Recorded, count, intent_for_key, other_succeeded_charge, paid_under_another_key,
 };
+pub use retention::delete_expired;
 
 use provider::{Charge, PaymentIntent};
 use serde_json::Value;

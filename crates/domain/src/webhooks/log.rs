@@ -13,6 +13,7 @@ use sqlx::PgExecutor;
 
 use crate::DomainError;
 use crate::ids::{AccountId, EventId, WebhookEndpointId};
+use crate::retention::{Batch, sql_days};
 use crate::stored::text_enum;
 
 text_enum! {
@@ -185,4 +186,32 @@ pub async fn recent_deliveries(
     .fetch_all(executor)
     .await?;
     Ok(lines)
+}
+
+/// Retention ([`crate::retention`]): of the `limit` attempts after `seq` `after`, deletes those
+/// made more than `days` ago.
+pub async fn delete_expired_attempts(
+    executor: impl PgExecutor<'_>,
+    after: i64,
+    limit: u32,
+    days: u32,
+) -> Result<Batch, DomainError> {
+    let row = sqlx::query!(
+        r#"
+        WITH head AS (
+            SELECT seq, created_at < now() - make_interval(days => $3) AS past
+              FROM webhook_attempts WHERE seq > $1 ORDER BY seq LIMIT $2
+        ), gone AS (
+            DELETE FROM webhook_attempts a USING head h WHERE a.seq = h.seq AND h.past RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM gone) AS "deleted!", (SELECT max(seq) FROM head) AS last,
+               (SELECT count(*) FROM head WHERE past) AS "past!"
+        "#,
+        after,
+        i64::from(limit),
+        sql_days(days),
+    )
+    .fetch_one(executor)
+    .await?;
+    Ok(Batch::walked(row.deleted, row.last, row.past, limit))
 }

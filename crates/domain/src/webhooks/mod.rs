@@ -32,7 +32,10 @@ mod store;
 
 pub use address::AddressRule;
 pub use enabled::EnabledEvents;
-pub use log::{Attempt, DeliveryLine, Failure, Outcome, attempts, log_attempt, recent_deliveries};
+pub use log::{
+    Attempt, DeliveryLine, Failure, Outcome, attempts, delete_expired_attempts, log_attempt,
+    recent_deliveries,
+};
 pub use sealed::{KeyId, SealedSecret, SealingKeys, SigningSecret, Unsealable};
 pub use store::{create, delete, delivery, find, list, registered, reseal, set_status};
 
