@@ -32,12 +32,19 @@ pub(crate) struct Walks {
 }
 
 /// Where one table's walk stands.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Walk {
     /// The last identity read: the next batch reads after it.
     after: i64,
     /// The walk is over and starts again from the oldest at this time.
     rests_until: Option<Instant>,
+}
+
+impl Default for Walk {
+    /// Before the oldest row: below every identity, whatever the sequence starts at.
+    fn default() -> Self {
+        Self { after: i64::MIN, rests_until: None }
+    }
 }
 
 impl Walks {
@@ -75,7 +82,7 @@ impl Walks {
             table,
             match next {
                 Some(after) => Walk { after, rests_until: None },
-                None => Walk { after: 0, rests_until: Some(Instant::now() + WALK_REST) },
+                None => Walk { rests_until: Some(Instant::now() + WALK_REST), ..Walk::default() },
             },
         );
     }
