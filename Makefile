@@ -1,5 +1,5 @@
 # The two commands of the quick start are `make run` and `make test`; the rest are helpers.
-.PHONY: run test demo-crash diagrams proof proof-ha ha-up ha-down bench fuzz-api stripe-sdk stand-in-examples fmt lint db-up db-down sqlx-prepare schema help
+.PHONY: run test demo-crash diagrams proof proof-ha ha-up ha-down bench bench-scale fuzz-api stripe-sdk stand-in-examples fmt lint db-up db-down sqlx-prepare schema help
 
 help:
 	@echo "make run           start Postgres (if needed), the API and friends, print a demo key"
@@ -9,6 +9,7 @@ help:
 	@echo "make proof-ha      a Postgres failover under load (Patroni, etcd, HAProxy), synchronous and not"
 	@echo "make ha-up|ha-down start or stop that cluster under target/ha (HAProxy's primary on 54330)"
 	@echo "make bench         throughput, latency, statements and memory against the pgbench floor"
+	@echo "make bench-scale   the same speed with a year of payments behind it (FILL=1000000; 10000000 for ten million)"
 	@echo "make diagrams      every mermaid block in the Markdown parsed by Mermaid's own parser"
 	@echo "make fuzz-api      schemathesis against /openapi.json (100 per operation; FUZZ_EXAMPLES=500 for a long run)"
 	@echo "make stripe-sdk    Stripe's Python and Node SDKs against processor-sim (every endpoint; every PaymentIntent flow)"
@@ -74,6 +75,14 @@ proof-ha:
 # one table on standard output and in target/bench/results.md. ARGS go to payments-bench.
 bench:
 	@scripts/bench.sh $(ARGS)
+
+# Never part of `make test`. `make bench` on the fresh database and again once it holds FILL
+# payments as a year of use leaves them (crates/bench/src/scale.rs): every scenario at 32
+# connections, the reads' rows per row returned, the reaper with a backlog, bytes per payment.
+# About 15 minutes at a million, 45 at ten million (and 40 GB of disk). BENCHMARKS.md, "At scale".
+FILL ?= 1000000
+bench-scale:
+	@scripts/bench.sh --fill $(FILL) --connections 32 --scenarios new,replay,storm,get,list,events $(ARGS)
 
 # schemathesis (installed into target/fuzz-venv) against the live server's document: no 5xx, and
 # every answer as documented. `make test` runs it with 10 examples per operation and a fixed seed.

@@ -570,9 +570,6 @@ ALTER TABLE ONLY public.webhook_attempts
     ADD CONSTRAINT webhook_attempts_pkey PRIMARY KEY (seq);
 ALTER TABLE ONLY public.webhook_endpoints
     ADD CONSTRAINT webhook_endpoints_pkey PRIMARY KEY (id);
-ALTER TABLE ONLY public.webhook_endpoints
-    ADD CONSTRAINT webhook_endpoints_seq_key UNIQUE (seq);
-CREATE INDEX api_keys_account_id_idx ON public.api_keys USING btree (account_id);
 CREATE INDEX audit_events_key_idx ON public.audit_events USING btree (idempotency_key_id);
 CREATE INDEX audit_events_object_idx ON public.audit_events USING btree (object_id);
 CREATE INDEX events_account_commit_idx ON public.events USING btree (account_id, COALESCE(xid, '0'::xid8) DESC, seq DESC);

@@ -22,7 +22,8 @@ CREATE TABLE api_keys (
     revoked_at  timestamptz
 );
 
-CREATE INDEX api_keys_account_id_idx ON api_keys (account_id);
+-- No index on account_id: keys are found by their hash (authentication) or their id (revocation),
+-- and accounts are never deleted (docs/reference/indexes.md).
 
 -- The account's own email addresses, each verified by the operator, who vouches for it
 -- (`payments-api accounts verify-email`; the server sends no message to ask, which would itself be

@@ -35,7 +35,7 @@ CREATE INDEX events_account_type_commit_idx
     ON events (account_id, type, (coalesce(xid, '0'::xid8)) DESC, seq DESC);
 
 CREATE TABLE webhook_endpoints (
-    seq                  bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    seq                  bigint GENERATED ALWAYS AS IDENTITY, -- read only in the account's index below
     id                   text PRIMARY KEY CHECK (id LIKE 'we\_%'),
     account_id           text NOT NULL REFERENCES accounts (id),
     url                  text NOT NULL,
