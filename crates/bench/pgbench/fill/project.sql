@@ -17,7 +17,8 @@
 -- - webhook and receipt jobs finished in the last 6 days (kept 7);
 -- - idempotency keys of the last 23 hours (kept 24).
 -- Rows are written as the API writes them (same columns, same JSON shapes), with ids of the same
--- length. Their `seq`/`id` are negative and grow with time, so that every filled row sorts before
+-- length, in the order of their identity (`ORDER BY 1` where a row of a payment becomes several),
+-- as the API appends them: an index on an identity filled out of order would be half empty. Their `seq`/`id` are negative and grow with time, so that every filled row sorts before
 -- the rows the running system writes, as older rows do; events have no writing transaction id
 -- (`xid` NULL counts as the oldest), so the event feed's order is their time order too.
 
@@ -127,7 +128,8 @@ SELECT 4 * seq + j, account_id, CASE WHEN j < 2 THEN id ELSE 're_' || substr(md5
        END,
        created_at + j * interval '10 milliseconds' + (j / 2) * interval '10 minutes'
   FROM bench_fill.payments({{lo}}, {{hi}}), generate_series(0, 3) j
- WHERE j < 2 OR refunded;
+ WHERE j < 2 OR refunded
+ ORDER BY 1;
 
 INSERT INTO receipts (payment_id, account_id, email, body, admitted_at, send_attempts, sent_at,
                       created_at)
@@ -183,7 +185,8 @@ SELECT 2 * seq + j, 'evt_' || substr(md5('evt' || i || j), 1, 24), account_id,
            'processor_refund_id', 're_' || substr(md5('pre' || i), 1, 24)) END,
        created_at + interval '40 milliseconds' + j * interval '10 minutes', NULL
   FROM bench_fill.payments({{lo}}, {{hi}}) p, bench_fill.run r, generate_series(0, 1) j
- WHERE p.created_at > r.t_end - interval '29 days' AND (j = 0 OR refunded);
+ WHERE p.created_at > r.t_end - interval '29 days' AND (j = 0 OR refunded)
+ ORDER BY 1;
 
 -- Each of those events delivered to its account's endpoint; one in fifty failed once first.
 INSERT INTO webhook_attempts (seq, endpoint_id, event_id, attempt, status_code, error,
@@ -194,7 +197,8 @@ SELECT 2 * e.seq + a, w.id, e.id, a + 1, CASE WHEN a = 0 AND e.seq % 50 = 0 THEN
        e.created_at + interval '1 second' + a * interval '30 seconds'
   FROM events e JOIN webhook_endpoints w ON w.account_id = e.account_id, generate_series(0, 1) a
  WHERE e.seq BETWEEN 2 * ({{lo}} - {{n}} - 1) AND 2 * ({{hi}} - {{n}} - 1) + 1
-   AND (a = 0 OR e.seq % 50 = 0);
+   AND (a = 0 OR e.seq % 50 = 0)
+ ORDER BY 1;
 
 -- The jobs of the last 6 days, done: each event's delivery, each receipt.
 INSERT INTO jobs (id, kind, dedupe_key, payload, run_at, attempts, done_at, created_at)
