@@ -17,8 +17,10 @@
 -- - webhook and receipt jobs finished in the last 6 days (kept 7);
 -- - idempotency keys of the last 23 hours (kept 24).
 -- Rows are written as the API writes them (same columns, same JSON shapes), with ids of the same
--- length, in the order of their identity (`ORDER BY 1` where a row of a payment becomes several),
--- as the API appends them: an index on an identity filled out of order would be half empty. Their `seq`/`id` are negative and grow with time, so that every filled row sorts before
+-- length, in the order of their identity (`ORDER BY 1` where a row of a payment becomes several).
+-- They land before the rows the running system wrote, in the middle of the indexes on an identity,
+-- where a page splits in half: payments-bench rebuilds those indexes after the fill, as the API's
+-- appends at their right end would have left them (`fill::both`). Their `seq`/`id` are negative and grow with time, so that every filled row sorts before
 -- the rows the running system writes, as older rows do; events have no writing transaction id
 -- (`xid` NULL counts as the oldest), so the event feed's order is their time order too.
 
