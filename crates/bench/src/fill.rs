@@ -55,11 +55,13 @@ pub(crate) async fn both(
     })
     .await?;
     // The fill writes its rows before the ones the runs wrote, in the middle of the indexes on an
-    // identity, where a page splits in half; the API appends to their right end, where a page
-    // splits full. Rebuilt, they are as the API would have left them.
+    // identity (and on the audit trail's key, an identity too), where a page splits in half; the
+    // API appends to their right end, where a page splits full. Rebuilt, they are as the API
+    // would have left them.
     sqlx::raw_sql(
-        "REINDEX INDEX audit_events_pkey; REINDEX INDEX events_seq_key;
-         REINDEX INDEX webhook_attempts_pkey; REINDEX INDEX jobs_pkey;",
+        "REINDEX INDEX audit_events_pkey; REINDEX INDEX audit_events_key_idx;
+         REINDEX INDEX events_seq_key; REINDEX INDEX webhook_attempts_pkey;
+         REINDEX INDEX jobs_pkey;",
     )
     .execute(pool)
     .await?;
