@@ -231,17 +231,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     let System { db, mut api, mut worker, sim, sim_url, target, account, key_hash, design_url } =
         system;
-    let design =
-        Floor::design(&args.work_dir, design_url, args.replay_keys, args.fanout, args.threads)?;
-    let floor = Floor::project(
-        &args.work_dir,
-        db.url_as(FLOOR_ROLE),
-        &account,
-        &key_hash,
-        args.replay_keys,
-        args.fanout,
-        args.threads,
-    )?;
+    let (design, floor) = floors(&args, &db, &account, &key_hash, &design_url)?;
     let keys = |scenario: Scenario, run: String| Keys {
         scenario,
         run,
@@ -345,6 +335,22 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     std::fs::write(&out, &text)?;
     eprintln!("bench: wrote {}", out.display());
     Ok(())
+}
+
+/// The design's floor and the project's, over the same pgbench threads as the load generator's.
+pub(crate) fn floors(
+    args: &Args,
+    db: &Database,
+    account: &str,
+    key_hash: &str,
+    design_url: &str,
+) -> anyhow::Result<(Floor, Floor)> {
+    let (work_dir, keys, fanout, threads) =
+        (&args.work_dir, args.replay_keys, args.fanout, args.threads);
+    let design = Floor::design(work_dir, design_url.to_owned(), keys, fanout, threads)?;
+    let url = db.url_as(FLOOR_ROLE);
+    let project = Floor::project(work_dir, url, account, key_hash, keys, fanout, threads)?;
+    Ok((design, project))
 }
 
 /// A database of its own for the design floor, beside the API's on the same server: the design's

@@ -19,10 +19,8 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::fill;
-use crate::floor::Floor;
 use crate::load::{self, Budget, Keys, Outcome};
 use crate::scale_report::{Reads, Reaper, ScaleReport, ScaleRow, Sizes};
-use crate::server::FLOOR_ROLE;
 use crate::{Args, Scenario, System, secs, stats};
 
 /// Cursors each reading scenario cycles through.
@@ -39,17 +37,7 @@ pub(crate) async fn measure(args: &Args, system: System) -> anyhow::Result<()> {
             report.fill_seconds = started.elapsed().as_secs();
         }
         let paths = cursors(&db.pool, &account).await?;
-        let design =
-            Floor::design(&args.work_dir, design_url.clone(), args.replay_keys, args.fanout, 1)?;
-        let mut floor = Floor::project(
-            &args.work_dir,
-            db.url_as(FLOOR_ROLE),
-            &account,
-            &key_hash,
-            args.replay_keys,
-            args.fanout,
-            args.threads,
-        )?;
+        let (design, mut floor) = crate::floors(args, &db, &account, &key_hash, &design_url)?;
         floor.define("ncursors", CURSORS.to_string());
         for &scenario in &args.scenarios {
             for &connections in &args.connections {
