@@ -185,7 +185,8 @@ fn the_event_operations_say_how_long_events_are_kept() {
     for (path, id) in [("/v1/events", "listEvents"), ("/v1/events/{id}", "retrieveEvent")] {
         let operation = &document["paths"][path]["get"];
         assert_eq!(operation["operationId"], id);
-        let description = operation["description"].as_str().unwrap_or_default();
+        let description =
+            operation["description"].as_str().expect("the operation has a description");
         assert!(description.contains("45 days (`retention.events_days`"), "{description}");
     }
     assert!(!document.to_string().contains(param::EVENTS_DAYS), "filled in everywhere");
