@@ -106,10 +106,17 @@ impl<P: CardProcessor> Worker<P> {
                 break;
             }
         }
+        // A table whose batch fails (a lock timeout, a deadlock with another worker's walk) does
+        // not hold up the tables after it: each is tried, and the first error ends the pass after
+        // them, for the loop to log and try again.
+        let mut failed = None;
         for table in Table::ALL {
-            self.expire(table, stop, report).await?;
+            if let Err(error) = self.expire(table, stop, report).await {
+                tracing::warn!(table = table.name(), error = %error, "retention batch failed");
+                failed.get_or_insert(error);
+            }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Up to `MAX_BATCHES_PER_PASS` batches of `table`'s walk, stopping between them when asked.

@@ -238,3 +238,20 @@ async fn a_reaper_asked_to_stop_deletes_nothing_more(pool: PgPool) {
     assert_eq!(report, PassReport::default());
     assert_eq!(h.left("audit_events", "object_id").await, strings(&["pay_old"]));
 }
+
+#[sqlx::test(migrations = "../../migrations")]
+async fn a_table_whose_batch_fails_holds_up_none_after_it(pool: PgPool) {
+    let h = harness(pool, &[]).await;
+    h.processor_event("evt_p_old", 31).await;
+    // The audit trail comes before the processor's events in a pass; its delete now fails.
+    sqlx::query("ALTER TABLE audit_events RENAME TO audit_events_away")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    let (_stop_tx, stop) = watch::channel(false);
+    let mut report = PassReport::default();
+    let pass = h.worker.reap(&stop, &mut report).await;
+    assert!(pass.is_err(), "the failure is reported");
+    assert_eq!(report.processor_events_deleted, 1);
+    assert_eq!(h.left("processor_events", "id").await, Vec::<String>::new());
+}
